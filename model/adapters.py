@@ -1,0 +1,123 @@
+"""Per-task LoRA adapters in PEFT's file format, switched per request on one base model.
+
+An adapter directory holds adapter_config.json + adapter_model.safetensors as PEFT writes them,
+for our model or for transformers' GPT2LMHeadModel (same module names; LoRA's A and B have the
+same shapes on HF's Conv1D as on nn.Linear). Loading attaches forward hooks to the targeted
+Linear layers and never touches the base weights, so switching costs nothing and with no
+adapter active every layer returns exactly the base model's output.
+
+Which adapter is active is a ContextVar set around a forward call (see `active_adapter`), so
+two requests running in two threads each see their own choice.
+"""
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from safetensors.torch import load_file
+
+from .gpt2 import GPT2
+
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+
+ACTIVE: ContextVar[str | None] = ContextVar("active_adapter", default=None)
+
+
+@contextmanager
+def active_adapter(name: str | None):
+    """Run the forward calls inside this block with adapter `name` on (None: the base model)."""
+    token = ACTIVE.set(name)
+    try:
+        yield
+    finally:
+        ACTIVE.reset(token)
+
+
+def adapter_names(model: GPT2) -> list[str]:
+    return sorted(getattr(model, "lora_adapters", {}))
+
+
+def check_adapter(model: GPT2, name: str | None) -> None:
+    if name is not None and name not in adapter_names(model):
+        raise ValueError(f"this model has no '{name}' adapter (it has: {', '.join(adapter_names(model)) or 'none'})")
+
+
+def load_adapters(model: GPT2, root: str | Path) -> list[str]:
+    """Load every adapter under root (one subdirectory each, named after its task)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return [load_adapter(model, d, d.name) for d in sorted(root.iterdir()) if (d / CONFIG_FILE).is_file()]
+
+
+def load_adapter(model: GPT2, directory: str | Path, name: str) -> str:
+    directory = Path(directory)
+    config = read_adapter_config(directory / CONFIG_FILE)
+    weights_path = directory / WEIGHTS_FILE
+    try:
+        weights = load_file(weights_path)
+    except Exception as e:
+        raise ValueError(f"{weights_path}: cannot read adapter weights ({type(e).__name__}: {e})") from None
+    modules = dict(model.named_modules())
+    param = model.transformer.wte.weight
+    updates: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = {}
+    for key, a in weights.items():
+        if not key.endswith(".lora_A.weight"):
+            continue
+        module_name = key.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight")
+        b = weights.get(key.replace(".lora_A.", ".lora_B."))
+        layer = modules.get(module_name)
+        if b is None or not isinstance(layer, nn.Linear):
+            raise ValueError(f"{weights_path}: {key} does not match a Linear layer of this model with a lora_B")
+        if a.shape[1] != layer.in_features or b.shape != (layer.out_features, a.shape[0]):
+            raise ValueError(f"{weights_path}: {module_name} LoRA shapes {tuple(a.shape)}, {tuple(b.shape)} do not "
+                             f"fit a {layer.in_features}->{layer.out_features} layer")
+        rank = a.shape[0]
+        scale = config["lora_alpha"] / (rank ** 0.5 if config.get("use_rslora") else rank)
+        updates[module_name] = (a.to(param), b.to(param), scale)
+    if not updates:
+        raise ValueError(f"{weights_path}: no LoRA weights found")
+    if not hasattr(model, "lora_adapters"):
+        model.lora_adapters = {}
+    model.lora_adapters[name] = updates
+    for module_name in updates:
+        layer = modules[module_name]
+        if not getattr(layer, "has_lora_hook", False):
+            layer.register_forward_hook(lora_hook(model, module_name))
+            layer.has_lora_hook = True
+    return name
+
+
+def read_adapter_config(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read adapter config ({e})") from None
+    unsupported = {
+        "peft_type": config.get("peft_type") != "LORA",
+        "use_dora": bool(config.get("use_dora")),
+        "bias": config.get("bias", "none") != "none",
+        "lora_bias": bool(config.get("lora_bias")),
+        "modules_to_save": bool(config.get("modules_to_save")),
+        "alpha_pattern": bool(config.get("alpha_pattern")),
+    }
+    bad = [k for k, is_bad in unsupported.items() if is_bad]
+    if bad:
+        raise ValueError(f"{path}: unsupported adapter settings: {', '.join(f'{k}={config.get(k)!r}' for k in bad)}")
+    return config
+
+
+def lora_hook(model: GPT2, module_name: str):
+    def add_update(layer, inputs, output):
+        name = ACTIVE.get()
+        update = model.lora_adapters.get(name, {}).get(module_name) if name is not None else None
+        if update is None:
+            return None  # keep the base output exactly
+        a, b, scale = update
+        return output + (inputs[0] @ a.t()) @ b.t() * scale
+    return add_update

@@ -1,0 +1,259 @@
+"""Training: one loop for pretraining (this module's CLI), adapter fine-tuning and the lab runs.
+
+    python -m model.train --out runs/bundled --max-steps 3000
+
+AdamW with linear warmup and cosine decay, gradient clipping, a tqdm bar with loss and tokens/s,
+periodic validation, checkpoint and resume, a fixed seed, CPU or CUDA picked automatically.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm import tqdm
+
+IGNORE = -100  # label value that takes no part in the loss (prompt tokens, padding)
+
+
+@dataclass
+class TrainSettings:
+    max_steps: int = 1000
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float | None = 1.0  # None: no clipping (the Pre-LN vs Post-LN runs)
+    eval_every: int = 200
+    save_every: int = 500
+    seed: int = 1337
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def learning_rate(step: int, s: TrainSettings) -> float:
+    """Linear warmup to s.lr, then cosine decay to s.lr * s.min_lr_ratio at s.max_steps."""
+    if step < s.warmup_steps:
+        return s.lr * (step + 1) / s.warmup_steps
+    progress = min(1.0, (step - s.warmup_steps) / max(1, s.max_steps - s.warmup_steps))
+    return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(model: nn.Module, s: TrainSettings) -> torch.optim.AdamW:
+    """AdamW; matrices decay, biases, LayerNorm gains and the embeddings' 1-D parts don't."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+
+
+def lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    logits = model(x)
+    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE)
+
+
+def train(model: nn.Module, next_batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]], s: TrainSettings,
+          evaluate: Callable[[], dict[str, float]] | None = None, save: Callable[[int, torch.optim.Optimizer], None] | None = None,
+          optimizer: torch.optim.Optimizer | None = None, start_step: int = 0, log: Callable[[dict], None] = print,
+          progress: bool = True) -> list[dict]:
+    """Train for s.max_steps steps from start_step; returns the history of logged records.
+
+    next_batch(step) gives (inputs, labels) with labels already shifted (IGNORE where unscored);
+    evaluate() gives named validation losses, logged every s.eval_every steps.
+    """
+    optimizer = optimizer or make_optimizer(model, s)
+    history = []
+    bar = tqdm(range(start_step, s.max_steps), initial=start_step, total=s.max_steps, disable=not progress,
+               dynamic_ncols=True)
+    tokens, started = 0, time.perf_counter()
+    model.train()
+    for step in bar:
+        lr = learning_rate(step, s)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        x, y = next_batch(step)
+        loss = lm_loss(model, x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+                     if s.grad_clip else None)
+        optimizer.step()
+        tokens += int((y != IGNORE).sum())
+        tok_s = tokens / (time.perf_counter() - started)
+        record = {"step": step + 1, "loss": loss.item(), "lr": lr, "tokens_per_s": tok_s}
+        if grad_norm is not None:
+            record["grad_norm"] = float(grad_norm)
+        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tok_s:.0f}")
+        last = step + 1 == s.max_steps
+        if evaluate and (last or (step + 1) % s.eval_every == 0):
+            model.eval()
+            record.update(evaluate())
+            model.train()
+            log({k: round(v, 5) if isinstance(v, float) else v for k, v in record.items()})
+        history.append(record)
+        if save and (last or (step + 1) % s.save_every == 0):
+            save(step + 1, optimizer)
+        if not math.isfinite(record["loss"]):
+            log({"step": step + 1, "stopped": "loss is not finite"})
+            break
+    model.eval()
+    return history
+
+
+# --- pretraining CLI ---------------------------------------------------------------------------
+
+def token_stream(documents: list[str], tokenizer) -> torch.Tensor:
+    """All documents as one tensor of ids, each document followed by EOS."""
+    ids: list[int] = []
+    for doc in documents:
+        ids.extend(tokenizer.encode(doc))
+        ids.append(tokenizer.eos_id)
+    return torch.tensor(ids, dtype=torch.int32)
+
+
+def random_windows(data: torch.Tensor, batch_size: int, block_size: int, generator: torch.Generator,
+                   device) -> tuple[torch.Tensor, torch.Tensor]:
+    starts = torch.randint(0, len(data) - block_size - 1, (batch_size,), generator=generator)
+    chunk = torch.stack([data[i:i + block_size + 1] for i in starts.tolist()]).long()
+    return chunk[:, :-1].to(device), chunk[:, 1:].to(device)
+
+
+@torch.no_grad()
+def mean_loss(model: nn.Module, data: torch.Tensor, block_size: int, device, max_windows: int = 64,
+              batch_size: int = 16) -> float:
+    """Mean next-token loss over consecutive windows from the start of data (deterministic)."""
+    n = min(max_windows, (len(data) - 1) // block_size)
+    windows = data[: n * block_size + 1]
+    losses = []
+    for i in range(0, n, batch_size):
+        rows = range(i, min(n, i + batch_size))
+        x = torch.stack([windows[r * block_size:(r + 1) * block_size] for r in rows]).long().to(device)
+        y = torch.stack([windows[r * block_size + 1:(r + 1) * block_size + 1] for r in rows]).long().to(device)
+        losses.append(lm_loss(model, x, y).item() * len(rows))
+    return sum(losses) / n
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m model.train", description=(
+        "Pretrain a Pre-LN GPT-2 from scratch on the prose in ../shared/data/pretrain "
+        "(Gutenberg children's classics and TinyStories), with a SentencePiece tokenizer. "
+        "Writes an HF-layout checkpoint (config.json, model.safetensors, tokenizer.model) to --out."))
+    p.add_argument("--out", type=Path, required=True, help="output directory for checkpoints and logs")
+    p.add_argument("--tokenizer", type=Path, default=Path("assets/tokenizer.model"),
+                   help="SentencePiece model to tokenize with (train one with scripts/train_tokenizer.py)")
+    p.add_argument("--n-layer", type=int, default=6, help="number of transformer blocks")
+    p.add_argument("--n-embd", type=int, default=256, help="width of the residual stream")
+    p.add_argument("--n-head", type=int, default=8, help="attention heads per block")
+    p.add_argument("--block-size", type=int, default=256, help="context window (n_positions) and training length")
+    p.add_argument("--norm-position", choices=["pre", "post"], default="pre", help="Pre-LN (GPT-2) or Post-LN block")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per optimizer step")
+    p.add_argument("--tinystories-fraction", type=float, default=0.5,
+                   help="share of each batch drawn from TinyStories (the rest from Gutenberg)")
+    p.add_argument("--max-steps", type=int, default=3000, help="optimizer steps; the cosine schedule ends here")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final learning rate as a fraction of --lr")
+    p.add_argument("--warmup-steps", type=int, default=200, help="linear warmup steps")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
+    p.add_argument("--eval-every", type=int, default=250, help="validate every N steps")
+    p.add_argument("--save-every", type=int, default=500, help="write a resumable checkpoint every N steps")
+    p.add_argument("--seed", type=int, default=1337, help="seed for initialisation and batch sampling")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    from .checkpoint import load_pretrained, save_pretrained
+    from .config import GPT2Config
+    from .corpus import pretrain_sources
+    from .gpt2 import GPT2
+    from .tokenizer import SentencePieceTokenizer
+
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
+    seed_everything(args.seed)
+    tokenizer = SentencePieceTokenizer.from_file(args.tokenizer)
+    train_data = {name: token_stream(docs, tokenizer) for name, docs in pretrain_sources("train").items()}
+    val_data = {name: token_stream(docs, tokenizer) for name, docs in pretrain_sources("val").items()}
+    for name in train_data:
+        print(f"{name}: train tokens {len(train_data[name]):,}  val tokens {len(val_data[name]):,}")
+    print(f"device {device}")
+    settings = TrainSettings(max_steps=args.max_steps, lr=args.lr, min_lr_ratio=args.min_lr_ratio,
+                             warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+                             grad_clip=args.grad_clip or None, eval_every=args.eval_every,
+                             save_every=args.save_every, seed=args.seed)
+    state_path = args.out / "train_state.pt"
+    start_step = 0
+    if args.resume and state_path.is_file():
+        model, _ = load_pretrained(args.out, device=device)
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
+        start_step = state["step"]
+    else:
+        config = GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=args.block_size, n_embd=args.n_embd,
+                            n_layer=args.n_layer, n_head=args.n_head, eos_token_id=tokenizer.eos_id,
+                            norm_position=args.norm_position)
+        model = GPT2(config).to(device)
+        state = None
+    optimizer = make_optimizer(model, settings)
+    # Batches are a function of the step alone, so a resumed run sees the batches it would have seen.
+    batch_gen = torch.Generator()
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        print(f"resumed at step {start_step}")
+    print(f"parameters {model.num_parameters():,}")
+
+    n_stories = round(args.batch_size * args.tinystories_fraction)
+
+    def next_batch(step):
+        batch_gen.manual_seed(args.seed * 1_000_003 + step)
+        parts = [random_windows(train_data["tinystories"], n_stories, args.block_size, batch_gen, device),
+                 random_windows(train_data["gutenberg"], args.batch_size - n_stories, args.block_size, batch_gen,
+                                device)]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def evaluate():
+        losses = {f"val_{name}": mean_loss(model, data, args.block_size, device) for name, data in val_data.items()}
+        return {"val_loss": sum(losses.values()) / len(losses), **losses}
+
+    def save(step, opt):
+        save_pretrained(model, tokenizer, args.out)
+        torch.save({"step": step, "optimizer": opt.state_dict()}, state_path)
+
+    log_path = args.out / "log.jsonl"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "train_args.json").write_text(json.dumps(
+        {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, **asdict(settings)}, indent=2))
+
+    def log(record):
+        tqdm.write(json.dumps(record))
+        with log_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    train(model, next_batch, settings, evaluate=evaluate,
+          save=save, optimizer=optimizer, start_step=start_step, log=log)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""What a task is, the prompt pieces the tasks share, and `run_task`, which runs one.
+
+A task is data plus small functions (see DESIGN.md): how to build its prompt, its decoding
+defaults, how to post-process what the model wrote, and which adapter it switches on.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+
+from model.generate import ContextLengthError, Result, SamplingParams, stream
+from model.gpt2 import GPT2
+from model.tokenizer import Tokenizer
+
+# Every adapter completion ends with this, and generation with an adapter on stops at it: an
+# adapter answers in one line and has learned to say when it is done.
+ADAPTER_END = "\n"
+
+
+@dataclass
+class Prompt:
+    text: str
+    ids: list[int]  # what the model is given; at most max_prompt_tokens
+    notes: list[str] = field(default_factory=list)  # what had to change to fit the context, for the caller to show
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    title: str
+    inputs: type  # the dataclass of this task's inputs
+    build_prompt: Callable[[Any, Tokenizer, int, bool], Prompt]  # (inputs, tokenizer, max_prompt_tokens, adapter_on)
+    defaults: SamplingParams  # its stop strings apply whatever the caller's params say
+    postprocess: Callable[[str], str]  # generated text -> what the user sees; may cut it
+    adapter: str | None = None
+    format_example: Callable[[Any, str], tuple[str, str]] | None = None  # (inputs, target) -> adapter training pair
+
+
+@dataclass
+class TaskUpdate:
+    text: str  # all the post-processed text so far: what a UI shows
+
+
+@dataclass
+class TaskDone:
+    text: str  # the final post-processed text
+    result: Result  # stop_reason "task_done" when post-processing had all it would keep
+    prompt: Prompt  # exactly what the model was given
+
+
+# --- prompt pieces ----------------------------------------------------------------------------
+
+def require_text(text: str, message: str) -> None:
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(message)
+
+
+def one_line(text: str) -> str:
+    """Text with each run of whitespace (newlines included) made one space, so that user text
+    cannot break a line-based prompt format."""
+    return " ".join(text.split())
+
+
+def adapter_completion(target: str) -> str:
+    """What an adapter is trained to write after its prompt: one line, then ADAPTER_END.
+
+    The prompts end in a tag ("TL;DR:", "Bot:", "French:"), after which text starts with a space.
+    """
+    require_text(target, "target is empty")
+    return f" {one_line(target)}{ADAPTER_END}"
+
+
+def too_long(what: str, n_tokens: int, max_tokens: int) -> ContextLengthError:
+    return ContextLengthError(f"{what}: {n_tokens} tokens, but only {max_tokens} fit in the context next to "
+                              "max_new_tokens; shorten the input or lower max_new_tokens")
+
+
+def fit_newest(tokenizer: Tokenizer, max_tokens: int, first: str, parts: list[str], last: str,
+               required: str) -> tuple[Prompt, int]:
+    """first + as many of the newest (last) parts as fit + last, in at most max_tokens tokens.
+
+    Returns the prompt and how many of the oldest parts it dropped. `first` and `last` are never
+    dropped; when they alone do not fit, the error names them as `required`.
+    """
+    first_ids, last_ids = tokenizer.encode(first), tokenizer.encode(last)
+    room = max_tokens - len(first_ids) - len(last_ids)
+    if room < 0:
+        raise too_long(required, len(first_ids) + len(last_ids), max_tokens)
+    kept_parts, kept_ids = [], []
+    for part in reversed(parts):
+        ids = tokenizer.encode(part)
+        if len(ids) > room:
+            break
+        room -= len(ids)
+        kept_parts.insert(0, part)
+        kept_ids[:0] = ids
+    # Token ids are joined rather than re-encoded, so the length counted is the length sent.
+    prompt = Prompt(first + "".join(kept_parts) + last, first_ids + kept_ids + last_ids)
+    return prompt, len(parts) - len(kept_parts)
+
+
+# --- post-processing --------------------------------------------------------------------------
+
+# A sentence ends at . ! or ? (with any closing quotes or brackets) before whitespace, or at a line
+# break. At the very end of the text it may still go on: "3." can become "3.5".
+SENTENCE_END = re.compile(r"""[.!?]+["'”’)\]]*(?=\s)|\n""")
+TITLES = {"mr", "mrs", "ms", "dr", "prof", "st", "vs"}
+
+
+def is_abbreviation(before: str) -> bool:
+    """Whether a full stop right after `before` closes an abbreviation rather than a sentence:
+    a title (Dr.), a dotted abbreviation (e.g., U.S.) or an initial (J.)."""
+    word = before.rsplit(None, 1)[-1].lstrip("\"'“‘([") if before.strip() else ""
+    return word.lower() in TITLES or "." in word or (len(word) == 1 and word.isupper())
+
+
+def first_sentences(n: int) -> Callable[[str], str]:
+    """A postprocess that keeps the first n sentences (all of the text when it has fewer), stripped."""
+    def keep_first_sentences(text: str) -> str:
+        start, count = 0, 0
+        for end in SENTENCE_END.finditer(text):
+            if not text[start:end.start()].strip():
+                continue  # a blank line or stray punctuation is not a sentence
+            if end.group().startswith(".") and is_abbreviation(text[:end.start()]):
+                continue
+            start, count = end.end(), count + 1
+            if count == n:
+                return text[:start].strip()
+        return text.strip()
+    return keep_first_sentences
+
+
+def is_final(postprocess: Callable[[str], str], text: str) -> bool:
+    """Whether post-processing has cut `text` for good: more text would not change what it keeps.
+
+    The probe is a letter because a space or a full stop could still end a sentence.
+    """
+    return postprocess(text + "x") == postprocess(text)
+
+
+# --- running a task ---------------------------------------------------------------------------
+
+class TaskStop(threading.Event):
+    """The cancel event `stream` polls once per token. run_task sets it itself once the task has
+    all the text it will keep; it also reads as set when the caller's own cancel event is."""
+
+    def __init__(self, cancel: threading.Event | None):
+        super().__init__()
+        self.cancel = cancel
+
+    @property
+    def task_done(self) -> bool:
+        return super().is_set()
+
+    def is_set(self) -> bool:
+        return self.task_done or (self.cancel is not None and self.cancel.is_set())
+
+
+def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: SamplingParams,
+             adapter_on: bool = False, cancel: threading.Event | None = None) -> Iterator[TaskUpdate | TaskDone]:
+    """Build the task's prompt, generate with its stop strings, and stream the post-processed text:
+    a TaskUpdate whenever what the user sees changes, then one TaskDone.
+
+    Generation stops early once post-processing has all it will keep (e.g. 3 whole sentences).
+    """
+    if not isinstance(inputs, task.inputs):
+        raise TypeError(f"the {task.name} task takes {task.inputs.__name__}, got {type(inputs).__name__}")
+    n_ctx = model.config.n_positions
+    max_prompt_tokens = n_ctx - params.max_new_tokens
+    if max_prompt_tokens < 1:
+        raise ValueError(f"max_new_tokens ({params.max_new_tokens}) leaves no room for a prompt "
+                         f"in the {n_ctx}-token context window")
+    prompt = task.build_prompt(inputs, tokenizer, max_prompt_tokens, adapter_on)
+    stops = task.defaults.stop + ((ADAPTER_END,) if adapter_on else ()) + params.stop
+    params = replace(params, stop=tuple(dict.fromkeys(stops)))
+
+    if adapter_on and task.adapter is None:
+        raise ValueError(f"the {task.name} task has no adapter")
+    stop = TaskStop(cancel)
+    text, shown, result = "", "", None
+    for event in stream(model, tokenizer, prompt.ids, params, stop, adapter=task.adapter if adapter_on else None):
+        if isinstance(event, Result):
+            result = event
+            continue
+        text += event.text
+        kept = task.postprocess(text)
+        if kept != shown:
+            shown = kept
+            yield TaskUpdate(kept)
+        if is_final(task.postprocess, text):
+            stop.set()
+    # stream reports our own early stop as "cancelled"; say what really happened.
+    if stop.task_done and not (cancel is not None and cancel.is_set()):
+        result = replace(result, stop_reason="task_done")
+    yield TaskDone(task.postprocess(result.text), result, prompt)

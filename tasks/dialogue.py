@@ -1,0 +1,56 @@
+"""Dialogue: a transcript of speaker-tagged turns that stops at the next speaker tag.
+
+    {persona}
+    User: {user}
+    Bot: {bot}
+    User: {message}
+    Bot:
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from model.generate import SamplingParams
+from model.tokenizer import Tokenizer
+
+from .base import Prompt, Task, adapter_completion, fit_newest, one_line, require_text
+
+USER, BOT = "User", "Bot"
+
+
+@dataclass(frozen=True)
+class DialogueInputs:
+    message: str
+    history: Sequence[tuple[str, str]] = ()  # earlier (user, bot) turns, oldest first
+    persona: str = ""  # a line that sets the scene, e.g. "Bot is a patient maths tutor."
+
+
+def transcript(inputs: DialogueInputs) -> tuple[str, list[str], str]:
+    """The persona line, one part per earlier turn, and the newest message ending in the bot's tag."""
+    require_text(inputs.message, "message is empty")
+    persona = f"{one_line(inputs.persona)}\n" if inputs.persona.strip() else ""
+    turns = [f"{USER}: {one_line(user)}\n{BOT}: {one_line(bot)}\n" for user, bot in inputs.history]
+    return persona, turns, f"{USER}: {one_line(inputs.message)}\n{BOT}:"
+
+
+def build_prompt(inputs: DialogueInputs, tokenizer: Tokenizer, max_prompt_tokens: int, adapter_on: bool) -> Prompt:
+    # The adapter was trained on this same transcript, so adapter_on changes nothing here.
+    persona, turns, newest = transcript(inputs)
+    prompt, dropped = fit_newest(tokenizer, max_prompt_tokens, persona, turns, newest,
+                                 required="the persona and the message")
+    if dropped:
+        prompt.notes.append(f"dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} to fit the context")
+    return prompt
+
+
+def format_example(inputs: DialogueInputs, reply: str) -> tuple[str, str]:
+    persona, turns, newest = transcript(inputs)
+    return persona + "".join(turns) + newest, adapter_completion(reply)
+
+
+DIALOGUE = Task(
+    name="dialogue", title="Dialogue", inputs=DialogueInputs, build_prompt=build_prompt,
+    defaults=SamplingParams(temperature=0.8, top_k=40, max_new_tokens=60, stop=(f"\n{USER}:", f"\n{BOT}:")),
+    postprocess=str.strip, adapter="dialogue", format_example=format_example,
+)

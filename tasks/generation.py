@@ -1,0 +1,30 @@
+"""Open generation: the prompt exactly as written, sampled with top-k 40 as in the GPT-2 paper's samples."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model.generate import SamplingParams
+from model.tokenizer import Tokenizer
+
+from .base import Prompt, Task, require_text, too_long
+
+
+@dataclass(frozen=True)
+class GenerateInputs:
+    prompt: str
+
+
+def build_prompt(inputs: GenerateInputs, tokenizer: Tokenizer, max_prompt_tokens: int, adapter_on: bool) -> Prompt:
+    require_text(inputs.prompt, "prompt is empty")
+    # Not stripped: a trailing space or newline is part of what the user asks to continue.
+    ids = tokenizer.encode(inputs.prompt)
+    if len(ids) > max_prompt_tokens:
+        raise too_long("the prompt", len(ids), max_prompt_tokens)
+    return Prompt(inputs.prompt, ids)
+
+
+GENERATE = Task(
+    name="generate", title="Generate", inputs=GenerateInputs, build_prompt=build_prompt,
+    defaults=SamplingParams(top_k=40, max_new_tokens=100),
+    postprocess=lambda text: text,  # shown exactly as generated
+)

@@ -1,0 +1,43 @@
+"""Summarisation as in the GPT-2 paper: the article, then `TL;DR:`; 100 tokens sampled with top-k 2,
+of which the first 3 sentences are the summary. The adapter was trained on this same format."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model.generate import SamplingParams
+from model.tokenizer import Tokenizer
+
+from .base import Prompt, Task, adapter_completion, first_sentences, require_text, too_long
+
+TLDR = "\nTL;DR:"
+
+
+@dataclass(frozen=True)
+class SummarizeInputs:
+    article: str
+
+
+def build_prompt(inputs: SummarizeInputs, tokenizer: Tokenizer, max_prompt_tokens: int, adapter_on: bool) -> Prompt:
+    require_text(inputs.article, "article is empty")
+    article_ids, suffix_ids = tokenizer.encode(inputs.article.strip()), tokenizer.encode(TLDR)
+    # Without TL;DR: the model does not know to summarise, so a long article gives way, from its end.
+    room = max_prompt_tokens - len(suffix_ids)
+    if room < 1:
+        raise too_long("TL;DR: and one token of the article", len(suffix_ids) + 1, max_prompt_tokens)
+    notes = []
+    if len(article_ids) > room:
+        notes.append(f"article cut from {len(article_ids)} to {room} tokens to fit the context")
+        article_ids = article_ids[:room]
+    return Prompt(tokenizer.decode(article_ids) + TLDR, article_ids + suffix_ids, notes)
+
+
+def format_example(inputs: SummarizeInputs, summary: str) -> tuple[str, str]:
+    require_text(inputs.article, "article is empty")
+    return inputs.article.strip() + TLDR, adapter_completion(summary)
+
+
+SUMMARIZE = Task(
+    name="summarize", title="Summarise", inputs=SummarizeInputs, build_prompt=build_prompt,
+    defaults=SamplingParams(top_k=2, max_new_tokens=100),
+    postprocess=first_sentences(3), adapter="summarize", format_example=format_example,
+)

@@ -1,0 +1,62 @@
+"""Shared fixtures: small real checkpoints in Hugging Face layout, built here with transformers."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+DATA_DIR = REPO.parent / "shared" / "data"
+GPT2_BPE = DATA_DIR / "gpt2-bpe"
+
+
+def copy_gpt2_tokenizer(directory: Path) -> None:
+    """The real GPT-2 vocabulary, under the names HF checkpoints give it."""
+    shutil.copy(GPT2_BPE / "encoder.json", directory / "vocab.json")
+    shutil.copy(GPT2_BPE / "vocab.bpe", directory / "merges.txt")
+
+
+def make_hf_checkpoint(directory: Path, seed: int = 0, weights: str = "safetensors", **config) -> Path:
+    """A random-initialised transformers GPT2LMHeadModel saved with its own save_pretrained."""
+    from transformers import GPT2Config as HFConfig, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config.setdefault("vocab_size", 50257)
+    hf = GPT2LMHeadModel(HFConfig(**config)).eval()
+    directory.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(directory)
+    if weights == "bin":
+        # transformers 5 only writes safetensors; a .bin checkpoint is the same tensors pickled.
+        state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+        torch.save(state, directory / "pytorch_model.bin")
+        (directory / "model.safetensors").unlink()
+    copy_gpt2_tokenizer(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A small GPT-2 with the real GPT-2 tokenizer, for tests that need text in and out."""
+    return make_hf_checkpoint(tmp_path_factory.mktemp("tiny"), n_positions=128, n_embd=64, n_layer=2, n_head=2)
+
+
+def make_lora_adapter(base, directory: Path, seed: int = 0, r: int = 4,
+                      targets: tuple[str, ...] = ("c_attn", "c_proj", "c_fc")) -> Path:
+    """A PEFT LoRA adapter for `base` (ours or transformers'), saved by PEFT itself.
+
+    PEFT starts lora_B at zero (a no-op adapter); random B makes the adapter change the logits.
+    """
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    peft_model = get_peft_model(copy.deepcopy(base), LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(targets)))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    peft_model.save_pretrained(directory)
+    return directory

@@ -1,0 +1,91 @@
+"""Per-task LoRA adapters: PEFT files, switched per request, exact base logits when off."""
+from __future__ import annotations
+
+import shutil
+import threading
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import GPT2LMHeadModel
+
+from model import load_pretrained
+from model.adapters import active_adapter, adapter_names, load_adapter
+
+from .conftest import make_hf_checkpoint, make_lora_adapter
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    directory = make_hf_checkpoint(tmp_path_factory.mktemp("base"), n_positions=64, n_embd=48, n_layer=2, n_head=3)
+    hf = GPT2LMHeadModel.from_pretrained(directory)
+    # Adapters trained with PEFT on transformers' GPT2LMHeadModel (Conv1D layers).
+    make_lora_adapter(hf, directory / "adapters" / "summarize", seed=1)
+    make_lora_adapter(hf, directory / "adapters" / "translate", seed=2, targets=("c_attn",))
+    return directory
+
+
+IDS = torch.randint(0, 50257, (2, 12), generator=torch.Generator().manual_seed(0))
+
+
+@torch.no_grad()
+def logits(model, adapter=None):
+    with active_adapter(adapter):
+        return model(IDS)
+
+
+@torch.no_grad()
+def test_off_is_exactly_base_on_changes_switching_is_stable(checkpoint, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(checkpoint, bare, ignore=shutil.ignore_patterns("adapters"))
+    base, _ = load_pretrained(bare)
+    model, _ = load_pretrained(checkpoint)
+    assert adapter_names(base) == [] and adapter_names(model) == ["summarize", "translate"]
+    off = logits(model)
+    assert torch.equal(off, logits(base))
+    summarize, translate = logits(model, "summarize"), logits(model, "translate")
+    assert not torch.allclose(summarize, off, atol=1e-3) and not torch.allclose(translate, summarize, atol=1e-3)
+    assert torch.equal(logits(model, "summarize"), summarize)  # switching back and forth changes nothing
+    assert torch.equal(logits(model), off)
+
+
+@torch.no_grad()
+def test_peft_adapter_from_transformers_gives_the_same_logits(checkpoint):
+    ours, _ = load_pretrained(checkpoint)
+    for name in ("summarize", "translate"):
+        reference = PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(checkpoint),
+                                              checkpoint / "adapters" / name).eval()
+        assert (logits(ours, name) - reference(IDS).logits).abs().max() < 1e-4
+
+
+@torch.no_grad()
+def test_adapter_choice_is_per_thread(checkpoint):
+    """Two requests at once, one with the adapter and one without, each get their own logits."""
+    model, _ = load_pretrained(checkpoint)
+    expected = {None: logits(model), "summarize": logits(model, "summarize")}
+    results, barrier = {}, threading.Barrier(2)
+
+    def request(name):
+        with active_adapter(name):
+            barrier.wait()  # both adapters chosen before either runs
+            results[name] = [model(IDS) for _ in range(3)]
+
+    threads = [threading.Thread(target=request, args=(name,)) for name in expected]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name, outputs in results.items():
+        assert all(torch.equal(out, expected[name]) for out in outputs)
+
+
+def test_bad_adapter_files_are_named(checkpoint, tmp_path):
+    model, _ = load_pretrained(checkpoint)
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoint / "adapters" / "summarize", broken)
+    (broken / "adapter_model.safetensors").write_bytes(b"junk")
+    with pytest.raises(ValueError, match="adapter_model.safetensors: cannot read adapter weights"):
+        load_adapter(model, broken, "broken")
+    with pytest.raises(ValueError, match="this model has no 'dialogue' adapter"):
+        from model.generate import SamplingParams, decode_tokens
+        next(decode_tokens(model, [[1, 2]], SamplingParams(), [0], adapter="dialogue"))

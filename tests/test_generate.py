@@ -1,0 +1,116 @@
+"""The token loop: seeds, bounds, stop strings, cancel, context limits."""
+from __future__ import annotations
+
+import gc
+import math
+import threading
+import weakref
+from dataclasses import replace
+
+import pytest
+
+from model import load_pretrained
+from model.generate import LIMITS, Chunk, ContextLengthError, Result, SamplingParams, generate, stream
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_checkpoint):
+    return load_pretrained(tiny_checkpoint)
+
+
+SAMPLED = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, repetition_penalty=1.2, no_repeat_ngram_size=3,
+                         max_new_tokens=20)
+
+
+def run(loaded, prompt="Once upon a time", params=SAMPLED, cancel=None):
+    model, tokenizer = loaded
+    events = list(stream(model, tokenizer, prompt, params, cancel))
+    chunks, result = events[:-1], events[-1]
+    assert all(isinstance(c, Chunk) for c in chunks) and isinstance(result, Result)
+    assert "".join(c.text for c in chunks) == result.text  # the stream adds up to the result
+    return chunks, result
+
+
+def test_same_seed_same_text_and_reported_seed_reproduces(loaded):
+    _, first = run(loaded, params=replace(SAMPLED, seed=123))
+    _, again = run(loaded, params=replace(SAMPLED, seed=123))
+    assert first.seed == 123 and again.token_ids == first.token_ids and len(first.token_ids) > 5
+    _, other = run(loaded, params=replace(SAMPLED, seed=124))
+    assert other.token_ids != first.token_ids
+    _, unseeded = run(loaded)
+    _, replay = run(loaded, params=replace(SAMPLED, seed=unseeded.seed))
+    assert replay.token_ids == unseeded.token_ids
+    assert replay.summary().startswith(f"seed {unseeded.seed} · ")
+
+
+BAD_VALUES = [(name, value) for name, (low, high) in LIMITS.items()
+              for value in (low - 1 if isinstance(low, int) else low - 0.01, high + 1, math.nan, math.inf, True, "1")]
+
+
+@pytest.mark.parametrize("name,value", BAD_VALUES, ids=[f"{n}={v!r}" for n, v in BAD_VALUES])
+def test_each_bound_is_rejected(name, value):
+    with pytest.raises(ValueError, match=name):
+        SamplingParams(**{name: value})
+
+
+def test_integer_settings_reject_fractions_and_stop_strings_are_checked():
+    with pytest.raises(ValueError, match="top_k must be an integer"):
+        SamplingParams(top_k=2.5)
+    with pytest.raises(ValueError, match="stop must be"):
+        SamplingParams(stop=("",))
+    with pytest.raises(ValueError, match="stop must be"):
+        SamplingParams(stop=tuple("abcdefghij"))
+    assert SamplingParams(stop="\n").stop == ("\n",)
+    assert SamplingParams(top_k=3.0, seed=None).top_k == 3
+
+
+def test_stop_string_spanning_tokens_is_cut(loaded):
+    model, tokenizer = loaded
+    params = SamplingParams(temperature=0, max_new_tokens=24)
+    _, free = run(loaded, params=params)
+    pieces = [tokenizer.decode([t]) for t in free.token_ids]
+    # A stop string made of the end of token 4 and the start of token 5 spans a token boundary.
+    boundary = sum(len(p) for p in pieces[:5])
+    assert len(pieces[4]) >= 1 and len(pieces[5]) >= 1
+    stop = free.text[boundary - 1:boundary + 1]
+    cut_at = free.text.find(stop)
+    chunks, result = run(loaded, params=replace(params, stop=(stop,)))
+    assert result.stop_reason == "stop_string"
+    assert result.text == free.text[:cut_at]
+    assert all(stop not in c.text for c in chunks)
+
+
+def test_cancel_stops_within_one_token(loaded):
+    model, tokenizer = loaded
+    cancel = threading.Event()
+    events = []
+    for event in stream(model, tokenizer, "Hello", replace(SAMPLED, max_new_tokens=100, seed=1), cancel):
+        events.append(event)
+        cancel.set()
+    result = events[-1]
+    assert result.stop_reason == "cancelled" and result.generated_tokens <= 2
+
+
+def test_closing_the_stream_frees_the_cache(loaded, monkeypatch):
+    model, tokenizer = loaded
+    caches = []
+    new_cache = model.new_cache
+    monkeypatch.setattr(model, "new_cache", lambda *a, **k: caches.append(c := new_cache(*a, **k)) or c)
+    events = stream(model, tokenizer, "Hello", replace(SAMPLED, max_new_tokens=100))
+    next(events)
+    alive = weakref.ref(caches.pop())
+    assert alive() is not None
+    events.close()
+    gc.collect()
+    assert alive() is None
+
+
+def test_context_limits(loaded):
+    model, tokenizer = loaded
+    n_ctx = model.config.n_positions
+    with pytest.raises(ContextLengthError, match=f"the prompt is {n_ctx} tokens; the context window is {n_ctx}"):
+        generate(model, tokenizer, [1] * n_ctx, SAMPLED)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        generate(model, tokenizer, "", SAMPLED)
+    result = generate(model, tokenizer, [1] * (n_ctx - 3), replace(SAMPLED, max_new_tokens=50, temperature=0))
+    assert (result.generated_tokens, result.stop_reason) == (3, "context_full")

@@ -1,0 +1,126 @@
+"""Equivalence with transformers' GPT2LMHeadModel, the reference nobody here wrote (after minGPT's
+test_huggingface_import.py): same logits, same greedy continuation, same cache behaviour."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GPT2LMHeadModel
+
+from model import GPT2, GPT2Config, load_pretrained, save_pretrained
+from model.generate import SamplingParams, decode_tokens
+
+from .conftest import make_hf_checkpoint
+
+SHAPES = {
+    "gpt2-124M": dict(n_positions=1024, n_embd=768, n_layer=12, n_head=12),
+    "heads-not-power-of-two": dict(n_positions=64, n_embd=96, n_layer=2, n_head=6),
+    "vocab-not-multiple-of-64": dict(vocab_size=1001, n_positions=64, n_embd=64, n_layer=2, n_head=4),
+    "deeper-than-wide": dict(n_positions=64, n_embd=32, n_layer=12, n_head=2),
+}
+
+
+@pytest.fixture(scope="module", params=[(s, w) for s in SHAPES for w in ("safetensors", "bin")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def pair(request, tmp_path_factory):
+    """(ours, transformers') loaded from the same checkpoint directory."""
+    shape, weights = request.param
+    directory = make_hf_checkpoint(tmp_path_factory.mktemp(shape), weights=weights, **SHAPES[shape])
+    hf = GPT2LMHeadModel.from_pretrained(directory).eval()
+    ours, _ = load_pretrained(directory)
+    return ours, hf
+
+
+def prompt_ids(model: GPT2, length: int, batch: int = 1, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.config.vocab_size, (batch, length), generator=g)
+
+
+@torch.no_grad()
+def test_logits_equal_transformers(pair):
+    ours, hf = pair
+    ids = prompt_ids(ours, 24, batch=2)
+    assert ours(ids).shape == (2, 24, ours.config.vocab_size)
+    assert (ours(ids) - hf(ids).logits).abs().max() < 1e-4
+
+
+@torch.no_grad()
+def test_greedy_continuation_equals_transformers_generate(pair):
+    ours, hf = pair
+    ids = prompt_ids(ours, 8)
+    hf.generation_config.eos_token_id = None  # random weights: never stop early, compare all 32
+    expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
+                           pad_token_id=0)[0, 8:].tolist()
+    tokens = [int(t[0]) for t in decode_tokens(ours, [ids[0].tolist()], SamplingParams(temperature=0,
+                                                                                        max_new_tokens=32), [0])]
+    assert tokens == expected
+
+
+@torch.no_grad()
+def test_kv_cache_steps_equal_full_recompute(pair):
+    ours, _ = pair
+    ids = prompt_ids(ours, 20, batch=2)
+    full = ours(ids)
+    cache = ours.new_cache(2, 20)
+    steps = [ours(ids[:, :6], cache=cache)] + [ours(ids[:, t:t + 1], cache=cache) for t in range(6, 20)]
+    assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-5
+
+
+@torch.no_grad()
+def test_left_padded_batch_gives_each_row_its_own_tokens(tiny_checkpoint):
+    model, _ = load_pretrained(tiny_checkpoint)
+    prompts = [prompt_ids(model, n, seed=n)[0].tolist() for n in (3, 11, 7)]
+    for params in (SamplingParams(temperature=0, max_new_tokens=12),
+                   SamplingParams(temperature=0.9, top_k=40, repetition_penalty=1.3, max_new_tokens=12)):
+        seeds = [5, 6, 7]
+        batch = torch.stack(list(decode_tokens(model, prompts, params, seeds)), dim=1)
+        for row, (prompt, seed) in enumerate(zip(prompts, seeds)):
+            alone = torch.cat(list(decode_tokens(model, [prompt], params, [seed])))
+            assert batch[row].tolist() == alone.tolist()
+
+
+@torch.no_grad()
+def test_our_save_pretrained_loads_in_transformers(tmp_path):
+    config = GPT2Config(vocab_size=50257, n_positions=64, n_embd=48, n_layer=3, n_head=3)
+    torch.manual_seed(3)
+    ours = GPT2(config).eval()
+    _, tokenizer = load_pretrained(make_hf_checkpoint(tmp_path / "src", n_positions=8, n_embd=8, n_layer=1, n_head=1))
+    save_pretrained(ours, tokenizer, tmp_path / "saved")
+    hf = GPT2LMHeadModel.from_pretrained(tmp_path / "saved").eval()
+    reloaded, reloaded_tokenizer = load_pretrained(tmp_path / "saved")
+    ids = prompt_ids(ours, 16, batch=2)
+    assert (hf(ids).logits - ours(ids)).abs().max() < 1e-5
+    assert torch.equal(reloaded(ids), ours(ids))
+    assert reloaded_tokenizer.encode("Hello there") == tokenizer.encode("Hello there")
+
+
+@torch.no_grad()
+def test_post_ln_and_no_final_norm_differ_from_pre_ln():
+    ids = torch.randint(0, 100, (1, 10))
+    logits = {}
+    for name, overrides in {"pre": {}, "post": dict(norm_position="post"), "no_ln_f": dict(final_norm=False)}.items():
+        torch.manual_seed(0)  # the same weights in all three
+        model = GPT2(GPT2Config(vocab_size=100, n_positions=16, n_embd=32, n_layer=2, n_head=2, **overrides))
+        logits[name] = model(ids)
+        assert torch.isfinite(logits[name]).all()
+    assert not torch.allclose(logits["pre"], logits["post"], atol=1e-3)
+    assert not torch.allclose(logits["pre"], logits["no_ln_f"], atol=1e-3)
+
+
+def test_presets_have_the_released_shapes():
+    xl = GPT2Config.preset("openai-community/gpt2-xl")
+    assert (xl.n_layer, xl.n_embd, xl.n_head) == (48, 1600, 25)
+    assert GPT2Config.preset("distilgpt2").n_layer == 6
+    model = GPT2(GPT2Config.preset("gpt2"))
+    assert model.num_parameters() == 124_439_808  # the published 124M count (ties counted once)
+    with pytest.raises(ValueError, match="unknown preset"):
+        GPT2Config.preset("gpt5")
+
+
+def test_config_json_round_trip_with_transformers(tmp_path):
+    from transformers import GPT2Config as HFConfig
+
+    config = GPT2Config(vocab_size=1234, n_positions=77, n_embd=40, n_layer=5, n_head=5, norm_position="post")
+    config.save(tmp_path)
+    hf = HFConfig.from_pretrained(tmp_path)
+    assert (hf.vocab_size, hf.n_positions, hf.n_embd, hf.n_layer, hf.n_head) == (1234, 77, 40, 5, 5)
+    assert GPT2Config.load(tmp_path) == config

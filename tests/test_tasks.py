@@ -1,0 +1,299 @@
+"""Tasks: exact prompt formats, fitting to the context, post-processing, and run_task end to end
+with a tiny random GPT-2 and the real GPT-2 tokenizer."""
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.config import GPT2Config
+from model.generate import ContextLengthError
+from model.gpt2 import GPT2
+from model.tokenizer import GPT2BPETokenizer
+from .conftest import make_lora_adapter
+from tasks import (TASKS, DialogueInputs, GenerateInputs, Prompt, SummarizeInputs, TaskDone, TaskUpdate,
+                   TranslateInputs, first_sentences, run_task)
+
+GPT2_BPE = Path(__file__).resolve().parents[1] / "../shared/data/gpt2-bpe"
+N_CTX = 128
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return GPT2BPETokenizer.from_files(GPT2_BPE / "encoder.json", GPT2_BPE / "vocab.bpe")
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return GPT2(GPT2Config(vocab_size=50257, n_positions=N_CTX, n_embd=32, n_layer=2, n_head=2)).eval()
+
+
+def build(name, inputs, tokenizer, max_prompt_tokens=1000, adapter_on=False) -> Prompt:
+    return TASKS[name].build_prompt(inputs, tokenizer, max_prompt_tokens, adapter_on)
+
+
+def run(model, tokenizer, name, inputs, **params):
+    """All events of one run_task call, with the task's defaults plus `params`."""
+    task = TASKS[name]
+    return list(run_task(task, model, tokenizer, inputs, replace(task.defaults, **params)))
+
+
+def test_registry_order_and_adapters():
+    assert list(TASKS) == ["generate", "dialogue", "translate", "summarize"]
+    assert [TASKS[name].adapter for name in TASKS] == [None, "dialogue", "translate", "summarize"]
+
+
+# --- exact prompt formats ---------------------------------------------------------------------
+
+def test_generate_prompt_is_the_text_as_written(tokenizer):
+    prompt = build("generate", GenerateInputs("Once upon a time "), tokenizer)
+    assert prompt.text == "Once upon a time "
+    assert prompt.ids == tokenizer.encode("Once upon a time ")
+    assert prompt.notes == []
+
+
+def test_dialogue_prompt(tokenizer):
+    inputs = DialogueInputs("Where is\nthe gold?", history=[("Hi", "Ahoy!"), ("Who are you?", "A pirate.")],
+                            persona="Bot is a friendly pirate.")
+    prompt = build("dialogue", inputs, tokenizer)
+    assert prompt.text == ("Bot is a friendly pirate.\n"
+                           "User: Hi\nBot: Ahoy!\n"
+                           "User: Who are you?\nBot: A pirate.\n"
+                           "User: Where is the gold?\nBot:")
+    assert prompt.ids == tokenizer.encode(prompt.text)
+    assert build("dialogue", inputs, tokenizer, adapter_on=True).text == prompt.text
+
+
+def test_dialogue_prompt_without_persona_or_history(tokenizer):
+    assert build("dialogue", DialogueInputs("Hello"), tokenizer).text == "User: Hello\nBot:"
+
+
+def test_translate_prompt_uses_example_pairs(tokenizer):
+    prompt = build("translate", TranslateInputs(" The dog runs. "), tokenizer)
+    assert prompt.text == ("I would like a cup of coffee. = Je voudrais une tasse de café.\n"
+                           "The weather is nice today. = Il fait beau aujourd'hui.\n"
+                           "My brother lives in a small town. = Mon frère habite dans une petite ville.\n"
+                           "We are reading a book in the garden. = Nous lisons un livre dans le jardin.\n"
+                           "The dog runs. =")
+    assert prompt.ids == tokenizer.encode(prompt.text)
+
+
+def test_translate_prompt_other_direction_and_own_examples(tokenizer):
+    inputs = TranslateInputs("Der Hund läuft.", source="German", target="English", examples=[("Ja.", "Yes.")])
+    assert build("translate", inputs, tokenizer).text == "Ja. = Yes.\nDer Hund läuft. ="
+    assert build("translate", replace(inputs, examples=None), tokenizer).text.startswith(
+        "Ich hätte gern eine Tasse Kaffee. = I would like a cup of coffee.\n")
+
+
+def test_translate_prompt_with_adapter_is_zero_shot_with_language_tags(tokenizer):
+    prompt = build("translate", TranslateInputs("The dog runs.", target="German"), tokenizer, adapter_on=True)
+    assert prompt.text == "English: The dog runs.\nGerman:"
+
+
+def test_summarize_prompt(tokenizer):
+    prompt = build("summarize", SummarizeInputs("  A fox saw some grapes.\n"), tokenizer)
+    assert prompt.text == "A fox saw some grapes.\nTL;DR:"
+    assert prompt.ids == tokenizer.encode(prompt.text)
+    assert build("summarize", SummarizeInputs("A fox saw some grapes."), tokenizer, adapter_on=True) == prompt
+
+
+@pytest.mark.parametrize("name, inputs, target, completion", [
+    ("dialogue", DialogueInputs("Hi", history=[("Hello", "Hey.")], persona="Bot is kind."), "Hi\nthere!",
+     " Hi there!\n"),
+    ("translate", TranslateInputs("The dog runs."), "Le chien court.", " Le chien court.\n"),
+    ("summarize", SummarizeInputs("The fox could not reach the grapes, so he said they were sour."),
+     "People scorn what they cannot have.", " People scorn what they cannot have.\n"),
+])
+def test_format_example_is_the_adapter_prompt_plus_a_one_line_completion(tokenizer, name, inputs, target,
+                                                                         completion):
+    prompt, got = TASKS[name].format_example(inputs, target)
+    assert prompt == build(name, inputs, tokenizer, adapter_on=True).text
+    assert got == completion
+
+
+# --- fitting the context ----------------------------------------------------------------------
+
+def test_dialogue_drops_oldest_turns_first(tokenizer):
+    history = [("First question?", "First answer."), ("Second question?", "Second answer."),
+               ("Third question?", "Third answer.")]
+    inputs = DialogueInputs("Last question?", history=history, persona="Bot is terse.")
+    needed = len(tokenizer.encode("Bot is terse.\nUser: Third question?\nBot: Third answer.\n"
+                                  "User: Last question?\nBot:"))
+    prompt = build("dialogue", inputs, tokenizer, max_prompt_tokens=needed)
+    assert prompt.text == "Bot is terse.\nUser: Third question?\nBot: Third answer.\nUser: Last question?\nBot:"
+    assert len(prompt.ids) <= needed
+    assert prompt.notes == ["dropped the 2 oldest turns to fit the context"]
+
+    prompt = build("dialogue", inputs, tokenizer, max_prompt_tokens=needed - 1)
+    assert prompt.text == "Bot is terse.\nUser: Last question?\nBot:"
+    assert prompt.notes == ["dropped the 3 oldest turns to fit the context"]
+
+
+def test_dialogue_that_cannot_fit_persona_and_message_is_an_error(tokenizer):
+    inputs = DialogueInputs("Last question?", history=[("Hi", "Hello")], persona="Bot is terse.")
+    with pytest.raises(ContextLengthError, match="the persona and the message"):
+        build("dialogue", inputs, tokenizer, max_prompt_tokens=5)
+
+
+def test_translate_drops_examples_before_the_text(tokenizer):
+    inputs = TranslateInputs("The dog runs.")
+    prompt = build("translate", inputs, tokenizer, max_prompt_tokens=30)
+    assert len(prompt.ids) <= 30
+    assert prompt.text.endswith("We are reading a book in the garden. = Nous lisons un livre dans le jardin.\n"
+                                "The dog runs. =")
+    assert prompt.notes and prompt.notes[0].startswith("dropped ") and "of the 4 examples" in prompt.notes[0]
+    with pytest.raises(ContextLengthError, match="the text to translate"):
+        build("translate", inputs, tokenizer, max_prompt_tokens=3)
+
+
+def test_summarize_cuts_a_long_article_and_keeps_tldr(tokenizer):
+    article = " ".join(f"Sentence number {i} of a long article." for i in range(200))
+    n_article = len(tokenizer.encode(article))
+    prompt = build("summarize", SummarizeInputs(article), tokenizer, max_prompt_tokens=60)
+    assert len(prompt.ids) <= 60
+    assert prompt.text.startswith("Sentence number 0 of a long article.")
+    assert prompt.text.endswith("\nTL;DR:")
+    assert prompt.ids[-len(tokenizer.encode("\nTL;DR:")):] == tokenizer.encode("\nTL;DR:")
+    assert prompt.notes == [f"article cut from {n_article} to {60 - len(tokenizer.encode(chr(10) + 'TL;DR:'))} "
+                            "tokens to fit the context"]
+
+
+def test_generate_prompt_too_long_is_an_error(tokenizer):
+    with pytest.raises(ContextLengthError, match="the prompt: 6 tokens, but only 5 fit"):
+        build("generate", GenerateInputs("one two three four five six"), tokenizer, max_prompt_tokens=5)
+
+
+# --- post-processing --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    (' Dr. Smith paid $3.50 for it. "Really?" she asked! Yes... it was. More.',
+     'Dr. Smith paid $3.50 for it. "Really?" she asked!'),
+    ("The U.S. team won, e.g. in Paris. J. R. R. Tolkien wrote it. Wait... what? No.",
+     "The U.S. team won, e.g. in Paris. J. R. R. Tolkien wrote it. Wait..."),
+    ("Headline\n\nFirst line. Second line (really.) Third.", "Headline\n\nFirst line. Second line (really.)"),
+    (" Only two. Sentences here.", "Only two. Sentences here."),  # fewer than 3: all of it
+    ("It rose by 3.", "It rose by 3."),
+])
+def test_first_three_sentences(text, expected):
+    assert first_sentences(3)(text) == expected
+
+
+def test_translation_keeps_the_first_sentence():
+    assert TASKS["translate"].postprocess(" Le chien court. Il est content.") == "Le chien court."
+    assert TASKS["translate"].postprocess(" Le chien court") == "Le chien court"
+
+
+# --- validation -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, inputs, message", [
+    ("generate", GenerateInputs(""), "prompt is empty"),
+    ("dialogue", DialogueInputs("  \n", persona="Bot is kind."), "message is empty"),
+    ("translate", TranslateInputs("\t"), "text to translate is empty"),
+    ("summarize", SummarizeInputs(" "), "article is empty"),
+])
+def test_empty_input_is_refused(tokenizer, name, inputs, message):
+    with pytest.raises(ValueError, match=message):
+        build(name, inputs, tokenizer)
+
+
+def test_unsupported_language_pair_is_refused(tokenizer):
+    with pytest.raises(ValueError, match="cannot translate English to Klingon"):
+        build("translate", TranslateInputs("Hello.", target="Klingon"), tokenizer)
+
+
+def test_max_new_tokens_that_fill_the_context_are_refused(model, tokenizer):
+    with pytest.raises(ValueError, match="leaves no room for a prompt"):
+        run(model, tokenizer, "generate", GenerateInputs("Hello"), max_new_tokens=N_CTX)
+
+
+def test_inputs_of_another_task_are_refused(model, tokenizer):
+    with pytest.raises(TypeError, match="the summarize task takes SummarizeInputs"):
+        run(model, tokenizer, "summarize", GenerateInputs("Hello"))
+
+
+# --- run_task end to end ----------------------------------------------------------------------
+
+def test_run_task_streams_updates_then_done(model, tokenizer):
+    inputs = DialogueInputs("Hello there", persona="Bot is kind.")
+    events = run(model, tokenizer, "dialogue", inputs, max_new_tokens=12, seed=1)
+    *updates, done = events
+    assert updates and all(isinstance(u, TaskUpdate) for u in updates)
+    assert isinstance(done, TaskDone)
+    assert done.prompt.text == build("dialogue", inputs, tokenizer, N_CTX - 12).text
+    assert done.result.prompt_tokens == len(done.prompt.ids)
+    assert done.text == TASKS["dialogue"].postprocess(done.result.text) == updates[-1].text
+    assert done.result.seed == 1
+
+
+def test_run_task_same_seed_same_text(model, tokenizer):
+    inputs = GenerateInputs("The meaning of life is")
+    first = run(model, tokenizer, "generate", inputs, max_new_tokens=10, seed=7)[-1]
+    second = run(model, tokenizer, "generate", inputs, max_new_tokens=10, seed=7)[-1]
+    other = run(model, tokenizer, "generate", inputs, max_new_tokens=10, seed=8)[-1]
+    assert first.text == second.text and first.result.token_ids == second.result.token_ids
+    assert other.result.token_ids != first.result.token_ids
+
+
+def test_run_task_applies_the_task_stop_strings(model, tokenizer):
+    """A random model writes no speaker tags, so make one of its own words the task's stop string."""
+    inputs = GenerateInputs("Hello")
+    free = run(model, tokenizer, "generate", inputs, max_new_tokens=10, seed=3)[-1].result
+    stop_word = tokenizer.decode(free.token_ids[4:5])
+    task = replace(TASKS["generate"], defaults=replace(TASKS["generate"].defaults, stop=(stop_word,)))
+    params = replace(task.defaults, max_new_tokens=10, seed=3, stop=())  # the caller sets no stop strings
+    done = list(run_task(task, model, tokenizer, inputs, params))[-1]
+    assert done.result.stop_reason == "stop_string"
+    assert done.text == free.text[:free.text.index(stop_word)]
+
+
+def test_run_task_stops_once_postprocess_has_cut_for_good(model, tokenizer):
+    task = replace(TASKS["generate"], postprocess=lambda text: text[:5])
+    params = replace(task.defaults, max_new_tokens=40, seed=5)
+    *updates, done = run_task(task, model, tokenizer, GenerateInputs("Hello"), params)
+    assert done.result.stop_reason == "task_done"
+    assert done.result.generated_tokens < 40
+    assert len(done.text) == 5 and done.text == done.result.text[:5] == updates[-1].text
+
+
+def test_adapter_on_runs_the_task_adapter(model, tokenizer, tmp_path):
+    """With the adapter on, run_task generates with the task's LoRA adapter (a real PEFT file); off,
+    with the base model, as before."""
+    import copy
+
+    from model.adapters import load_adapter
+    from model.generate import generate
+
+    with_adapter = copy.deepcopy(model)
+    load_adapter(with_adapter, make_lora_adapter(model, tmp_path / "summarize"), "summarize")
+    task = TASKS["summarize"]
+    params = replace(task.defaults, temperature=0, max_new_tokens=8)
+    inputs = SummarizeInputs("A fox saw some grapes.")
+    on = list(run_task(task, with_adapter, tokenizer, inputs, params, adapter_on=True))[-1]
+    off = list(run_task(task, with_adapter, tokenizer, inputs, params))[-1]
+    assert off.result.token_ids == list(run_task(task, model, tokenizer, inputs, params))[-1].result.token_ids
+    expected = generate(with_adapter, tokenizer, on.prompt.ids, replace(params, stop=("\n",)), adapter="summarize")
+    assert on.result.token_ids == expected.token_ids != off.result.token_ids
+
+
+def test_caller_cancel_stops_within_a_token_and_is_reported(model, tokenizer):
+    cancel = threading.Event()
+    task = TASKS["generate"]
+    events = []
+    params = replace(task.defaults, seed=4)
+    for event in run_task(task, model, tokenizer, GenerateInputs("Hello"), params, cancel=cancel):
+        events.append(event)
+        cancel.set()  # right after the first update
+    updates, done = events[:-1], events[-1]
+    assert done.result.stop_reason == "cancelled"
+    assert len(updates) == 1 and done.result.generated_tokens <= 3  # a stop-string prefix may be held back
+
+
+def test_adapter_on_without_adapters_is_refused(model, tokenizer):
+    with pytest.raises(ValueError, match="this model has no 'summarize' adapter"):
+        list(run_task(TASKS["summarize"], model, tokenizer, SummarizeInputs("A fox."), TASKS["summarize"].defaults,
+                      adapter_on=True))
+    with pytest.raises(ValueError, match="the generate task has no adapter"):
+        list(run_task(TASKS["generate"], model, tokenizer, GenerateInputs("Hi"), TASKS["generate"].defaults,
+                      adapter_on=True))
