@@ -157,6 +157,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(Gutenberg children's classics and TinyStories), with a SentencePiece tokenizer. "
         "Writes an HF-layout checkpoint (config.json, model.safetensors, tokenizer.model) to --out."))
     p.add_argument("--out", type=Path, required=True, help="output directory for checkpoints and logs")
+    p.add_argument("--text", type=Path, default=None,
+                   help="train on this UTF-8 text file instead of the pretraining corpus (its last 10%% validates)")
     p.add_argument("--tokenizer", type=Path, default=Path("assets/tokenizer.model"),
                    help="SentencePiece model to tokenize with (train one with scripts/train_tokenizer.py)")
     p.add_argument("--n-layer", type=int, default=6, help="number of transformer blocks")
@@ -195,10 +197,19 @@ def main(argv=None) -> None:
     device = pick_device(args.device)
     seed_everything(args.seed)
     tokenizer = SentencePieceTokenizer.from_file(args.tokenizer)
-    train_data = {name: token_stream(docs, tokenizer) for name, docs in pretrain_sources("train").items()}
-    val_data = {name: token_stream(docs, tokenizer) for name, docs in pretrain_sources("val").items()}
+    if args.text:
+        # A user's own text: its last tenth validates.
+        data = token_stream([args.text.read_text(encoding="utf-8")], tokenizer)
+        split = int(len(data) * 0.9)
+        train_data, val_data, weights = {"text": data[:split]}, {"text": data[split:]}, {"text": 1.0}
+    else:
+        train_data = {name: token_stream(docs, tokenizer) for name, docs in pretrain_sources("train").items()}
+        val_data = {name: token_stream(docs, tokenizer) for name, docs in pretrain_sources("val").items()}
+        weights = {"tinystories": args.tinystories_fraction, "gutenberg": 1 - args.tinystories_fraction}
     for name in train_data:
         print(f"{name}: train tokens {len(train_data[name]):,}  val tokens {len(val_data[name]):,}")
+        if min(len(train_data[name]), len(val_data[name])) < args.block_size + 2:
+            raise SystemExit(f"{name}: too little text for --block-size {args.block_size}")
     print(f"device {device}")
     settings = TrainSettings(max_steps=args.max_steps, lr=args.lr, min_lr_ratio=args.min_lr_ratio,
                              warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
@@ -224,14 +235,14 @@ def main(argv=None) -> None:
         print(f"resumed at step {start_step}")
     print(f"parameters {model.num_parameters():,}")
 
-    n_stories = round(args.batch_size * args.tinystories_fraction)
+    rows = {name: round(args.batch_size * w) for name, w in weights.items()}
+    rows[list(rows)[-1]] += args.batch_size - sum(rows.values())  # rounding leftovers go to the last source
 
     def next_batch(step):
         batch_gen.manual_seed(args.seed * 1_000_003 + step)
-        parts = [random_windows(train_data["tinystories"], n_stories, args.block_size, batch_gen, device),
-                 random_windows(train_data["gutenberg"], args.batch_size - n_stories, args.block_size, batch_gen,
-                                device)]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        parts = [random_windows(train_data[name], n, args.block_size, batch_gen, device)
+                 for name, n in rows.items() if n > 0]
+        return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
 
     def evaluate():
         losses = {f"val_{name}": mean_loss(model, data, args.block_size, device) for name, data in val_data.items()}

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import shutil
+import socket
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -60,3 +63,52 @@ def make_lora_adapter(base, directory: Path, seed: int = 0, r: int = 4,
                 p.normal_(0, 0.5)
     peft_model.save_pretrained(directory)
     return directory
+
+
+# --- the app ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def app_models(tmp_path_factory) -> list[str]:
+    """What the app tests start the app with, in this order: a small GPT-2 with a context long enough
+    for every task's defaults and LoRA adapters for dialogue and summarize (none for translate); a
+    second model without adapters; and a directory that fails to load (no weights)."""
+    from transformers import GPT2LMHeadModel
+
+    root = tmp_path_factory.mktemp("app-models")
+    with_adapters = make_hf_checkpoint(root / "with-adapters", n_positions=1024, n_embd=64, n_layer=2, n_head=2)
+    base = GPT2LMHeadModel.from_pretrained(with_adapters)
+    for seed, task in enumerate(("dialogue", "summarize"), start=1):
+        make_lora_adapter(base, with_adapters / "adapters" / task, seed=seed)
+    plain = make_hf_checkpoint(root / "plain", seed=1, n_positions=256, n_embd=32, n_layer=1, n_head=2)
+    broken = root / "broken"
+    broken.mkdir()
+    shutil.copy(plain / "config.json", broken)
+    return [str(with_adapters), str(plain), str(broken)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve_studio(models: list[str]) -> Iterator[str]:
+    """The app, as app.py builds and launches it, served on a free loopback port in this process;
+    yields its URL."""
+    import app  # here, not at the top: only the app tests pay for importing Gradio
+    from ui.model_host import ModelHost
+
+    demo = app.build_app(ModelHost(models, device="cpu"))
+    _, url, _ = app.launch(demo, server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
+                           quiet=True)
+    try:
+        yield url
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def studio_url(app_models) -> Iterator[str]:
+    with serve_studio(app_models) as url:
+        yield url

@@ -1,0 +1,142 @@
+"""Pre-LN GPT-2 Studio: the Gradio app.
+
+    python app.py [--model NAME_OR_PATH ...] [--device auto|cpu|cuda] [--host H] [--port P] [--share]
+
+One tab per registered task (tasks.TASKS), built by ui.tab.task_tab from the task's view, plus
+the architecture tab; a model panel on top. Each flag can also be set by an environment variable
+(see `parse_args`), which is how a Hugging Face Space configures it.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import gradio as gr
+
+from tasks import TASKS
+from ui.chat import CHAT
+from ui.i18n import i18n
+from ui.model_host import BUNDLED, ModelHost, ModelLoadError
+from ui.running import StopSwitches, api_endpoint
+from ui.tab import GENERATION, Tab, TaskView, adapter_props, task_tab
+from ui.views import GENERATE, SUMMARIZE, TRANSLATE
+
+VIEWS: dict[str, TaskView] = {view.task.name: view for view in (GENERATE, CHAT, TRANSLATE, SUMMARIZE)}
+
+# Per request, a run holds the CPU or GPU for its whole generation; a few at a time keeps each
+# one fast, and the queue bounds how many can wait.
+DEFAULT_CONCURRENCY, DEFAULT_QUEUE_SIZE = 2, 64
+
+PRE_LN = """for block in blocks:
+    h = h + attn(ln_1(h))  # normalise the input
+    h = h + mlp(ln_2(h))   # of each sub-block
+h = ln_f(h)                # the final LayerNorm
+logits = h @ wte.T"""
+POST_LN = """for block in blocks:
+    h = ln_1(h + attn(h))  # normalise after each
+    h = ln_2(h + mlp(h))   # residual addition
+logits = h @ wte.T         # no final LayerNorm"""
+
+
+def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_size: int = DEFAULT_QUEUE_SIZE) -> gr.Blocks:
+    """The whole interface, serving the models of `host`, with its queue set up; start it with
+    `launch`. At most `concurrency` generations run at once (UI and API together)."""
+    stop_switches = StopSwitches()
+    with gr.Blocks(title="Pre-LN GPT-2 Studio", delete_cache=(3600, 3600)) as demo:
+        gr.Markdown(i18n("title"))
+        gr.Markdown(i18n("subtitle"))
+        model_info = gr.Markdown(host.current.describe(), elem_id="model-info")
+        with gr.Accordion(i18n("model"), open=False):
+            model_choice = gr.Dropdown(list(host.names), value=host.current.name, label=i18n("switch_model"),
+                                       info=i18n("switch_model_info"), elem_id="model-choice")
+        with gr.Tabs():
+            tabs = [task_tab(VIEWS[name], host, stop_switches) for name in TASKS]
+            with gr.Tab(i18n("tab_architecture"), id="architecture"):
+                gr.Markdown(i18n("architecture_intro"))
+                with gr.Row():
+                    gr.Code(PRE_LN, language="python", label=i18n("pre_ln"), interactive=False)
+                    gr.Code(POST_LN, language="python", label=i18n("post_ln"), interactive=False)
+
+        for tab in tabs:
+            gr.api(api_endpoint(tab.view.api, host), api_name=tab.view.api.name, concurrency_id=GENERATION)
+        model_outputs = [model_info, model_choice, *(tab.adapter for tab in tabs)]
+        model_choice.select(switch_model(host, tabs), model_choice, model_outputs, concurrency_limit=1,
+                           concurrency_id="load_model", api_visibility="private")
+        # A page opened after a switch shows the model being served, not the one at start-up.
+        demo.load(show_model(host, tabs), None, model_outputs, queue=False, api_visibility="private")
+    # The default limit applies to every event that names none: all generations share it (GENERATION).
+    return demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
+
+
+def launch(demo: gr.Blocks, **options):
+    """Start serving `demo` (options: those of gr.Blocks.launch), with the interface text in the
+    browser's language."""
+    return demo.launch(i18n=i18n, **options)
+
+
+def show_model(host: ModelHost, tabs: list[Tab]):
+    def model_state():
+        loaded = host.current
+        return [loaded.describe(), loaded.name, *(gr.update(**adapter_props(tab.view.task, loaded)) for tab in tabs)]
+    return model_state
+
+
+def switch_model(host: ModelHost, tabs: list[Tab]):
+    model_state = show_model(host, tabs)
+
+    def load_model(name: str):
+        """Serve the model `name` (one of those the app was started with) from now on."""
+        try:
+            host.switch(name)
+        except ModelLoadError as error:
+            gr.Warning(str(error))  # and the model being served stays, as model_state shows
+        return model_state()
+    return load_model
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ
+    on_space = "SPACE_ID" in env  # a Hugging Face Space must listen on every interface
+    parser = argparse.ArgumentParser(description="Pre-LN GPT-2 Studio: try GPT-2 models on four tasks.")
+    parser.add_argument("--model", action="append",
+                        help="a hub id (gpt2), a local checkpoint directory, or 'bundled'; repeat it or give a "
+                             "comma-separated list: the first is loaded, the others can be switched to in the "
+                             f"model panel (env STUDIO_MODEL; default {BUNDLED})")
+    parser.add_argument("--device", default=env.get("STUDIO_DEVICE", "auto"), choices=["auto", "cpu", "cuda"],
+                        help="where the model runs (env STUDIO_DEVICE; default auto: cuda when available)")
+    parser.add_argument("--host", default=env.get("STUDIO_HOST", "0.0.0.0" if on_space else "127.0.0.1"),
+                        help="interface to listen on (env STUDIO_HOST; default 127.0.0.1, 0.0.0.0 on a Space)")
+    parser.add_argument("--port", type=int, default=int(env.get("STUDIO_PORT") or env.get("GRADIO_SERVER_PORT") or 7860),
+                        help="port (env STUDIO_PORT or GRADIO_SERVER_PORT; default 7860)")
+    parser.add_argument("--share", action="store_true", default=env_flag("STUDIO_SHARE"),
+                        help="also serve through a public gradio.live link (env STUDIO_SHARE=1)")
+    parser.add_argument("--concurrency", type=int, default=int(env.get("STUDIO_CONCURRENCY", DEFAULT_CONCURRENCY)),
+                        help=f"generations run at the same time (env STUDIO_CONCURRENCY; default {DEFAULT_CONCURRENCY})")
+    parser.add_argument("--queue-size", type=int, default=int(env.get("STUDIO_QUEUE_SIZE", DEFAULT_QUEUE_SIZE)),
+                        help=f"requests that may wait; more are turned away (env STUDIO_QUEUE_SIZE; "
+                             f"default {DEFAULT_QUEUE_SIZE})")
+    args = parser.parse_args(argv)
+    given = args.model or [env.get("STUDIO_MODEL") or BUNDLED]
+    args.model = [name.strip() for names in given for name in names.split(",") if name.strip()] or [BUNDLED]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    try:
+        host = ModelHost(args.model, device=args.device)
+    except ModelLoadError as error:
+        sys.exit(f"app.py: {error}")
+    demo = build_app(host, concurrency=args.concurrency, queue_size=args.queue_size)
+    launch(demo, server_name=args.host, server_port=args.port, share=args.share)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""The app's API, through gradio_client against the app served on loopback (see conftest's
+studio_url): every endpoint answers and streams, seeds reproduce, bad input is a clear error
+after which the app keeps serving; and how the app is started."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+import app
+from ui.i18n import CHINESE, ENGLISH
+from ui.model_host import ModelHost
+
+from .conftest import REPO, free_port
+
+# One request per endpoint; a few tokens keep them fast on a CPU.
+REQUESTS = {
+    "/generate": dict(prompt="Once upon a time"),
+    "/chat": dict(message="How are you?", history=[["Hello", "Hi there!"]], persona="Bot is friendly."),
+    "/translate": dict(text="The dog is happy."),
+    "/summarize": dict(article="The sun rose over the hill. A little bird began to sing. The farmer went to work."),
+}
+FEW_TOKENS = dict(max_new_tokens=12, seed=7)
+
+
+@pytest.fixture(scope="module")
+def client(studio_url) -> Client:
+    return Client(studio_url, verbose=False)
+
+
+def test_the_api_names_its_endpoints_and_parameters(client):
+    endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    settings = ["temperature", "top_k", "top_p", "repetition_penalty", "no_repeat_ngram_size", "max_new_tokens",
+                "seed", "adapter"]
+    own = {"/generate": ["prompt"], "/chat": ["message", "history", "persona"],
+           "/translate": ["text", "source", "target", "examples"], "/summarize": ["article"]}
+    assert {name: [p["parameter_name"] for p in endpoint["parameters"]] for name, endpoint in endpoints.items()} == {
+        name: params + settings for name, params in own.items()}
+    # Settings default to the task's own decoding defaults: the GPT-2 paper's top-k 2 for summaries.
+    summarize = {p["parameter_name"]: p["parameter_default"] for p in endpoints["/summarize"]["parameters"]}
+    assert summarize["top_k"] == 2 and summarize["max_new_tokens"] == 100 and summarize["seed"] is None
+
+
+@pytest.mark.parametrize("api_name", REQUESTS)
+def test_every_endpoint_streams_text_and_reports_how_to_reproduce_it(client, api_name):
+    job = client.submit(**REQUESTS[api_name], **FEW_TOKENS, api_name=api_name)
+    updates = list(job)
+    text, status, prompt = job.result()
+    assert text.strip()
+    assert len(updates) > 1, "the text should arrive in pieces"
+    assert status.startswith("seed 7 · ") and "generated tokens" in status and "stopped: " in status
+    assert prompt  # the exact prompt, for the accordion
+    assert updates[-1] == (text, status, prompt)
+
+
+def test_the_same_seed_gives_the_same_text_and_another_seed_another(client):
+    first, again, other = (client.predict("The little bird", max_new_tokens=16, seed=seed, api_name="/generate")
+                           for seed in (42, 42, 43))
+    assert first[0] == again[0] and first[1].startswith("seed 42 · ")
+    assert other[0] != first[0]
+
+
+def test_a_random_seed_is_reported_and_reproduces_the_run(client):
+    text, status, _ = client.predict("The little bird", max_new_tokens=16, seed=-1, api_name="/generate")
+    seed = int(status.split(" · ")[0].removeprefix("seed "))
+    assert client.predict("The little bird", max_new_tokens=16, seed=seed, api_name="/generate")[0] == text
+
+
+BAD_REQUESTS = [
+    ("/generate", dict(prompt="Hello", temperature=99), "temperature must be between 0.0 and 5.0, got 99"),
+    ("/generate", dict(prompt="Hello", top_p=0), "top_p must be between"),
+    ("/generate", dict(prompt="Hello", max_new_tokens=5000), "max_new_tokens must be between"),
+    ("/generate", dict(prompt="Hello", top_k="many"), "top_k must be an integer"),
+    ("/generate", dict(prompt="Hello", seed=-5), "seed must be between"),
+    ("/generate", dict(prompt="   "), "prompt is empty"),
+    ("/generate", dict(prompt="word" + " word" * 999), "the prompt: 1000 tokens, but only 924 fit"),
+    ("/generate", dict(prompt="Hello", adapter=True), "the generate task has no adapter"),
+    ("/chat", dict(message="Hi", history=[["only the user"]]), "history must be a list of [user, bot] pairs"),
+    ("/chat", dict(message=""), "message is empty"),
+    ("/translate", dict(text="Hello", adapter=True), "this model has no 'translate' adapter"),
+    ("/translate", dict(text="Hello", target="English"), "cannot translate English to English"),
+    ("/translate", dict(text="Hello", examples="one = un\nno equals sign here"), "examples line 2 is not"),
+    ("/summarize", dict(article=42), "article must be text"),
+]
+
+
+@pytest.mark.parametrize("api_name, request_, message", BAD_REQUESTS, ids=[m for _, _, m in BAD_REQUESTS])
+def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(client, api_name, request_, message):
+    with pytest.raises(AppError) as error:
+        client.predict(**request_, api_name=api_name)
+    assert message in str(error.value)
+    _, status, _ = client.predict("Hello", max_new_tokens=4, api_name="/generate")
+    assert "4 generated tokens" in status
+
+
+def test_chat_prompt_is_the_persona_and_history_then_the_message(client):
+    _, _, prompt = client.predict(**REQUESTS["/chat"], **FEW_TOKENS, api_name="/chat")
+    assert prompt == "Bot is friendly.\nUser: Hello\nBot: Hi there!\nUser: How are you?\nBot:"
+
+
+def test_translate_uses_the_example_pairs_given_or_the_built_in_ones(client):
+    _, _, given = client.predict("The dog is happy.", "English", "German", "cat = Katze\nhouse = Haus",
+                                 **FEW_TOKENS, api_name="/translate")
+    assert given == "cat = Katze\nhouse = Haus\nThe dog is happy. ="
+    _, _, built_in = client.predict("The dog is happy.", "English", "German", **FEW_TOKENS, api_name="/translate")
+    assert built_in.startswith("I would like a cup of coffee. = Ich hätte gern eine Tasse Kaffee.\n")
+
+
+def test_an_adapter_changes_the_output_and_off_is_the_base_model(client):
+    def summary(adapter):
+        return client.predict(**REQUESTS["/summarize"], temperature=0, max_new_tokens=12, adapter=adapter,
+                              api_name="/summarize")[0]
+    assert summary(True) != summary(False)
+    assert summary(False) == summary(False)
+
+
+def test_two_users_at_once_each_get_their_own_output(studio_url):
+    requests = [("Once upon a time", 1), ("The king said", 2), ("In the forest", 3), ("A small boat", 4)]
+    alone = [Client(studio_url, verbose=False).predict(prompt, max_new_tokens=24, seed=seed, api_name="/generate")[0]
+             for prompt, seed in requests]
+    clients = [Client(studio_url, verbose=False) for _ in requests]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        together = list(pool.map(lambda c, r: c.predict(r[0], max_new_tokens=24, seed=r[1], api_name="/generate")[0],
+                                 clients, requests))
+    assert together == alone
+
+
+def test_a_cancelled_request_leaves_the_app_serving(client):
+    job = client.submit("Once upon a time", max_new_tokens=900, seed=1, api_name="/generate")
+    for _ in job:
+        break  # the first piece of text has arrived: the generation is running
+    job.cancel()
+    _, status, _ = client.predict("Hello", max_new_tokens=4, api_name="/generate")
+    assert "4 generated tokens" in status
+
+
+# --- start-up -----------------------------------------------------------------------------------
+
+def test_flags_come_from_the_command_line_or_the_environment(monkeypatch):
+    for name in ("STUDIO_MODEL", "STUDIO_DEVICE", "STUDIO_HOST", "STUDIO_PORT", "GRADIO_SERVER_PORT", "STUDIO_SHARE",
+                 "SPACE_ID"):
+        monkeypatch.delenv(name, raising=False)
+    defaults = app.parse_args([])
+    assert (defaults.model, defaults.device, defaults.host, defaults.port, defaults.share) == (
+        ["bundled"], "auto", "127.0.0.1", 7860, False)
+
+    flags = app.parse_args(["--model", "gpt2,./ckpt", "--model", "distilgpt2", "--device", "cpu", "--port", "9000"])
+    assert (flags.model, flags.device, flags.port) == (["gpt2", "./ckpt", "distilgpt2"], "cpu", 9000)
+
+    monkeypatch.setenv("STUDIO_MODEL", "bundled, gpt2")
+    monkeypatch.setenv("GRADIO_SERVER_PORT", "7861")
+    monkeypatch.setenv("STUDIO_SHARE", "1")
+    monkeypatch.setenv("SPACE_ID", "someone/studio")  # on a Space: listen on every interface
+    from_env = app.parse_args([])
+    assert (from_env.model, from_env.port, from_env.share, from_env.host) == (["bundled", "gpt2"], 7861, True, "0.0.0.0")
+
+
+def test_python_app_py_serves_the_model_named_in_the_environment(app_models, tmp_path):
+    port, log = free_port(), tmp_path / "app.log"
+    env = {**os.environ, "STUDIO_MODEL": app_models[0], "STUDIO_DEVICE": "cpu"}
+    with log.open("w") as output:
+        process = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=REPO, env=env,
+                                   stdout=output, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+                break
+            except Exception:
+                assert process.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "the app did not start within 2 minutes"
+                time.sleep(0.5)
+        _, status, _ = client.predict("Hello", max_new_tokens=4, api_name="/generate")
+        assert "4 generated tokens" in status
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_a_model_that_cannot_load_stops_start_up_with_the_reason(app_models):
+    with pytest.raises(SystemExit) as exit_:
+        app.main(["--model", app_models[2], "--device", "cpu"])
+    assert f"could not load {app_models[2]}" in exit_.value.code and "no weights file" in exit_.value.code
+
+
+# --- interface text -----------------------------------------------------------------------------
+
+def test_every_interface_text_is_in_english_and_chinese(app_models):
+    assert ENGLISH.keys() == CHINESE.keys()
+    assert all(CHINESE[key].strip() for key in CHINESE)
+    # The built interface asks the browser to translate every key, and only those (str() of a key
+    # is how Gradio writes it into text: __i18n__{"__type__": "translation_metadata", "key": ...}).
+    config = json.dumps(app.build_app(ModelHost(app_models[:1], device="cpu")).get_config_file(), default=str)
+    used = set(re.findall(r'translation_metadata\\", \\"key\\": \\"(\w+)', config))
+    assert used | {"generating"} == ENGLISH.keys()  # "generating" is only shown while a run streams

@@ -1,0 +1,258 @@
+"""The app in a real browser: Playwright driving Debian's Chromium against the app served on
+loopback (conftest's studio_url). Screenshots go to test-output/ for a person to look at."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's package; never `playwright install`
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+SCREENSHOTS = REPO / "test-output"
+TIMEOUT_MS = 60_000  # a generation on a busy 2-core machine
+
+FABLE = ("A crow found a piece of cheese and flew up into a tree. A fox wanted the cheese. He praised the crow's "
+         "voice, and when she opened her beak to sing, the cheese fell down and the fox ate it.")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def open_app(browser, url: str, locale: str = "en-US") -> Page:
+    page = browser.new_context(locale=locale, viewport={"width": 1280, "height": 1200}, accept_downloads=True).new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(url)
+    page.wait_for_selector("#generate-run")
+    return page
+
+
+@pytest.fixture
+def page(browser, studio_url):
+    page = open_app(browser, studio_url)
+    yield page
+    page.context.close()
+
+
+def screenshot(page: Page, name: str) -> None:
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / f"{name}.png", full_page=True)
+
+
+def status(page: Page, task: str) -> str:
+    return page.locator(f"#{task}-status").inner_text().strip()
+
+
+def set_setting(page: Page, task: str, name: str, value: int) -> None:
+    """Type a decoding setting (a slider's number box, or the seed) in the tab's settings."""
+    accordion = page.locator(f"#tab-{task}").get_by_text("Decoding settings")
+    box = page.locator(f"#{task}-{name} input[type=number]")
+    if not box.is_visible():
+        accordion.click()
+    box.fill(str(value))
+    box.press("Tab")
+
+
+def wait_for_run(page: Page, task: str, seed: int) -> str:
+    """Wait for the status line of the run with this seed; return it."""
+    expect(page.locator(f"#{task}-status")).to_contain_text(f"seed {seed} · ")
+    return status(page, task)
+
+
+def record_values(page: Page, selector: str) -> None:
+    """Start keeping every distinct value the element shows, to see text arrive in pieces."""
+    page.evaluate("""selector => {
+        window.seen = [];
+        const read = () => { const e = document.querySelector(selector); return e.value ?? e.innerText; };
+        window.recorder = setInterval(() => { const v = read(); if (window.seen.at(-1) !== v) window.seen.push(v); }, 5);
+    }""", selector)
+
+
+def recorded_values(page: Page) -> list[str]:
+    return page.evaluate("() => { clearInterval(window.recorder); return window.seen; }")
+
+
+TABS = {  # task: (tab label, input box, text to type, how the prompt sent ends)
+    "generate": ("Generate", "#generate-prompt textarea", "Once upon a time", "Once upon a time"),
+    "translate": ("Translate", "#translate-text textarea", "The cat is asleep.", "\nThe cat is asleep. ="),
+    "summarize": ("Summarise", "#summarize-article textarea", FABLE, f"{FABLE}\nTL;DR:"),
+}
+
+
+@pytest.mark.parametrize("task", TABS)
+def test_each_tab_streams_its_text_and_shows_the_seed(page, task):
+    label, box, text, prompt_end = TABS[task]
+    page.get_by_role("tab", name=label).click()
+    page.locator(box).fill(text)
+    set_setting(page, task, "seed", 11)
+    record_values(page, f"#{task}-output textarea")
+    page.locator(f"#{task}-run").click()
+    line = wait_for_run(page, task, 11)
+    shown = [value for value in recorded_values(page) if value]
+    output = page.locator(f"#{task}-output textarea").input_value()
+    assert output.strip() and shown[-1] == output
+    assert re.search(r"\d+ prompt \+ \d+ generated tokens · [\d.]+ tokens/s · stopped: \w+", line)
+    # The exact prompt is in its accordion.
+    page.locator(f"#tab-{task}").get_by_text("Prompt sent to the model").click()
+    assert page.locator(f"#{task}-prompt-sent textarea").input_value().endswith(prompt_end)
+    screenshot(page, task)
+
+
+def test_generate_shows_the_text_as_it_arrives(page):
+    page.locator("#generate-prompt textarea").fill("The king called his sons")
+    set_setting(page, "generate", "max_new_tokens", 200)
+    set_setting(page, "generate", "seed", 12)
+    record_values(page, "#generate-output textarea")
+    page.locator("#generate-run").click()
+    wait_for_run(page, "generate", 12)
+    shown = [value for value in recorded_values(page) if value]
+    assert len(shown) > 3, "the continuation should arrive in pieces"
+    assert all(later.startswith(earlier) for earlier, later in zip(shown, shown[1:]))
+
+
+def chat_turns(page: Page) -> tuple[list[str], list[str]]:
+    chatbot = page.locator("#dialogue-chatbot")
+    return (chatbot.locator("[data-testid=user]").all_inner_texts(),
+            chatbot.locator("[data-testid=bot]").all_inner_texts())
+
+
+def test_chat_keeps_a_multi_turn_conversation_and_exports_it(page):
+    page.get_by_role("tab", name="Chat").click()
+    message = page.locator("#dialogue-message textarea")
+    page.locator("#dialogue-persona textarea").fill("Bot is a friendly sailor.")
+    set_setting(page, "dialogue", "seed", 21)
+    message.fill("Hello there")
+    page.locator("#dialogue-run").click()
+    wait_for_run(page, "dialogue", 21)
+    assert message.input_value() == ""  # sent: the box is ready for the next message
+
+    set_setting(page, "dialogue", "seed", 22)
+    message.fill("Where are you sailing?")
+    message.press("Enter")
+    wait_for_run(page, "dialogue", 22)
+    users, bots = chat_turns(page)
+    assert [u.strip() for u in users] == ["Hello there", "Where are you sailing?"]
+    assert len(bots) == 2 and all(bot.strip() for bot in bots)
+    page.locator("#tab-dialogue").get_by_text("Prompt sent to the model").click()
+    sent = page.locator("#dialogue-prompt-sent textarea").input_value()
+    assert sent.startswith("Bot is a friendly sailor.\nUser: Hello there\nBot: ")
+    assert sent.endswith("\nUser: Where are you sailing?\nBot:")
+    screenshot(page, "dialogue")
+
+    with page.expect_download() as download:
+        page.locator("#dialogue-export").click()
+    exported = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    assert exported["persona"] == "Bot is a friendly sailor."
+    assert [user for user, _ in exported["history"]] == ["Hello there", "Where are you sailing?"]
+
+    set_setting(page, "dialogue", "seed", 23)
+    page.locator("#dialogue-chatbot [aria-label=Retry]").click()
+    wait_for_run(page, "dialogue", 23)
+    assert [u.strip() for u in chat_turns(page)[0]] == ["Hello there", "Where are you sailing?"]
+
+    page.locator("#dialogue-chatbot [aria-label=Undo]").click()
+    expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(1)
+    assert message.input_value() == "Where are you sailing?"
+
+    page.locator("#dialogue-chatbot [aria-label=Clear]").click()
+    expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(0)
+
+
+def test_stop_ends_a_long_generation_and_keeps_its_text(page):
+    page.locator("#generate-prompt textarea").fill("Once upon a time")
+    set_setting(page, "generate", "max_new_tokens", 900)
+    set_setting(page, "generate", "seed", 31)
+    page.locator("#generate-run").click()
+    output = page.locator("#generate-output textarea")
+    expect(output).not_to_have_value("")  # text is streaming in
+    page.locator("#generate-stop").click()
+    line = wait_for_run(page, "generate", 31)
+    assert "stopped: cancelled" in line
+    generated = int(re.search(r"(\d+) generated tokens", line).group(1))
+    assert 0 < generated < 900
+    assert output.input_value().strip(), "the partial text stays"
+    screenshot(page, "stopped")
+
+
+def test_bad_input_shows_why_and_the_tab_keeps_working(page):
+    page.locator("#generate-run").click()  # no prompt
+    expect(page.get_by_text("prompt is empty")).to_be_visible()
+    page.locator("#generate-prompt textarea").fill("Hello")
+    set_setting(page, "generate", "seed", 41)
+    page.locator("#generate-run").click()
+    wait_for_run(page, "generate", 41)
+
+
+def test_summarise_shows_the_article_length_and_when_it_will_be_cut(page):
+    page.get_by_role("tab", name="Summarise").click()
+    article, length = page.locator("#summarize-article textarea"), page.locator("#summarize-length")
+    article.fill(FABLE)
+    expect(length).to_contain_text("of 1024 context tokens in the prompt, 100 left for the summary")
+    expect(length).not_to_contain_text("cut")
+    article.fill(FABLE * 30)
+    expect(length).to_contain_text("924 of 1024 context tokens in the prompt")  # all the room there is
+    expect(length).to_contain_text("article cut from")
+
+
+def test_the_architecture_tab_shows_both_blocks_with_the_final_layernorm(page):
+    page.get_by_role("tab", name="Architecture").click()
+    expect(page.get_by_text("Pre-LN (GPT-2, this app)")).to_be_visible()
+    expect(page.get_by_text("h = ln_f(h)")).to_be_visible()
+    screenshot(page, "architecture")
+
+
+def test_the_interface_follows_the_browser_language(browser, studio_url):
+    page = open_app(browser, studio_url, locale="zh-CN")
+    try:
+        expect(page.get_by_role("tab", name="对话")).to_be_visible()
+        expect(page.locator("#generate-run")).to_have_text("生成")
+        expect(page.locator("#generate-stop")).to_have_text("停止")
+        screenshot(page, "chinese")
+    finally:
+        page.context.close()
+
+
+def choose_model(page: Page, name: str) -> None:
+    page.locator("#model-choice input").click()
+    page.get_by_role("option", name=re.compile(re.escape(name))).click()
+
+
+def test_the_model_panel_switches_models_and_a_failed_load_keeps_the_current_one(page, app_models):
+    with_adapters, plain, broken = (Path(m).name for m in app_models)
+    info, chat_adapter = page.locator("#model-info"), page.locator("#dialogue-adapter input")
+    expect(info).to_contain_text(with_adapters)
+    expect(info).to_contain_text("adapters: dialogue, summarize")
+    page.get_by_role("tab", name="Chat").click()
+    expect(chat_adapter).to_be_enabled()
+    page.get_by_text("Model", exact=True).click()
+    try:
+        choose_model(page, plain)
+        expect(info).to_contain_text(plain)
+        expect(info).to_contain_text("context 256 tokens")
+        expect(chat_adapter).to_be_disabled()
+
+        choose_model(page, broken)
+        expect(page.get_by_text(f"could not load {app_models[2]}")).to_be_visible()
+        expect(info).to_contain_text(plain)  # still serving
+        page.get_by_role("tab", name="Generate").click()
+        set_setting(page, "generate", "seed", 51)
+        page.locator("#generate-prompt textarea").fill("Hello")
+        page.locator("#generate-run").click()
+        wait_for_run(page, "generate", 51)
+        screenshot(page, "model-panel")
+    finally:
+        choose_model(page, with_adapters)
+        expect(info).to_contain_text(with_adapters)

@@ -1,0 +1,136 @@
+"""The Chat tab: a gr.Chatbot conversation with a persona line, retry / undo / clear, and the
+conversation exported as JSON.
+
+The API (/chat) takes the history as [user, bot] pairs, the shape an exported conversation has,
+so a conversation saved from the browser can be sent back through the API as it is.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from tasks import TASKS, DialogueInputs
+
+from .i18n import i18n
+from .running import Param, TaskAPI, checked_text
+from .tab import Tab, TaskView, Widgets
+
+EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations"
+
+
+def message_text(message: dict) -> str:
+    """The text of a Chatbot message, whose content Gradio gives as a string or a list of parts."""
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
+def pairs_from_messages(messages: list[dict]) -> list[list[str]]:
+    """[user, bot] pairs from the Chatbot's messages; a turn the bot has not answered gets ""."""
+    pairs: list[list[str]] = []
+    for message in messages or []:
+        said = message_text(message)
+        if message["role"] == "user":
+            pairs.append([said, ""])
+        elif pairs and not pairs[-1][1]:
+            pairs[-1][1] = said
+        else:
+            pairs.append(["", said])
+    return pairs
+
+
+def messages_from_pairs(pairs: list[list[str]]) -> list[dict[str, str]]:
+    return [{"role": role, "content": said} for pair in pairs
+            for role, said in zip(("user", "assistant"), pair) if said]
+
+
+def history_pairs(history: Any) -> list[tuple[str, str]]:
+    """The API's history, checked: a list of [user, bot] pairs of text."""
+    if not isinstance(history, (list, tuple)) or not all(
+            isinstance(turn, (list, tuple)) and len(turn) == 2 and all(isinstance(said, str) for said in turn)
+            for turn in history):
+        raise ValueError("history must be a list of [user, bot] pairs of text")
+    return [(user, bot) for user, bot in history]
+
+
+def chat_widgets() -> Widgets:
+    persona = gr.Textbox(label=i18n("persona"), placeholder=i18n("persona_placeholder"), elem_id="dialogue-persona")
+    chatbot = gr.Chatbot(label=i18n("conversation"), height=360, buttons=["copy", "copy_all"],
+                         elem_id="dialogue-chatbot")
+    with gr.Row():
+        export = gr.DownloadButton(str(i18n("export_conversation")), size="sm", scale=0, elem_id="dialogue-export")
+    message = gr.Textbox(label=i18n("message"), placeholder=i18n("message_placeholder"), elem_id="dialogue-message")
+    return Widgets({"message": message, "history": chatbot, "persona": persona}, output=chatbot,
+                   submit=(message,), cleared=(message,), more={"export": export})
+
+
+def from_ui(values: dict[str, Any]) -> dict[str, Any]:
+    return {**values, "history": pairs_from_messages(values["history"])}
+
+
+def show_turn(values: dict[str, Any], reply: str) -> list[dict[str, str]]:
+    """The conversation with the newest message and the reply so far."""
+    return messages_from_pairs([*values["history"], [values["message"], reply]])
+
+
+def take_back_last_turn(values: dict[str, Any]) -> dict[str, Any]:
+    """Retry: the last user message again, on the history before it."""
+    if not values["history"]:
+        raise gr.Error("there is no turn to retry", print_exception=False)
+    *history, (message, _) = values["history"]
+    return {**values, "history": history, "message": message}
+
+
+def undo(messages: list[dict]) -> tuple[list[dict[str, str]], str]:
+    """The conversation without its last turn, whose message goes back into the message box."""
+    *history, (message, _) = pairs_from_messages(messages) or [("", "")]
+    return messages_from_pairs(history), message
+
+
+def export_conversation(messages: list[dict], persona: str) -> str | None:
+    """The conversation as a JSON file ({"persona", "history": [[user, bot], ...]}), for the
+    export button; None while there is nothing to export."""
+    history = pairs_from_messages(messages)
+    if not history:
+        return None
+    data = json.dumps({"persona": persona, "history": history}, ensure_ascii=False, indent=2)
+    # Named by content: the same conversation is one file, however often it is exported.
+    directory = EXPORT_DIR / hashlib.sha256(data.encode()).hexdigest()[:16]
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "conversation.json"
+    path.write_text(data, encoding="utf-8")
+    return str(path)
+
+
+def chat_extras(tab: Tab) -> None:
+    chatbot, message, persona = (tab.widgets.inputs[name] for name in ("history", "message", "persona"))
+    tab.add_run([chatbot.retry], prepare=take_back_last_turn)
+    chatbot.undo(undo, chatbot, [chatbot, message], queue=False, api_visibility="private")
+    chatbot.clear(lambda: ([], "", ""), None, [chatbot, tab.status, tab.prompt_sent], queue=False,
+                  api_visibility="private")
+    gr.on([chatbot.change, persona.change], export_conversation, [chatbot, persona], tab.widgets.more["export"],
+          queue=False, api_visibility="private")
+
+
+CHAT = TaskView(
+    api=TaskAPI(TASKS["dialogue"], "chat",
+                (Param("message", str), Param("history", list[list[str]], []), Param("persona", str, "")),
+                make_inputs=lambda message, history, persona: DialogueInputs(
+                    checked_text("message", message), history_pairs(history), checked_text("persona", persona)),
+                description="The bot's reply to message, after history ([user, bot] pairs, oldest first) and a "
+                            "persona line. Returns (reply, status line, prompt sent); streams."),
+    label="tab_dialogue", run_label="send", build=chat_widgets,
+    examples=[["Hello! What is your name?", ""],
+              ["Can you tell me a story about a brave mouse?", "Bot is a kind storyteller for children."],
+              ["What should I cook for dinner tonight?", "Bot is a friendly chef."]],
+    example_inputs=("message", "persona"),
+    example_labels=["Hello! What is your name?", "A story about a brave mouse (storyteller)",
+                    "What to cook tonight (chef)"],
+    from_ui=from_ui, present=show_turn, extras=chat_extras,
+)

@@ -1,0 +1,150 @@
+"""The interface text in English and Simplified Chinese.
+
+Gradio translates these in the browser, following its language, so only fixed text (labels,
+buttons, help) goes here; what the model writes and the numbers of a run are shown as they are.
+"""
+import gradio as gr
+
+ENGLISH = {
+    "title": "# Pre-LN GPT-2 Studio",
+    "subtitle": "GPT-2 written from scratch with Pre-Layer Normalization, tried on four tasks. "
+                "Every run reports its seed, so any result can be reproduced.",
+    "model": "Model",
+    "switch_model": "Switch model",
+    "switch_model_info": "the models this app was started with",
+    # tabs
+    "tab_generate": "Generate",
+    "tab_dialogue": "Chat",
+    "tab_translate": "Translate",
+    "tab_summarize": "Summarise",
+    "tab_architecture": "Architecture",
+    # buttons
+    "generate": "Generate",
+    "send": "Send",
+    "stop": "Stop",
+    "export_conversation": "Export conversation (JSON)",
+    # task inputs and outputs
+    "prompt": "Prompt",
+    "continuation": "Continuation",
+    "conversation": "Conversation",
+    "message": "Message",
+    "message_placeholder": "Say something and press Enter",
+    "persona": "Persona",
+    "persona_placeholder": "A line that sets the scene, e.g. Bot is a patient maths tutor.",
+    "source_text": "Text to translate",
+    "source_language": "From",
+    "target_language": "To",
+    "example_pairs": "Example pairs",
+    "example_pairs_info": "one per line: source = target; the model continues the pattern",
+    "translation": "Translation",
+    "English": "English",
+    "French": "French",
+    "German": "German",
+    "article": "Article",
+    "summary": "Summary",
+    # every tab
+    "adapter": "Adapter",
+    "adapter_info": "switch on the fine-tuned adapter for this task",
+    "no_adapter_task": "this task has no fine-tuned adapter",
+    "no_adapter_model": "the loaded model has no adapter for this task",
+    "settings": "Decoding settings",
+    "temperature": "Temperature",
+    "temperature_info": "0 = greedy",
+    "top_k": "Top-k",
+    "top_k_info": "0 = off",
+    "top_p": "Top-p",
+    "top_p_info": "1 = off",
+    "repetition_penalty": "Repetition penalty",
+    "repetition_penalty_info": "1 = off",
+    "no_repeat_ngram_size": "No-repeat n-gram size",
+    "no_repeat_ngram_size_info": "0 = off",
+    "max_new_tokens": "Max new tokens",
+    "seed": "Seed",
+    "seed_info": "empty or -1: a random seed, reported after the run",
+    "prompt_sent": "Prompt sent to the model",
+    "examples": "Examples",
+    "generating": "generating…",
+    # architecture tab
+    "architecture_intro": """## Where GPT-2 puts its LayerNorms
+
+GPT-2 is a **Pre-LN** Transformer: each block normalises the *input* of its attention and MLP
+sub-blocks and adds their output back to a residual stream that is never normalised on the way.
+One last LayerNorm, `ln_f`, normalises the stream before the output layer. The original
+Transformer is **Post-LN**: it normalises *after* each residual addition.
+
+The pseudocode in the article this app started from leaves `ln_f` out; GPT-2 has it, and so does
+the model in this app. Measurements that compare the two placements will be added to this tab.""",
+    "pre_ln": "Pre-LN (GPT-2, this app)",
+    "post_ln": "Post-LN (original Transformer)",
+}
+
+CHINESE = {
+    "title": "# Pre-LN GPT-2 工作室",
+    "subtitle": "从零实现、采用前置层归一化（Pre-LN）的 GPT-2，在四个任务上试用。每次运行都会报告随机种子，任何结果都可以复现。",
+    "model": "模型",
+    "switch_model": "切换模型",
+    "switch_model_info": "本应用启动时指定的模型",
+    "tab_generate": "生成",
+    "tab_dialogue": "对话",
+    "tab_translate": "翻译",
+    "tab_summarize": "摘要",
+    "tab_architecture": "架构",
+    "generate": "生成",
+    "send": "发送",
+    "stop": "停止",
+    "export_conversation": "导出对话（JSON）",
+    "prompt": "提示词",
+    "continuation": "续写",
+    "conversation": "对话",
+    "message": "消息",
+    "message_placeholder": "输入内容后按回车",
+    "persona": "角色设定",
+    "persona_placeholder": "一句设定场景的话，例如：Bot is a patient maths tutor.",
+    "source_text": "待翻译文本",
+    "source_language": "源语言",
+    "target_language": "目标语言",
+    "example_pairs": "示例句对",
+    "example_pairs_info": "每行一对：源文 = 译文；模型会沿用这个模式",
+    "translation": "译文",
+    "English": "英语",
+    "French": "法语",
+    "German": "德语",
+    "article": "文章",
+    "summary": "摘要",
+    "adapter": "适配器",
+    "adapter_info": "启用此任务微调过的适配器",
+    "no_adapter_task": "此任务没有微调适配器",
+    "no_adapter_model": "当前模型没有此任务的适配器",
+    "settings": "解码设置",
+    "temperature": "温度",
+    "temperature_info": "0 = 贪心解码",
+    "top_k": "Top-k",
+    "top_k_info": "0 = 关闭",
+    "top_p": "Top-p",
+    "top_p_info": "1 = 关闭",
+    "repetition_penalty": "重复惩罚",
+    "repetition_penalty_info": "1 = 关闭",
+    "no_repeat_ngram_size": "禁止重复的 n-gram 长度",
+    "no_repeat_ngram_size_info": "0 = 关闭",
+    "max_new_tokens": "最多生成的 token 数",
+    "seed": "随机种子",
+    "seed_info": "留空或 -1：随机种子，运行后会显示",
+    "prompt_sent": "发送给模型的提示词",
+    "examples": "示例",
+    "generating": "生成中…",
+    "architecture_intro": """## GPT-2 把 LayerNorm 放在哪里
+
+GPT-2 是 **Pre-LN**（前置层归一化）Transformer：每个块先对注意力和 MLP 子层的*输入*做归一化，
+再把子层的输出加回残差流，残差流本身在途中从不被归一化。最后一个 LayerNorm `ln_f`
+在输出层之前对残差流做归一化。原始 Transformer 是 **Post-LN**（后置层归一化）：
+在每次残差相加*之后*做归一化。
+
+本应用所依据的文章中的伪代码漏掉了 `ln_f`；GPT-2 有它，本应用中的模型也有。
+比较两种放置方式的实测数据将加入此页。""",
+    "pre_ln": "Pre-LN（GPT-2，本应用）",
+    "post_ln": "Post-LN（原始 Transformer）",
+}
+
+# "zh" as well as "zh-CN": the browser's language may be just "zh", or a variant the front end
+# falls back from to "zh".
+i18n = gr.I18n(en=ENGLISH, **{"zh-CN": CHINESE, "zh": CHINESE})

@@ -1,0 +1,82 @@
+"""The one place that holds the model every request runs on.
+
+The app is started with a list of models (the bundled one, hub ids, local directories); the
+first is loaded, and the UI may switch among the others, never to a path typed in the browser.
+Each request takes `host.current` once, at its start, so a switch never changes a request that
+is already running.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+from model import GPT2, load_pretrained
+from model.adapters import adapter_names
+from model.tokenizer import Tokenizer
+from model.train import pick_device
+
+BUNDLED = "bundled"
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(ValueError):
+    """A model could not be loaded; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str  # as given at start-up
+    model: GPT2
+    tokenizer: Tokenizer
+
+    @property
+    def context(self) -> int:
+        return self.model.config.n_positions
+
+    @property
+    def adapters(self) -> list[str]:
+        return adapter_names(self.model)
+
+    def describe(self) -> str:
+        """One Markdown line: what is loaded, for the model panel."""
+        device = self.model.transformer.wte.weight.device
+        return (f"**{self.name}** · {self.model.num_parameters() / 1e6:.1f}M parameters · "
+                f"context {self.context} tokens · tokenizer {self.tokenizer.name} "
+                f"({self.tokenizer.vocab_size:,} tokens) · adapters: {', '.join(self.adapters) or 'none'} · {device}")
+
+
+class ModelHost:
+    def __init__(self, names: Sequence[str], device: str = "auto"):
+        """Load the first of `names`; the others can be switched to later. Raises ModelLoadError
+        when the first cannot be loaded: there is nothing to serve without it."""
+        self.names = tuple(dict.fromkeys(str(name) for name in names))
+        if not self.names:
+            raise ValueError("at least one model is needed")
+        self.device = pick_device(device)
+        self._switching = threading.Lock()  # one load at a time; requests never wait for it
+        self._current = self._load(self.names[0])
+
+    @property
+    def current(self) -> LoadedModel:
+        return self._current
+
+    def switch(self, name: str) -> LoadedModel:
+        """Load `name` and serve it from now on. When it fails, the current model stays."""
+        if name not in self.names:
+            raise ModelLoadError(f"{name!r} is not one of the models this app was started with "
+                                 f"({', '.join(self.names)})")
+        with self._switching:
+            if name != self._current.name:
+                self._current = self._load(name)
+        return self._current
+
+    def _load(self, name: str) -> LoadedModel:
+        log.info("loading model %s on %s", name, self.device)
+        try:
+            model, tokenizer = load_pretrained(None if name == BUNDLED else name, device=self.device)
+        except Exception as error:  # whatever goes wrong, the model being served must keep serving
+            log.warning("could not load model %s: %s", name, error)
+            raise ModelLoadError(f"could not load {name}: {error}") from error
+        return LoadedModel(name, model, tokenizer)

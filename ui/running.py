@@ -1,0 +1,153 @@
+"""Running a task for the UI and the API: decoding settings, one streaming loop, and Stop.
+
+Both the browser and `gradio_client` end up in `run`, which takes plain values and yields
+(text so far, status line, prompt sent). Bad input of any kind becomes a `gr.Error` carrying
+the message that names the field, so the caller sees why and the app keeps serving.
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+
+import gradio as gr
+
+from model.generate import SamplingParams
+from tasks import Task, TaskDone, run_task
+
+from .model_host import ModelHost
+
+REQUIRED = inspect.Parameter.empty
+
+
+@dataclass(frozen=True)
+class Param:
+    """One named parameter of an API endpoint."""
+    name: str
+    type: Any  # the annotation gradio_client documents
+    default: Any = REQUIRED
+
+
+# The decoding settings every task takes, after its own parameters, in this order.
+SETTINGS = (("temperature", float), ("top_k", int), ("top_p", float), ("repetition_penalty", float),
+            ("no_repeat_ngram_size", int), ("max_new_tokens", int))
+RANDOM_SEED = -1  # as well as None: what the UI's empty seed box sends
+
+
+def setting_params(defaults: SamplingParams) -> list[Param]:
+    """The settings, seed and adapter switch as API parameters, defaulting to the task's own."""
+    return ([Param(name, kind, getattr(defaults, name)) for name, kind in SETTINGS]
+            + [Param("seed", int | None, None), Param("adapter", bool, False)])
+
+
+def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
+    """The task's defaults with the caller's settings; SamplingParams checks every range."""
+    seed = values["seed"]
+    settings = {name: values[name] for name, _ in SETTINGS}
+    return replace(task.defaults, **settings, seed=None if seed in (None, RANDOM_SEED) else seed)
+
+
+def checked_text(name: str, value: Any) -> str:
+    """A text field as it came in, or a ValueError naming the field."""
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be text, got {type(value).__name__}")
+    return value
+
+
+def status_line(done: TaskDone) -> str:
+    """How to reproduce the run (seed, token counts, speed, why it stopped) and what was cut."""
+    return " · ".join([done.result.summary(), *done.prompt.notes])
+
+
+@dataclass(frozen=True)
+class TaskAPI:
+    """What a task takes through the API: its own parameters, and how they become its inputs."""
+    task: Task
+    name: str  # the api_name
+    params: tuple[Param, ...]
+    make_inputs: Callable[..., Any]  # the task's own parameters, by name -> task.inputs
+    description: str
+
+    @property
+    def signature(self) -> inspect.Signature:
+        params = [*self.params, *setting_params(self.task.defaults)]
+        return inspect.Signature([inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                    default=p.default, annotation=p.type) for p in params],
+                                 return_annotation=tuple[str, str, str])
+
+
+def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
+        cancel: threading.Event | None = None) -> Iterator[tuple[str, str, str]]:
+    """Stream (text so far, status, prompt sent) for one request; status and prompt come with
+    the last update."""
+    loaded = host.current  # once: a model switch does not reach a running request
+    try:
+        params = sampling_params(api.task, values)
+        inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
+        adapter = values["adapter"]
+        if not isinstance(adapter, bool):
+            raise ValueError(f"adapter must be true or false, got {adapter!r}")
+        for event in run_task(api.task, loaded.model, loaded.tokenizer, inputs, params, adapter, cancel):
+            if isinstance(event, TaskDone):
+                yield event.text, status_line(event), event.prompt.text
+            else:
+                yield event.text, "", ""
+    except ValueError as error:
+        raise gr.Error(str(error), print_exception=False) from error
+
+
+def api_endpoint(api: TaskAPI, host: ModelHost) -> Callable[..., Iterator[tuple[str, str, str]]]:
+    """`run` as a function with the task's named, typed parameters, for `gr.api`, which
+    documents an endpoint from its function's signature."""
+    signature = api.signature
+
+    def endpoint(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        yield from run(api, host, bound.arguments)
+
+    endpoint.__name__ = endpoint.__qualname__ = api.name
+    endpoint.__doc__ = api.description
+    endpoint.__signature__ = signature
+    endpoint.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
+    endpoint.__annotations__["return"] = signature.return_annotation
+    return endpoint
+
+
+@dataclass
+class Running:
+    cancel: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)
+
+
+class StopSwitches:
+    """The cancel event of each browser request in flight, by session and tab, so that a tab's
+    Stop button reaches its own request and nobody else's."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running: dict[tuple[str, str], Running] = {}
+
+    @contextmanager
+    def running(self, session: str, tab: str) -> Iterator[threading.Event]:
+        key, request = (session, tab), Running()
+        with self._lock:
+            self._running[key] = request
+        try:
+            yield request.cancel
+        finally:
+            with self._lock:
+                if self._running.get(key) is request:
+                    del self._running[key]
+            request.finished.set()
+
+    def stop(self, session: str, tab: str, wait_s: float) -> None:
+        """Ask the request to stop, and wait until it has shown its last update (the partial
+        text and a status that says "cancelled"), at most wait_s seconds."""
+        with self._lock:
+            request = self._running.get((session, tab))
+        if request is not None:
+            request.cancel.set()
+            request.finished.wait(wait_s)

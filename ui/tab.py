@@ -1,0 +1,143 @@
+"""One function, `task_tab`, builds the tab of every task: the task's own components come from
+its `TaskView`; everything else (Generate and Stop, decoding settings, adapter switch, status
+line, prompt sent, examples, copy button) is the same for all and is built here."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import gradio as gr
+
+from model.generate import LIMITS
+from tasks import Task
+
+from .i18n import i18n
+from .model_host import LoadedModel, ModelHost
+from .running import SETTINGS, StopSwitches, TaskAPI, run
+
+GENERATION = "generation"  # the concurrency group of every request that runs the model
+STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
+GENERATING = str(i18n("generating"))  # a status the browser translates
+SLIDER_STEPS = {"temperature": 0.05, "top_p": 0.01, "repetition_penalty": 0.05}
+SETTINGS_WITH_INFO = {"temperature", "top_k", "top_p", "repetition_penalty", "no_repeat_ngram_size"}
+
+
+@dataclass(frozen=True)
+class Widgets:
+    """The components a view lays out for its task."""
+    inputs: dict[str, gr.Component]  # by API parameter name
+    output: gr.Component
+    submit: tuple[gr.Textbox, ...] = ()  # text boxes where Enter runs the task
+    cleared: tuple[gr.Component, ...] = ()  # emptied once a run shows its first text
+    more: dict[str, gr.Component] = field(default_factory=dict)  # anything else the view's extras wire
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """What one task's tab shows and takes beyond what every tab has."""
+    api: TaskAPI
+    label: str  # i18n key of the tab
+    run_label: str  # i18n key of the run button
+    build: Callable[[], Widgets]
+    examples: list[list[Any]]  # one value per name in example_inputs
+    example_inputs: tuple[str, ...]
+    example_labels: list[str] | None = None  # needed with several inputs: the browser cannot translate table headers
+    from_ui: Callable[[dict[str, Any]], dict[str, Any]] = dict  # component values -> API values
+    present: Callable[[dict[str, Any], str], Any] = lambda values, text: text  # -> output's value
+    extras: Callable[["Tab"], None] | None = None  # wires the task's own events
+
+    @property
+    def task(self) -> Task:
+        return self.api.task
+
+
+@dataclass
+class Tab:
+    view: TaskView
+    host: ModelHost
+    stop_switches: StopSwitches
+    widgets: Widgets
+    settings: dict[str, gr.Component]
+    adapter: gr.Checkbox
+    run_button: gr.Button
+    stop_button: gr.Button
+    status: gr.Markdown
+    prompt_sent: gr.Textbox
+    run_events: list = field(default_factory=list)
+
+    @property
+    def named_inputs(self) -> dict[str, gr.Component]:
+        """Every component a run reads, by API parameter name."""
+        return {**self.widgets.inputs, **self.settings, "adapter": self.adapter}
+
+    def add_run(self, triggers: list, prepare: Callable[[dict[str, Any]], dict[str, Any]] = lambda values: values):
+        """Run the task when any of `triggers` fires, on the tab's values made ready by `prepare`
+        (Chat's retry, for one, first takes back the last turn)."""
+        view, named_inputs = self.view, self.named_inputs
+        outputs = [self.widgets.output, self.status, self.prompt_sent, *self.widgets.cleared]
+
+        def run_in_tab(data: dict[gr.Component, Any], request: gr.Request):
+            values = prepare(view.from_ui({name: data[component] for name, component in named_inputs.items()}))
+            with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
+                for text, status, prompt in run(view.api, self.host, values, cancel):
+                    yield [view.present(values, text), status or GENERATING, prompt, *[""] * len(self.widgets.cleared)]
+
+        self.run_events.append(gr.on(triggers, run_in_tab, inputs=set(named_inputs.values()), outputs=outputs,
+                                     show_progress="minimal", api_visibility="private", concurrency_id=GENERATION))
+
+
+def adapter_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
+    """The adapter switch's state for this task and model: off and greyed out, with the reason
+    as its info, when there is no adapter to switch on."""
+    if task.adapter is None:
+        return dict(value=False, interactive=False, info=i18n("no_adapter_task"))
+    if task.adapter not in loaded.adapters:
+        return dict(value=False, interactive=False, info=i18n("no_adapter_model") + f" ({task.adapter})")
+    return dict(interactive=True, info=i18n("adapter_info"))
+
+
+def settings_widgets(task: Task) -> dict[str, gr.Component]:
+    """Sliders for the decoding settings, spanning the ranges SamplingParams accepts, set to the
+    task's defaults; and the seed."""
+    widgets = {}
+    for name, kind in SETTINGS:
+        low, high = LIMITS[name]
+        widgets[name] = gr.Slider(low, high, value=getattr(task.defaults, name), label=i18n(name),
+                                  step=1 if kind is int else SLIDER_STEPS[name], elem_id=f"{task.name}-{name}",
+                                  info=i18n(f"{name}_info") if name in SETTINGS_WITH_INFO else None)
+    widgets["seed"] = gr.Number(value=None, precision=0, label=i18n("seed"), info=i18n("seed_info"),
+                                elem_id=f"{task.name}-seed")
+    return widgets
+
+
+def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches) -> Tab:
+    """Lay out and wire one task's tab; call inside a gr.Blocks."""
+    task = view.task
+    with gr.Tab(i18n(view.label), id=task.name, elem_id=f"tab-{task.name}"):
+        widgets = view.build()
+        with gr.Row():
+            run_button = gr.Button(i18n(view.run_label), variant="primary", elem_id=f"{task.name}-run")
+            stop_button = gr.Button(i18n("stop"), variant="stop", elem_id=f"{task.name}-stop")
+        status = gr.Markdown(elem_id=f"{task.name}-status")
+        adapter = gr.Checkbox(label=i18n("adapter"), **adapter_props(task, host.current), elem_id=f"{task.name}-adapter")
+        with gr.Accordion(i18n("settings"), open=False):
+            settings = settings_widgets(task)
+        with gr.Accordion(i18n("prompt_sent"), open=False):
+            prompt_sent = gr.Textbox(show_label=False, lines=4, max_lines=12, interactive=False, buttons=["copy"],
+                                     elem_id=f"{task.name}-prompt-sent")
+        gr.Examples(view.examples, [widgets.inputs[name] for name in view.example_inputs], label=i18n("examples"),
+                    example_labels=view.example_labels, cache_examples=False, api_visibility="private")
+    tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_button, stop_button, status, prompt_sent)
+    tab.add_run([run_button.click] + [box.submit for box in widgets.submit])
+    if view.extras is not None:
+        view.extras(tab)
+
+    def stop(request: gr.Request):
+        stop_switches.stop(request.session_hash, task.name, STOP_WAIT_S)
+
+    # Stop first asks the run to end, so that it shows its partial text and a status saying
+    # "cancelled"; only then does Gradio cancel the run's event, which ends a run still waiting
+    # in the queue or one that did not end in time.
+    stop_button.click(stop, queue=False, api_visibility="private").then(
+        None, cancels=tab.run_events, api_visibility="private")
+    return tab

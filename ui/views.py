@@ -1,0 +1,163 @@
+"""The Generate, Translate and Summarise tabs: each task's own components, API parameters and
+examples. (Chat has more to it and lives in chat.py.)"""
+from __future__ import annotations
+
+from typing import Callable
+
+import gradio as gr
+
+from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeInputs, TranslateInputs
+
+from .i18n import i18n
+from .model_host import ModelHost
+from .running import Param, TaskAPI, checked_text
+from .tab import Tab, TaskView, Widgets
+
+
+def output_box(label: str, lines: int, task_name: str) -> gr.Textbox:
+    return gr.Textbox(label=i18n(label), lines=lines, interactive=False, buttons=["copy"], elem_id=f"{task_name}-output")
+
+
+# --- Generate ---------------------------------------------------------------------------------
+
+def generate_widgets() -> Widgets:
+    prompt = gr.Textbox(label=i18n("prompt"), lines=4, elem_id="generate-prompt")
+    return Widgets({"prompt": prompt}, output_box("continuation", 8, "generate"))
+
+
+GENERATE = TaskView(
+    api=TaskAPI(TASKS["generate"], "generate", (Param("prompt", str),),
+                make_inputs=lambda prompt: GenerateInputs(checked_text("prompt", prompt)),
+                description="Continue the prompt. Returns (continuation, status line, prompt sent); streams."),
+    label="tab_generate", run_label="generate", build=generate_widgets,
+    examples=[["Once upon a time, there was a little fox who"],
+              ["The old king called his three sons and said,"],
+              ["Lily looked out of the window and saw"]],
+    example_inputs=("prompt",),
+)
+
+
+# --- Translate --------------------------------------------------------------------------------
+
+def example_lines(pairs) -> str:
+    """Example pairs as the text box shows them: one `source = target` a line."""
+    return "\n".join(f"{source} = {target}" for source, target in pairs)
+
+
+def example_pairs(lines: str | None) -> list[tuple[str, str]] | None:
+    """The pairs written one `source = target` a line (blank lines skipped); None: the task's
+    built-in pairs for the language pair."""
+    if lines is None:
+        return None
+    pairs = []
+    for number, line in enumerate(checked_text("examples", lines).splitlines(), start=1):
+        if not line.strip():
+            continue
+        source, equals, target = line.partition("=")
+        if not (equals and source.strip() and target.strip()):
+            raise ValueError(f"examples line {number} is not 'source = target': {line.strip()!r}")
+        pairs.append((source.strip(), target.strip()))
+    return pairs
+
+
+def translate_widgets() -> Widgets:
+    source_text = gr.Textbox(label=i18n("source_text"), lines=2, elem_id="translate-text")
+    languages = [(i18n(language), language) for language in LANGUAGES]
+    with gr.Row():
+        source = gr.Dropdown(languages, value="English", label=i18n("source_language"), elem_id="translate-source")
+        target = gr.Dropdown(languages, value="French", label=i18n("target_language"), elem_id="translate-target")
+    examples = gr.Textbox(example_lines(DEFAULT_EXAMPLES["English", "French"]), lines=4, max_lines=12,
+                          label=i18n("example_pairs"), info=i18n("example_pairs_info"), elem_id="translate-examples")
+    inputs = {"text": source_text, "source": source, "target": target, "examples": examples}
+    return Widgets(inputs, output_box("translation", 2, "translate"))
+
+
+def refill_examples(source: str, target: str):
+    """The built-in example pairs of a newly chosen language pair (nothing to fill for a pair the
+    task does not support: running it says so)."""
+    pairs = DEFAULT_EXAMPLES.get((source, target))
+    return gr.update() if pairs is None else example_lines(pairs)
+
+
+def translate_extras(tab: Tab) -> None:
+    inputs = tab.widgets.inputs
+    gr.on([inputs["source"].change, inputs["target"].change], refill_examples, [inputs["source"], inputs["target"]],
+          inputs["examples"], queue=False, api_visibility="private")
+
+
+TRANSLATE = TaskView(
+    api=TaskAPI(TASKS["translate"], "translate",
+                (Param("text", str), Param("source", str, "English"), Param("target", str, "French"),
+                 Param("examples", str | None, None)),
+                make_inputs=lambda text, source, target, examples: TranslateInputs(
+                    checked_text("text", text), checked_text("source", source), checked_text("target", target),
+                    example_pairs(examples)),
+                description="Translate text by example pairs (GPT-2 paper style). examples: one `source = target` "
+                            "a line; None for the built-in pairs. Returns (translation, status line, prompt sent)."),
+    label="tab_translate", run_label="generate", build=translate_widgets,
+    examples=[["The cat is sleeping on the chair.", "English", "French"],
+              ["I like to read books in the evening.", "English", "German"],
+              ["Le chien court dans le jardin.", "French", "English"]],
+    example_inputs=("text", "source", "target"),
+    example_labels=["English → French: The cat is sleeping on the chair.",
+                    "English → German: I like to read books in the evening.",
+                    "French → English: Le chien court dans le jardin."],
+    extras=translate_extras,
+)
+
+
+# --- Summarise --------------------------------------------------------------------------------
+
+def summarize_widgets() -> Widgets:
+    article = gr.Textbox(label=i18n("article"), lines=10, max_lines=20, elem_id="summarize-article")
+    length = gr.Markdown(elem_id="summarize-length")
+    return Widgets({"article": article}, output_box("summary", 3, "summarize"), more={"length": length})
+
+
+def article_length(host: ModelHost) -> Callable[[str, float, bool], str]:
+    """How much of the context the article's prompt takes, and whether it will be cut to fit:
+    the task's own build_prompt decides, so this line says exactly what a run will do."""
+    def length_line(article: str, max_new_tokens: float, adapter: bool) -> str:
+        if not article.strip():
+            return ""
+        loaded = host.current
+        try:
+            prompt = TASKS["summarize"].build_prompt(SummarizeInputs(article), loaded.tokenizer,
+                                                     loaded.context - int(max_new_tokens), adapter)
+        except ValueError as error:
+            return str(error)
+        return " · ".join([f"{len(prompt.ids)} of {loaded.context} context tokens in the prompt, "
+                           f"{int(max_new_tokens)} left for the summary", *prompt.notes])
+    return length_line
+
+
+def summarize_extras(tab: Tab) -> None:
+    article, max_new_tokens = tab.widgets.inputs["article"], tab.settings["max_new_tokens"]
+    gr.on([article.change, max_new_tokens.change, tab.adapter.change], article_length(tab.host),
+          [article, max_new_tokens, tab.adapter], tab.widgets.more["length"], queue=False,
+          trigger_mode="always_last", api_visibility="private")
+
+
+FOX_AND_CROW = (
+    "A crow found a piece of cheese and flew up into a tree to eat it. A fox saw her and wanted the cheese "
+    "for himself. \"What a beautiful bird you are,\" said the fox. \"Your feathers shine like silver. If your "
+    "voice is as fine as your feathers, you must be the queen of all birds.\" The crow was so pleased that she "
+    "opened her beak to sing. The cheese fell to the ground, and the fox ate it at once. \"Your voice is fine "
+    "indeed,\" he said, \"but you should not believe everyone who praises you.\"")
+ANT_AND_DOVE = (
+    "An ant went to the river to drink and fell into the water. A dove sitting in a tree saw the ant struggling. "
+    "She dropped a leaf into the river, and the ant climbed onto it and floated safely to the bank. A few days "
+    "later a hunter came to catch the dove with a net. The ant saw him and bit his foot. The hunter cried out, "
+    "the dove heard him and flew away. One good turn deserves another.")
+
+SUMMARIZE = TaskView(
+    api=TaskAPI(TASKS["summarize"], "summarize", (Param("article", str),),
+                make_inputs=lambda article: SummarizeInputs(checked_text("article", article)),
+                description="Summarise an article with `TL;DR:` (GPT-2 paper style): the first 3 sentences of "
+                            "what follows. Returns (summary, status line, prompt sent)."),
+    label="tab_summarize", run_label="generate", build=summarize_widgets,
+    examples=[[FOX_AND_CROW], [ANT_AND_DOVE]],
+    example_inputs=("article",),
+    example_labels=["The fox and the crow", "The ant and the dove"],
+    extras=summarize_extras,
+)
