@@ -1,0 +1,206 @@
+"""Evaluate a checkpoint on the held-out test splits, prompting the base model and with each task's adapter.
+
+    python -m tasks.eval --model bundled --data runs/task-data --out docs/eval-bundled.md
+
+Writes a markdown table and a JSON file with the same numbers (same name, .json):
+- bits per byte of the TinyStories validation text (model.metrics.bits_per_byte): the base model
+  only, since no adapter is on when the app generates freely;
+- translation: chrF and BLEU (sacrebleu, corpus level) per direction and over all directions;
+- summarisation: ROUGE-1/2/L F1 (rouge-score, Porter stemming), mean over the Aesop fables, and
+  apart from them over the derived dialogue summaries when that test file is there;
+- dialogue: per-token loss (nats) of the held-out responses given their transcripts, teacher
+  forced, which needs no sampling and so no seed.
+Generation goes through run_task with each task's own defaults, as the app runs it: the base
+with the GPT-2 paper's prompt (translation: four example pairs and greedy decoding; summary:
+`TL;DR:`, top-k 2, the first 3 sentences of at most 100 tokens), the adapter with the format it
+was trained on. Sampling uses seed SEED for every example, so a run can be repeated exactly.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import sacrebleu
+import torch
+from rouge_score import rouge_scorer
+from tqdm import tqdm
+
+from model.adapters import active_adapter, adapter_names, load_adapters
+from model.checkpoint import load_pretrained
+from model.corpus import tinystories_validation_text
+from model.metrics import bits_per_byte
+from model.train import pick_device
+
+from . import TASKS, TaskDone, run_task
+from .data import example_from_record, read_records
+from .finetune import completion_nll, encode_records, shown_path
+
+SEED = 0
+SYSTEMS = ("base", "adapter")  # the base model with the task's prompt; the same base with the task's adapter
+
+
+def generate_all(task_name: str, model, tokenizer, records: list[dict], adapter_on: bool) -> list[str]:
+    """What the app would show for each record's inputs."""
+    task = TASKS[task_name]
+    params = replace(task.defaults, seed=SEED)
+    outputs = []
+    label = f"{task_name} ({'adapter' if adapter_on else 'base'})"
+    for record in tqdm(records, desc=label, leave=False, dynamic_ncols=True):
+        inputs, _ = example_from_record(task_name, record)
+        done = next(e for e in run_task(task, model, tokenizer, inputs, params, adapter_on) if isinstance(e, TaskDone))
+        outputs.append(done.text)
+    return outputs
+
+
+def translation_rows(model, tokenizer, records: list[dict], systems: list[str]) -> list[dict]:
+    outputs = {system: generate_all("translate", model, tokenizer, records, system == "adapter") for system in systems}
+    groups = {}
+    for i, r in enumerate(records):
+        groups.setdefault(f"{r['source']}->{r['target']}", []).append(i)
+    groups = {**dict(sorted(groups.items())), "all directions": list(range(len(records)))}
+    rows = []
+    for name, chosen in groups.items():
+        references = [[records[i]["translation"] for i in chosen]]
+        for metric, score in (("chrF", sacrebleu.corpus_chrf), ("BLEU", sacrebleu.corpus_bleu)):
+            values = {system: score([outputs[system][i] for i in chosen], references).score for system in systems}
+            rows.append(row("translate", metric, f"Tatoeba {name}", len(chosen), values))
+    return rows
+
+
+def summarization_rows(model, tokenizer, records: list[dict], test_set: str, systems: list[str]) -> list[dict]:
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    scores = {}
+    for system in systems:
+        outputs = generate_all("summarize", model, tokenizer, records, system == "adapter")
+        scores[system] = [scorer.score(r["summary"], output) for r, output in zip(records, outputs)]
+    return [row("summarize", f"ROUGE-{key[5:]} F1", test_set, len(records),
+                {system: 100 * sum(s[key].fmeasure for s in scores[system]) / len(records) for system in systems})
+            for key in ("rouge1", "rouge2", "rougeL")]
+
+
+def dialogue_rows(model, tokenizer, records: list[dict], systems: list[str]) -> list[dict]:
+    examples = encode_records("dialogue", records, tokenizer, model.config.n_positions).examples
+    values = {}
+    for system in systems:
+        with active_adapter(TASKS["dialogue"].adapter if system == "adapter" else None):
+            total, count = completion_nll(model, examples, tokenizer.eos_id)
+        values[system] = total / count
+    return [row("dialogue", "response loss (nats/token, lower is better)", "held-out responses", len(examples), values)]
+
+
+def row(task: str, metric: str, test_set: str, n: int, values: dict[str, float]) -> dict:
+    return {"task": task, "metric": metric, "test_set": test_set, "n": n,
+            **{system: values.get(system) for system in SYSTEMS}}
+
+
+def evaluate(model, tokenizer, data_dir: Path, limit: int = 0, bpb_chars: int = 0) -> list[dict]:
+    """Every row of the table. limit: at most this many records per test file (0 = all); translation
+    takes at most `limit` per direction."""
+    def test_records(name: str, task: str) -> list[dict]:
+        records = read_records(data_dir / name, task)
+        if not limit:
+            return records
+        if task == "translate":
+            kept, per_direction = [], {}
+            for r in records:
+                direction = (r["source"], r["target"])
+                if per_direction.get(direction, 0) < limit:
+                    kept.append(r)
+                    per_direction[direction] = per_direction.get(direction, 0) + 1
+            return kept
+        return records[:limit]
+
+    def systems(task: str) -> list[str]:
+        return ["base", "adapter"] if TASKS[task].adapter in adapter_names(model) else ["base"]
+
+    text = tinystories_validation_text()
+    text = text[:bpb_chars] if bpb_chars else text
+    rows = [row("language modelling", "bits per byte (lower is better)", "TinyStories validation (n in bytes)",
+                len(text.encode("utf-8")), {"base": bits_per_byte(model, tokenizer, text)})]
+    rows += translation_rows(model, tokenizer, test_records("translate-test.jsonl", "translate"), systems("translate"))
+    rows += summarization_rows(model, tokenizer, test_records("summarize-test.jsonl", "summarize"),
+                               "Aesop fable -> lesson", systems("summarize"))
+    if (data_dir / "summarize-derived-test.jsonl").is_file():
+        rows += summarization_rows(model, tokenizer, test_records("summarize-derived-test.jsonl", "summarize"),
+                                   "derived: SGD dialogue -> services", systems("summarize"))
+    rows += dialogue_rows(model, tokenizer, test_records("dialogue-test.jsonl", "dialogue"), systems("dialogue"))
+    return rows
+
+
+def markdown(rows: list[dict], header: str) -> str:
+    def cell(value):
+        return "—" if value is None else f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    lines = [header, "", "| task | metric | test set | n | base + prompt | base + adapter |",
+             "|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['task']} | {r['metric']} | {r['test_set']} | {r['n']:,} | {cell(r['base'])} | "
+                     f"{cell(r['adapter'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tasks.eval", description=(
+        "Evaluate a checkpoint on the held-out test splits written by `python -m tasks.data`: the base model "
+        "with each task's prompt, and with the task's adapter where the checkpoint has one. Writes a markdown "
+        "table and a JSON file with the same numbers."))
+    p.add_argument("--model", default="bundled",
+                   help="checkpoint directory, hub id such as gpt2, or 'bundled' (default); its adapters/ are used")
+    p.add_argument("--adapters", type=Path, default=None,
+                   help="also load the adapters in DIR/<task>/ (e.g. fresh ones from tasks.finetune), "
+                        "replacing the checkpoint's own of the same name")
+    p.add_argument("--data", type=Path, default=Path("runs/task-data"), help="directory of the {task}-test.jsonl files")
+    p.add_argument("--out", type=Path, default=None,
+                   help="markdown file to write (default docs/eval-<model name>.md); the JSON goes next to it")
+    p.add_argument("--limit", type=int, default=0,
+                   help="at most N records per test set, and per translation direction (0 = all), for a quick run")
+    p.add_argument("--bpb-chars", type=int, default=0,
+                   help="measure bits per byte on the first N characters of the validation text (0 = all of it)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads for torch (0 = torch's default); 1 is faster when another job shares the cores")
+    args = p.parse_args(argv)
+    if args.limit < 0 or args.bpb_chars < 0 or args.threads < 0:
+        p.error("--limit, --bpb-chars and --threads cannot be negative")
+    if args.out is None:
+        args.out = Path("docs") / f"eval-{Path(str(args.model)).name}.md"
+    return args
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    model, tokenizer = load_pretrained(args.model, device=pick_device(args.device))
+    if args.adapters is not None:
+        if not load_adapters(model, args.adapters):
+            raise FileNotFoundError(f"no adapters (<task>/adapter_config.json) in {args.adapters}")
+    rows = evaluate(model, tokenizer, args.data, args.limit, args.bpb_chars)
+    minutes = (time.perf_counter() - started) / 60
+    c = model.config
+    command = " ".join(["python -m tasks.eval", f"--model {shown_path(args.model)}", f"--data {shown_path(args.data)}"]
+                       + ([f"--adapters {shown_path(args.adapters)}"] if args.adapters else [])
+                       + ([f"--limit {args.limit}"] if args.limit else [])
+                       + ([f"--bpb-chars {args.bpb_chars}"] if args.bpb_chars else []))
+    header = (f"# Evaluation of `{shown_path(args.model)}`\n\n"
+              f"{model.num_parameters():,} parameters ({c.n_layer} layers, n_embd {c.n_embd}, "
+              f"context {c.n_positions}), "
+              f"{tokenizer.name} tokenizer ({tokenizer.vocab_size:,} tokens); adapters: "
+              f"{', '.join(adapter_names(model)) or 'none'}. Held-out test splits made by `python -m tasks.data`. "
+              f"Generation uses each task's defaults through run_task, seed {SEED}: translation greedy, "
+              "summarisation top-k 2 (first 3 sentences of at most 100 tokens). chrF, BLEU and ROUGE are on a "
+              "0-100 scale, higher is better; — means the checkpoint has no adapter for the task (bits per byte "
+              f"is measured without adapters). Measured in {minutes:.1f} minutes with `{command}`.")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(markdown(rows, header), encoding="utf-8")
+    numbers = {"model": shown_path(args.model), "seed": SEED, "limit": args.limit, "rows": rows}
+    args.out.with_suffix(".json").write_text(json.dumps(numbers, indent=2), encoding="utf-8")
+    print(markdown(rows, header))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Task data splits, adapter fine-tuning and evaluation, end to end on the real data and a tiny model."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from peft import PeftModel
+from transformers import GPT2LMHeadModel
+
+from model import GPT2, GPT2Config, load_pretrained, save_pretrained
+from model.adapters import active_adapter, load_adapter
+from model.metrics import bits_per_byte
+from model.tokenizer import SentencePieceTokenizer
+from tasks import TASKS, data, eval as task_eval, finetune
+
+from .conftest import REPO, make_hf_checkpoint, make_lora_adapter
+
+TEXT = "Once upon a time, a little fox found a shiny stone. She showed it to her friend, the owl, who smiled."
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Models this small run fastest on one thread, and much faster when other jobs share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return SentencePieceTokenizer.from_file(REPO / "assets" / "tokenizer.model")
+
+
+def tiny_model(tokenizer, n_positions=128, seed=0) -> GPT2:
+    torch.manual_seed(seed)
+    model = GPT2(GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=n_positions, n_embd=32, n_layer=2,
+                            n_head=2, eos_token_id=tokenizer.eos_id))
+    # GPT-2's initialisation (std 0.02) gives a random model logits so near zero that LoRA on the
+    # projections can hardly sharpen them through the tied head; a 10x wider embedding lets a few
+    # LoRA steps show learning.
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(10)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tokenizer, tmp_path_factory) -> Path:
+    """A random tiny Pre-LN GPT-2 with the bundled SentencePiece tokenizer, saved in HF layout."""
+    return save_pretrained(tiny_model(tokenizer), tokenizer, tmp_path_factory.mktemp("tiny-base"))
+
+
+@pytest.fixture(scope="module")
+def splits():
+    """The real splits of every task, built once."""
+    return {task: build() for task, build in data.BUILDERS.items()}
+
+
+def ids_of(records, strip_turn=False):
+    return {r["id"].split("#")[0] if strip_turn else r["id"] for r in records}
+
+
+def chatterbot_openings(records) -> set[str]:
+    return {r["message"] for r in records if r["id"].startswith("chatterbot") and not r["history"]}
+
+
+def test_dialogue_split_is_by_conversation(splits):
+    s = splits["dialogue"]
+    assert len(s["test"]) == data.DIALOGUE_TEST * len(data.PERSONAS)
+    conversations = {name: ids_of(records, strip_turn=True) for name, records in s.items()}
+    assert not conversations["test"] & conversations["train"] and not conversations["val"] & conversations["train"]
+    assert not conversations["test"] & conversations["val"]
+    # Chatterbot conversations that open alike are one unit: no held-out opening line is trained on.
+    assert chatterbot_openings(s["test"]) and not chatterbot_openings(s["test"]) & chatterbot_openings(s["train"])
+    for r in s["test"]:
+        assert len(r["history"]) <= data.HISTORY_PAIRS and all(len(pair) == 2 for pair in r["history"])
+
+
+def test_translation_split_shares_no_sentence(splits):
+    s = splits["translate"]
+    sentences = {name: {r["text"] for r in records} | {r["translation"] for r in records}
+                 for name, records in s.items()}
+    assert not sentences["test"] & sentences["train"] and not sentences["val"] & sentences["train"]
+    directions = {(r["source"], r["target"]) for r in s["train"]}
+    assert directions == {("English", "French"), ("French", "English"), ("English", "German"), ("German", "English")}
+    for source, target in directions:
+        assert sum((r["source"], r["target"]) == (source, target) for r in s["test"]) == data.TRANSLATE_TEST
+
+
+def test_summarization_test_is_aesop_only_and_held_out(splits):
+    s = splits["summarize"]
+    assert len(s["test"]) == data.AESOP_TEST and {r["source"] for r in s["test"]} == {"aesop"}
+    assert len(s["derived-test"]) == data.DERIVED_TEST and {r["source"] for r in s["derived-test"]} == {"sgd-derived"}
+    assert {r["source"] for r in s["train"]} == {"aesop", "sgd-derived"}
+    held_out = ids_of(s["test"]) | ids_of(s["derived-test"]) | ids_of(s["val"])
+    assert not held_out & ids_of(s["train"])
+    assert not {r["article"] for r in s["test"]} & {r["article"] for r in s["train"]}
+    assert s["derived-test"][0]["summary"].startswith("The user asks the assistant for help with ")
+
+
+def test_splits_are_deterministic(splits):
+    assert data.summarize_splits() == splits["summarize"]
+    # Units are ordered by a hash of their key alone, so reading the data in another order changes nothing.
+    units = data.aesop_units()
+    forward = data.split_units(units, test={"aesop": 30}, val={"aesop": 10})
+    assert data.split_units(list(reversed(units)), test={"aesop": 30}, val={"aesop": 10}) == forward
+
+
+def test_read_records_names_the_bad_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"article": "A fox.", "summary": "Foxes."}\n{"article": "No summary."}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not a summarize record .*'summary'"):
+        data.read_records(path, "summarize")
+
+
+def write_jsonl(path: Path, records) -> Path:
+    data.write_records(path, records)
+    return path
+
+
+def test_training_pairs_score_only_the_completion(splits, tokenizer):
+    model = tiny_model(tokenizer, n_positions=64)
+    records = splits["dialogue"]["test"][:3]
+    encoded = finetune.encode_records("dialogue", records, tokenizer, n_ctx=64)
+    expected_nats, expected_count = 0.0, 0
+    for record, example in zip(records, encoded.examples):
+        prompt, completion = TASKS["dialogue"].format_example(*data.example_from_record("dialogue", record))
+        completion_ids = tokenizer.encode(completion)
+        # The completion is whole; the prompt keeps its newest tokens, as many as fit the context.
+        assert example.ids[example.prompt_tokens:] == completion_ids and len(example.ids) <= 64 + 1
+        assert example.ids[:example.prompt_tokens] == tokenizer.encode(prompt)[-example.prompt_tokens:]
+        ids = torch.tensor([example.ids])
+        with torch.no_grad():
+            log_probs = F.log_softmax(model(ids[:, :-1])[0], dim=-1)
+        for t in range(example.prompt_tokens, len(example.ids)):
+            expected_nats -= log_probs[t - 1, example.ids[t]].item()
+        expected_count += len(completion_ids)
+    assert encoded.truncated >= 1  # dialogue transcripts are longer than 64 tokens
+    nats, count = finetune.completion_nll(model, encoded.examples, pad_id=tokenizer.eos_id)  # one padded batch
+    assert count == expected_count and nats == pytest.approx(expected_nats, rel=1e-5)
+
+
+def test_finetune_learns_and_saves_a_loadable_adapter(splits, tiny_base, tmp_path):
+    records = write_jsonl(tmp_path / "train.jsonl", splits["translate"]["train"][:24])
+    out = tmp_path / "adapter"
+    logged = finetune.main(["--task", "translate", "--data", str(records), "--val", str(records), "--out", str(out),
+                            "--base", str(tiny_base), "--steps", "30", "--batch-size", "8", "--lr", "3e-2",
+                            "--warmup-steps", "3", "--eval-every", "15"])
+    assert logged[0]["step"] == 0 and logged[-1]["step"] == 30
+    assert logged[-1]["val_loss"] < logged[0]["val_loss"] - 1.0  # it learned the examples it saw
+    assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+    assert json.loads((out / "adapter_config.json").read_text())["r"] == 8
+    for name in ("adapter_config.json", "finetune_args.json"):  # files that may be shipped: no machine paths
+        assert str(tmp_path.parent) not in (out / name).read_text()
+
+    model, tokenizer = load_pretrained(tiny_base)
+    load_adapter(model, out, "translate")
+    prompt, completion = TASKS["translate"].format_example(
+        *data.example_from_record("translate", splits["translate"]["train"][0]))
+    ids = torch.tensor([tokenizer.encode(prompt + completion)])
+    with torch.no_grad():
+        off = model(ids)
+        with active_adapter("translate"):
+            on = model(ids)
+        base, _ = load_pretrained(tiny_base)
+        assert torch.equal(off, base(ids))
+    assert (on - off).abs().max() > 1e-2
+
+
+def test_finetune_on_a_transformers_gpt2_checkpoint(splits, tmp_path):
+    """`--base` a GPT-2 checkpoint in HF layout: the adapter gives the same logits in PEFT + transformers."""
+    base = make_hf_checkpoint(tmp_path / "hf", n_positions=64, n_embd=32, n_layer=2, n_head=2)
+    records = write_jsonl(tmp_path / "train.jsonl", splits["dialogue"]["train"][:8])
+    out = tmp_path / "adapter"
+    finetune.main(["--task", "dialogue", "--data", str(records), "--out", str(out), "--base", str(base),
+                   "--steps", "2", "--batch-size", "4", "--lr", "5e-2", "--warmup-steps", "0"])
+    ours, tokenizer = load_pretrained(base)
+    load_adapter(ours, out, "dialogue")
+    ids = torch.tensor([tokenizer.encode("User: Hello there!\nBot: Hi.")])
+    reference = PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(base), out).eval()
+    with torch.no_grad(), active_adapter("dialogue"):
+        assert (ours(ids) - reference(ids).logits).abs().max() < 1e-4
+        assert not torch.allclose(ours(ids), GPT2LMHeadModel.from_pretrained(base)(ids).logits, atol=1e-4)
+
+
+def test_eval_writes_every_metric(splits, tiny_base, tokenizer, tmp_path):
+    checkpoint = tmp_path / "model"
+    shutil.copytree(tiny_base, checkpoint)
+    base_model, _ = load_pretrained(checkpoint)
+    for seed, task in enumerate(("dialogue", "translate", "summarize")):
+        make_lora_adapter(base_model, checkpoint / "adapters" / task, seed=seed)
+    test_data = tmp_path / "data"
+    for task, task_splits in splits.items():
+        for name, records in task_splits.items():
+            if name in ("test", "derived-test"):
+                write_jsonl(test_data / f"{task}-{name}.jsonl", records)
+    out = tmp_path / "docs" / "eval.md"
+    rows = task_eval.main(["--model", str(checkpoint), "--data", str(test_data), "--out", str(out),
+                           "--limit", "1", "--bpb-chars", "2000"])
+    table = out.read_text()
+    for name in ("bits per byte", "chrF", "BLEU", "ROUGE-1", "ROUGE-2", "ROUGE-L", "response loss",
+                 "English->French", "German->English", "all directions", "Aesop", "derived"):
+        assert name in table, name
+    assert json.loads(out.with_suffix(".json").read_text())["rows"] == rows
+    for r in rows:
+        assert math.isfinite(r["base"]) and (r["adapter"] is None) == (r["metric"].startswith("bits per byte"))
+    assert str(tmp_path) not in table  # no machine paths in a table meant for docs/
+    dialogue = next(r for r in rows if r["task"] == "dialogue")
+    assert dialogue["adapter"] != dialogue["base"]
+
+
+def hand_bits_per_byte(model, tokenizer, text) -> float:
+    """Sum of -log2 p(token | every token before it), from one forward pass over the whole text."""
+    ids = torch.tensor([[tokenizer.eos_id] + tokenizer.encode(text)])
+    with torch.no_grad():
+        log_probs = F.log_softmax(model(ids[:, :-1]), dim=-1)
+    nats = -log_probs.gather(-1, ids[:, 1:, None]).sum().item()
+    return nats / math.log(2) / len(text.encode())
+
+
+def test_bits_per_byte_matches_a_hand_computation(tokenizer):
+    model = tiny_model(tokenizer, n_positions=64)
+    assert len(tokenizer.encode(TEXT)) < 64  # one window: exactly the full forward pass
+    assert bits_per_byte(model, tokenizer, TEXT) == pytest.approx(hand_bits_per_byte(model, tokenizer, TEXT), rel=1e-5)
+    non_ascii = "Le café est très bon. Über den Fluß."  # bytes, not characters, are the unit
+    assert bits_per_byte(model, tokenizer, non_ascii) == pytest.approx(hand_bits_per_byte(model, tokenizer, non_ascii),
+                                                                       rel=1e-5)
+
+
+def test_bits_per_byte_windows_give_each_token_the_context_they_promise(tokenizer):
+    model = tiny_model(tokenizer, n_positions=8)
+    text = TEXT * 2
+    ids = [tokenizer.eos_id] + tokenizer.encode(text)
+    # stride 1: every token is predicted from the n_positions tokens before it (fewer only at the start).
+    nats = 0.0
+    with torch.no_grad():
+        for t in range(1, len(ids)):
+            context = torch.tensor([ids[max(0, t - 8):t]])
+            nats -= F.log_softmax(model(context)[0, -1], dim=-1)[ids[t]].item()
+    expected = nats / math.log(2) / len(text.encode())
+    assert bits_per_byte(model, tokenizer, text, stride=1) == pytest.approx(expected, rel=1e-5)
+    # The default stride (half the context) batches windows of unequal length; batching changes nothing.
+    assert bits_per_byte(model, tokenizer, text, batch_size=1) == pytest.approx(
+        bits_per_byte(model, tokenizer, text, batch_size=7), rel=1e-6)
