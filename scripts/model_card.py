@@ -1,0 +1,178 @@
+"""Write the bundled model's card, assets/README.md, from what the project measured.
+
+    python scripts/model_card.py [--train-dir runs/bundled] [--eval docs/eval-bundled.json]
+
+The samples are generated here, from the shipped files in assets/, with the seeds and settings
+the card states; they are also written to assets/samples.json, which tests/test_bundled.py
+replays to check that the card shows what the shipped model really writes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from model import load_pretrained  # noqa: E402
+from model.checkpoint import BUNDLED_DIR  # noqa: E402
+from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TaskDone, TranslateInputs, run_task  # noqa: E402
+
+SAMPLE_SEED = 1234
+SAMPLE_INPUTS = {
+    "generate": [GenerateInputs("Once upon a time, there was a little fox who"),
+                 GenerateInputs("The old king called his three sons and said")],
+    "dialogue": [DialogueInputs("Hi! Can I get a large latte, please?", persona="Bot takes drink orders at a coffee shop."),
+                 DialogueInputs("Do you like to read books?")],
+    "translate": [TranslateInputs("I like to read books.", "English", "French"),
+                  TranslateInputs("Where is the train station?", "English", "German")],
+    "summarize": [SummarizeInputs(
+        "A Dog, to whom the butcher had thrown a bone, was hurrying home with his prize as fast as he could go. "
+        "As he crossed a narrow footbridge, he happened to look down and saw himself reflected in the quiet water "
+        "as if in a mirror. But the greedy Dog thought he saw a real Dog carrying a bone much bigger than his own. "
+        "He opened his mouth to snatch it, and his own bone fell into the water and was lost.")],
+}
+
+
+def make_samples(model, tokenizer) -> list[dict]:
+    samples = []
+    for task_name, inputs_list in SAMPLE_INPUTS.items():
+        task = TASKS[task_name]
+        for inputs in inputs_list:
+            for adapter_on in ([False, True] if task.adapter else [False]):
+                params = replace(task.defaults, seed=SAMPLE_SEED)
+                done = next(e for e in run_task(task, model, tokenizer, inputs, params, adapter_on)
+                            if isinstance(e, TaskDone))
+                samples.append({"task": task_name, "inputs": asdict(inputs), "adapter": adapter_on,
+                                "seed": SAMPLE_SEED, "prompt": done.prompt.text, "output": done.text,
+                                "stop_reason": done.result.stop_reason})
+    return samples
+
+
+def train_command(train_args: dict) -> str:
+    flags = ["n_layer", "n_embd", "n_head", "block_size", "batch_size", "max_steps", "warmup_steps", "lr",
+             "tinystories_fraction", "seed"]
+    return "python -m model.train --out runs/bundled " + " ".join(
+        f"--{name.replace('_', '-')} {train_args[name]}" for name in flags)
+
+
+def cpu_name() -> str:
+    try:
+        info = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        name = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        name = platform.processor() or "unknown CPU"
+    return name
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--train-dir", type=Path, default=REPO / "runs" / "bundled",
+                   help="the pretraining run (train_args.json, log.jsonl)")
+    p.add_argument("--eval", type=Path, default=REPO / "docs" / "eval-bundled.json", help="tasks.eval's JSON")
+    p.add_argument("--hardware", default=f"{cpu_name()}, 2 cores, no GPU", help="what the model was trained on")
+    p.add_argument("--training-time", required=True, help='wall-clock pretraining time, e.g. "1.4 hours"')
+    p.add_argument("--notes", default="", help="anything about the run the logs do not say (a resume, a change)")
+    args = p.parse_args(argv)
+
+    model, tokenizer = load_pretrained(BUNDLED_DIR)
+    train_args = json.loads((args.train_dir / "train_args.json").read_text())
+    log = [json.loads(line) for line in (args.train_dir / "log.jsonl").read_text().splitlines()]
+    final = [r for r in log if "val_loss" in r][-1]
+    evaluation = json.loads(args.eval.read_text())
+    bpb = next(r["base"] for r in evaluation["rows"] if r["metric"].startswith("bits per byte"))
+    tokens_seen = final["step"] * train_args["batch_size"] * train_args["block_size"]
+    c = model.config
+
+    samples = make_samples(model, tokenizer)
+    (BUNDLED_DIR / "samples.json").write_text(json.dumps(samples, indent=2, ensure_ascii=False) + "\n")
+
+    eval_table = (args.eval.with_suffix(".md")).read_text().split("\n", 2)[2]
+    sample_md = []
+    for s in samples:
+        setting = f"adapter {'on' if s['adapter'] else 'off'}" if TASKS[s["task"]].adapter else "no adapter"
+        sample_md.append(f"**{s['task']}**, {setting}, seed {s['seed']}, the task's default settings "
+                         f"(stopped: {s['stop_reason']})\n\n```text\n{s['prompt']}\n```\n\n"
+                         f"→\n\n```text\n{s['output']}\n```\n")
+
+    card = f"""---
+license: mit
+language: [en, fr, de]
+library_name: pre-ln-gpt2-studio
+tags: [gpt2, pre-ln, tiny, lora]
+---
+
+# Pre-LN GPT-2 Studio: the bundled model
+
+A small GPT-2 with Pre-Layer Normalization, trained from scratch by this project on open data so
+that the app works offline, with a LoRA adapter for each of dialogue, translation and
+summarisation. It is a toy next to GPT-2 (124M parameters, 40 GB of web text): expect simple
+children's-story English and adapters that have learned the shape of their task more than its
+substance. Everything here is reproducible with the commands below.
+
+## Configuration
+
+| | |
+|---|---|
+| architecture | GPT-2, Pre-LN blocks, final LayerNorm, tied output head |
+| parameters | {model.num_parameters():,} |
+| layers / width / heads | {c.n_layer} / {c.n_embd} / {c.n_head} |
+| context | {c.n_positions} tokens |
+| tokenizer | SentencePiece BPE, {tokenizer.vocab_size:,} pieces, byte fallback (`tokenizer.model`) |
+| tokens seen | {tokens_seen:,} ({final['step']} steps × {train_args['batch_size']} sequences × {train_args['block_size']} tokens) |
+| training time | {args.training_time} on {args.hardware} (pretraining) |
+| optimiser | AdamW (β 0.9/0.95, weight decay {train_args['weight_decay']}), peak lr {train_args['lr']}, {train_args['warmup_steps']} warmup steps, cosine to {train_args['min_lr_ratio']}×, gradient clipping {train_args['grad_clip']}, seed {train_args['seed']} |
+| data mix | {train_args['tinystories_fraction']:.0%} TinyStories, the rest Gutenberg, per batch |
+
+## Results
+
+Validation loss (nats per token) at the end of pretraining: {final['val_loss']:.3f} overall,
+{final['val_tinystories']:.3f} on held-out TinyStories stories, {final['val_gutenberg']:.3f} on the two
+held-out Gutenberg books. **Bits per byte on the TinyStories validation split
+(`yuninxia_tinystories_val.txt`, never trained on): {bpb:.3f}.**
+
+{eval_table}
+## Data and licenses
+
+- Pretraining: 43 public-domain children's classics from Project Gutenberg (headers and footers
+  stripped; *Tik-Tok of Oz* and *The Happy Prince and Other Tales* held out for validation), and
+  TinyStories (Eldan and Li, 2023; CDLA-Sharing-1.0): the normal-cased file, less its last 10%
+  held out, plus the lowercased file's stories that are not in it, with their casing restored by a
+  truecaser learned from the normal-cased stories (see `model/corpus.py`).
+- Translation adapter: Tatoeba English-French and English-German sentence pairs
+  (Tatoeba.org, CC BY 2.0 FR), both directions.
+- Dialogue adapter: Topical-Chat (Amazon, CDLA-Sharing-1.0), Schema-Guided Dialogue (Google,
+  CC BY-SA 4.0), Taskmaster-4 (Byrne and Ganesh, Google, CC BY 4.0), chatterbot-corpus
+  (BSD-3-Clause).
+- Summarisation adapter: *The Aesop for Children* (1919, Library of Congress, public domain),
+  fable -> lesson, plus pairs derived by this project from Schema-Guided Dialogue: the dialogue's
+  transcript as the article and a one-line summary built from the services it uses (true by
+  construction, but it names topics only; see `tasks/data.py`).
+- Every task set was split before training; the test splits above were never trained on.
+
+## Samples
+
+Unedited output of the files in this folder, regenerated by `python scripts/model_card.py` and
+checked by `tests/test_bundled.py` against `samples.json`.
+
+{chr(10).join(sample_md)}
+## Reproduce
+
+```bash
+{train_command(train_args)}
+bash scripts/build_bundled.sh   # task data, adapters, evaluation, this card
+```
+
+{args.notes}
+"""
+    (BUNDLED_DIR / "README.md").write_text(card)
+    print(f"wrote {BUNDLED_DIR / 'README.md'}")
+
+
+if __name__ == "__main__":
+    main()
