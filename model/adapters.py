@@ -7,7 +7,12 @@ Linear layers and never touches the base weights, so switching costs nothing and
 adapter active every layer returns exactly the base model's output.
 
 Which adapter is active is a ContextVar set around a forward call (see `active_adapter`), so
-two requests running in two threads each see their own choice.
+two requests running in two threads each see their own choice. It may also name one adapter per
+batch row, so that requests with different adapters share one batched forward call (the
+scheduler's decode step).
+
+The hooks work on int8-quantised layers too (model/quantize.py): the LoRA update stays in
+floating point on top of the int8 base, as in QLoRA.
 """
 from __future__ import annotations
 
@@ -15,22 +20,34 @@ import json
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
 from .gpt2 import GPT2
+from .quantize import Int8Linear
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 
-ACTIVE: ContextVar[str | None] = ContextVar("active_adapter", default=None)
+# None (the base model), one adapter name for the whole batch, or {adapter name: its batch rows}.
+ACTIVE: ContextVar[str | dict[str, list[int]] | None] = ContextVar("active_adapter", default=None)
 
 
 @contextmanager
-def active_adapter(name: str | None):
-    """Run the forward calls inside this block with adapter `name` on (None: the base model)."""
+def active_adapter(name: str | None | Sequence[str | None]):
+    """Run the forward calls inside this block with adapter `name` on (None: the base model).
+
+    A sequence gives each batch row its own adapter (None: that row runs the base model).
+    """
+    if not (name is None or isinstance(name, str)):
+        names = list(name)
+        if len(set(names)) == 1:
+            name = names[0]  # the whole batch alike: one update over all rows
+        else:
+            name = {n: [row for row, m in enumerate(names) if m == n] for n in dict.fromkeys(names) if n is not None}
     token = ACTIVE.set(name)
     try:
         yield
@@ -72,7 +89,7 @@ def load_adapter(model: GPT2, directory: str | Path, name: str) -> str:
         module_name = key.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight")
         b = weights.get(key.replace(".lora_A.", ".lora_B."))
         layer = modules.get(module_name)
-        if b is None or not isinstance(layer, nn.Linear):
+        if b is None or not isinstance(layer, (nn.Linear, Int8Linear)):
             raise ValueError(f"{weights_path}: {key} does not match a Linear layer of this model with a lora_B")
         if a.shape[1] != layer.in_features or b.shape != (layer.out_features, a.shape[0]):
             raise ValueError(f"{weights_path}: {module_name} LoRA shapes {tuple(a.shape)}, {tuple(b.shape)} do not "
@@ -113,11 +130,24 @@ def read_adapter_config(path: Path) -> dict:
 
 
 def lora_hook(model: GPT2, module_name: str):
-    def add_update(layer, inputs, output):
-        name = ACTIVE.get()
-        update = model.lora_adapters.get(name, {}).get(module_name) if name is not None else None
+    def lora_update(name: str, x: torch.Tensor) -> torch.Tensor | None:
+        update = model.lora_adapters.get(name, {}).get(module_name)
         if update is None:
-            return None  # keep the base output exactly
+            return None
         a, b, scale = update
-        return output + (inputs[0] @ a.t()) @ b.t() * scale
+        return (x @ a.t()) @ b.t() * scale
+
+    def add_update(layer, inputs, output):
+        active = ACTIVE.get()
+        if active is None:
+            return None  # keep the base output exactly
+        if isinstance(active, str):
+            update = lora_update(active, inputs[0])
+            return None if update is None else output + update
+        output = output.clone()  # rows that run the base model keep its output exactly
+        for name, rows in active.items():
+            update = lora_update(name, inputs[0][rows])
+            if update is not None:
+                output[rows] = output[rows] + update
+        return output
     return add_update

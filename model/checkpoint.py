@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from .adapters import load_adapters
 from .config import GPT2Config
 from .gpt2 import GPT2
+from .quantize import quantize_weights
 from .tokenizer import Tokenizer, load_tokenizer
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "assets"
@@ -33,10 +34,11 @@ class CheckpointError(ValueError):
 
 
 def load_pretrained(name_or_path: str | os.PathLike | None = None, device: str | torch.device = "cpu",
-                    dtype: torch.dtype = torch.float32) -> tuple[GPT2, Tokenizer]:
+                    dtype: torch.dtype = torch.float32, quantize: str | None = None) -> tuple[GPT2, Tokenizer]:
     """Model and tokenizer from a local directory, a hub id, or (with no name) the bundled model.
 
     Adapters in the checkpoint's adapters/ folder are loaded too (see model.adapters).
+    quantize="int8" stores every Linear layer's weights as int8 (see model.quantize).
     """
     directory = resolve_checkpoint(name_or_path)
     config = GPT2Config.load(directory)
@@ -46,6 +48,8 @@ def load_pretrained(name_or_path: str | os.PathLike | None = None, device: str |
         raise CheckpointError(f"{directory}: no weights file (looked for {' or '.join(WEIGHT_FILES)})")
     model.load_state_dict(to_our_layout(read_weights(weights_path), model, weights_path))
     model.to(device=device, dtype=dtype).eval()
+    if quantize is not None:
+        quantize_weights(model, quantize)  # before the adapters, whose hooks go on the quantized layers
     load_adapters(model, directory / ADAPTERS_DIR)  # after the move: adapters follow the base's device and dtype
     return model, load_tokenizer(directory)
 

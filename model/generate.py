@@ -1,8 +1,10 @@
 """Generation: one token loop over the KV cache, used by every task and by batch callers.
 
-`decode_tokens` is the loop (batched, per-row random generators, transformers' logits
-processors); `stream` turns it into text deltas for one prompt, with stop strings, cancel and
-a final `Result` that says how to reproduce the run.
+`decode_tokens` is the loop (batched, one `Sampler` per row: transformers' logits processors and
+the row's own random generator); `stream` turns the tokens of one prompt into text deltas, with
+stop strings, cancel and a final `Result` that says how to reproduce the run. The tokens come
+from `decode_tokens`, or from a `Scheduler` (model/scheduler.py) that decodes many requests in
+one batch.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 from transformers import (LogitsProcessorList, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
@@ -20,6 +22,9 @@ from transformers import (LogitsProcessorList, NoRepeatNGramLogitsProcessor, Rep
 from .adapters import active_adapter, check_adapter
 from .gpt2 import GPT2
 from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
 
 MAX_SEED = 2**32 - 1
 # (lowest, highest) accepted value of each numeric setting; the UI builds its sliders from these.
@@ -115,13 +120,32 @@ def resolve_seed(seed: int | None) -> int:
     return random.SystemRandom().randint(0, MAX_SEED) if seed is None else seed
 
 
-def check_prompt_fits(model: GPT2, prompt_length: int) -> None:
+def check_prompt_fits(model: GPT2 | Scheduler, prompt_length: int) -> None:
     n_ctx = model.config.n_positions
     if prompt_length == 0:
         raise ValueError("the prompt is empty")
     if prompt_length >= n_ctx:
         raise ContextLengthError(f"the prompt is {prompt_length} tokens; the context window is {n_ctx} "
                                  "tokens and at least one must be left to generate")
+
+
+class Sampler:
+    """How one sequence picks its next token: its settings, as transformers' logits processors,
+    and its own random generator, so that a seeded sequence draws the same tokens alone or in
+    any batch."""
+
+    def __init__(self, params: SamplingParams, seed: int, device: torch.device):
+        self.greedy = params.greedy
+        self.processors = params.logits_processors()
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """The next token (shape (1,)) from this sequence's logits (1, vocab) and its tokens so far
+        (1, n): the processors see the sequence's own tokens, never another row's or padding."""
+        scores = self.processors(history, logits.float()) if self.processors else logits.float()
+        if self.greedy:
+            return scores.argmax(dim=-1)
+        return torch.multinomial(torch.softmax(scores[0], dim=-1), 1, generator=self.generator)
 
 
 @torch.inference_mode()
@@ -139,39 +163,34 @@ def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams,
     for p in prompts:
         check_prompt_fits(model, len(p))
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device, dtype=torch.bool)
-    generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
-    processors = params.logits_processors()
     budget = min(params.max_new_tokens, model.config.n_positions - width)
+    # Every row's prompt and generated tokens, allocated once: a row's history is a view of it.
+    tokens = torch.full((len(prompts), width + budget), pad_id, dtype=torch.long, device=device)
+    starts = [width - len(p) for p in prompts]  # where each row's own tokens begin, after its padding
+    for row, (start, p) in enumerate(zip(starts, prompts)):
+        tokens[row, start:width] = torch.tensor(p)
+    is_real = torch.arange(width, device=device) >= torch.tensor(starts, device=device)[:, None]
+    samplers = [Sampler(params, seed, device) for seed in seeds]
     cache = model.new_cache(len(prompts), width + budget)
     try:
         with active_adapter(adapter):
-            logits = model(ids, attention_mask=mask, cache=cache)[:, -1]
-        histories = [torch.tensor([p], device=device) for p in prompts]
-        for step in range(budget):
-            # Processors see each row's own tokens, never the padding, so a row is the same alone
-            # or in a batch also with a repetition penalty or a no-repeat n-gram size.
-            scores = torch.cat([processors(h, logits[i:i + 1].float()) for i, h in enumerate(histories)])
-            if params.greedy:
-                next_tokens = scores.argmax(dim=-1)
-            else:
-                probs = torch.softmax(scores, dim=-1)
-                next_tokens = torch.cat([torch.multinomial(probs[i], 1, generator=g)
-                                         for i, g in enumerate(generators)])
-            yield next_tokens
-            histories = [torch.cat([h, t.view(1, 1)], dim=1) for h, t in zip(histories, next_tokens)]
-            if step + 1 < budget:
+            logits = model(tokens[:, :width], attention_mask=is_real, cache=cache, last_only=True)[:, -1]
+        for end in range(width, width + budget):
+            for row, (sample, start) in enumerate(zip(samplers, starts)):
+                tokens[row, end] = sample(logits[row:row + 1], tokens[row:row + 1, start:end])
+            yield tokens[:, end]
+            if end + 1 < width + budget:
                 with active_adapter(adapter):
-                    logits = model(next_tokens[:, None], cache=cache)[:, -1]
+                    logits = model(tokens[:, end:end + 1], cache=cache)[:, -1]
     finally:
         del cache
 
 
-def stream(model: GPT2, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams,
+def stream(model: GPT2 | Scheduler, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams,
            cancel: threading.Event | None = None, adapter: str | None = None) -> Iterator[Chunk | Result]:
     """Yield Chunks of new text as tokens arrive, then one Result.
 
+    `model` is the network itself, or a Scheduler that runs this request in one batch with others.
     Text that could be the start of a stop string is held back until it is known not to be one,
     so a stop string is never shown, even when it spans several tokens.
     """
@@ -182,7 +201,10 @@ def stream(model: GPT2, tokenizer: Tokenizer, prompt: str | list[int], params: S
     text, shown, generated = "", 0, []
     stop_reason = "context_full" if len(prompt_ids) + params.max_new_tokens > model.config.n_positions else "max_tokens"
     start = time.perf_counter()
-    tokens = decode_tokens(model, [prompt_ids], params, [seed], pad_id=tokenizer.eos_id, adapter=adapter)
+    if isinstance(model, GPT2):
+        tokens = decode_tokens(model, [prompt_ids], params, [seed], pad_id=tokenizer.eos_id, adapter=adapter)
+    else:
+        tokens = model.decode(prompt_ids, params, seed, adapter=adapter)
     try:
         for next_tokens in tokens:
             if cancel is not None and cancel.is_set():
@@ -203,7 +225,7 @@ def stream(model: GPT2, tokenizer: Tokenizer, prompt: str | list[int], params: S
                 yield Chunk(text[shown:safe])
                 shown = safe
     finally:
-        tokens.close()  # frees the KV cache now, also when our caller closes us
+        tokens.close()  # frees the KV cache (or the scheduler's row) now, also when our caller closes us
     if stop_reason != "stop_string":
         text += decoder.flush()
     if len(text) > shown:
@@ -226,7 +248,7 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
                 if s.startswith(text[-n:])), default=0)
 
 
-def generate(model: GPT2, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams,
+def generate(model: GPT2 | Scheduler, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams,
              cancel: threading.Event | None = None, adapter: str | None = None) -> Result:
     """Run `stream` to the end and return its Result."""
     for event in stream(model, tokenizer, prompt, params, cancel, adapter):

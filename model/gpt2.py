@@ -22,26 +22,94 @@ from .config import GPT2Config
 
 
 class KVCache:
-    """Preallocated keys and values for every layer, plus which cached positions hold real tokens.
+    """Preallocated keys and values for every layer, filled slot by slot.
 
-    Rows of a batch share one write position; prompts of different lengths are left-padded and
-    their padding is masked out through `valid`.
+    Each row has its own fill level (`lengths`), so rows that joined at different times can
+    decode in one batch (see model/scheduler.py). `valid` marks the filled slots that hold real
+    tokens rather than left padding, and `positions` counts each row's real tokens: the
+    position its next token takes. A forward call over B rows uses the cache's first B rows.
     """
 
     def __init__(self, config: GPT2Config, batch_size: int, max_len: int, device=None, dtype=None):
         shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
+        # Zeros, not torch.empty: a masked-out slot still enters attention with weight 0, and
+        # 0 * NaN from uninitialised memory would be NaN.
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.valid = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
-        self.length = 0  # positions filled so far
+        self.positions = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.lengths = [0] * batch_size  # slots filled in each row; Python ints, so no device sync to read
         self.max_len = max_len
+        self.has_padding = False
+        self._rows, self._slots, self._end = slice(None), slice(0, 0), 0  # set by advance() for one forward call
 
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this step's keys/values for one layer; return everything cached so far."""
-        end = self.length + k.shape[2]
-        self.keys[layer, :, :, self.length:end] = k
-        self.values[layer, :, :, self.length:end] = v
-        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+    def advance(self, new_valid: torch.Tensor | None, batch: int, steps: int, limit: int):
+        """Take the next `steps` slots of the first `batch` rows for one forward call.
+
+        new_valid (batch, steps) marks real tokens (None: all real). Returns the new tokens'
+        positions and the attention mask (None when plain causal attention over the slots will do).
+        """
+        lengths = self.lengths[:batch]
+        self._end = max(lengths) + steps
+        if self._end > min(limit, self.max_len):
+            raise ValueError(f"sequence of {self._end} tokens exceeds the context window of {min(limit, self.max_len)}")
+        device = self.valid.device
+        if new_valid is None:  # all real tokens
+            positions = self.positions[:batch, None] + torch.arange(steps, device=device)
+            self.positions[:batch] += steps
+            new_valid = True
+        else:
+            self.has_padding = self.has_padding or not bool(new_valid.all())
+            # Padding takes no position: each row counts positions from its own first real token.
+            positions = self.positions[:batch, None] + (new_valid.cumsum(-1) - 1).clamp(min=0)
+            self.positions[:batch] += new_valid.sum(-1)
+        start = lengths[0]
+        if all(n == start for n in lengths):  # every row writes the same slots: plain slicing
+            self._rows, self._slots = slice(None, batch), slice(start, self._end)
+            query_slots = torch.arange(start, self._end, device=device).expand(batch, steps)
+        else:
+            query_slots = torch.tensor(lengths, device=device)[:, None] + torch.arange(steps, device=device)
+            self._rows, self._slots = torch.arange(batch, device=device)[:, None], query_slots
+        self.valid[self._rows, self._slots] = new_valid
+        self.lengths[:batch] = [n + steps for n in lengths]
+        if not self.has_padding and isinstance(self._slots, slice) and (steps == 1 or start == 0):
+            return positions, None  # one new token sees every filled slot; a fresh prompt is plain causal
+        return positions, causal_padding_mask(self.valid[:batch, :self._end], query_slots)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this call's keys/values (batch, head, steps, dim) for one layer; return every filled slot."""
+        keys, values = self.keys[layer], self.values[layer]
+        if isinstance(self._slots, slice):
+            keys[self._rows, :, self._slots] = k
+            values[self._rows, :, self._slots] = v
+        else:  # per-row slots: advanced indexing puts the (batch, steps) index dims first
+            keys[self._rows, :, self._slots] = k.transpose(1, 2)
+            values[self._rows, :, self._slots] = v.transpose(1, 2)
+        batch = k.shape[0]
+        return keys[:batch, :, :self._end], values[:batch, :, :self._end]
+
+    def copy_row(self, row: int, source: "KVCache", source_row: int = 0) -> None:
+        """Make row `row` a copy of `source`'s row `source_row`: a request joining a running batch,
+        or moving into the row of one that left."""
+        n = source.lengths[source_row]
+        self.keys[:, row, :, :n] = source.keys[:, source_row, :, :n]
+        self.values[:, row, :, :n] = source.values[:, source_row, :, :n]
+        self.valid[row] = False
+        self.valid[row, :n] = source.valid[source_row, :n]
+        self.positions[row] = source.positions[source_row]
+        self.lengths[row] = n
+        self.has_padding = self.has_padding or source.has_padding
+
+
+def causal_padding_mask(valid: torch.Tensor, query_slots: torch.Tensor) -> torch.Tensor:
+    """(batch, 1, queries, slots): a query sees the slots up to its own that hold real tokens.
+
+    Every query also sees itself, so a padding query never attends to nothing (which would make
+    softmax NaN).
+    """
+    key_slots = torch.arange(valid.shape[1], device=valid.device)
+    query_slots = query_slots[:, None, :, None]
+    return ((key_slots <= query_slots) & valid[:, None, None, :]) | (key_slots == query_slots)
 
 
 class Attention(nn.Module):
@@ -56,7 +124,7 @@ class Attention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if cache is not None:
-            k, v = cache.append(layer, k, v)
+            k, v = cache.write(layer, k, v)
         # mask=None means plain causal attention over a prompt with no padding and no cache.
         is_causal = mask is None and k.shape[2] == T and T > 1
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
@@ -117,46 +185,53 @@ class GPT2(nn.Module):
             nn.init.zeros_(module.bias)
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())  # tied weights are counted once
+        # The head is tied to wte, or (int8, see model/quantize.py) a copy of it: counted once, as wte.
+        return sum(p.numel() for name, p in self.named_parameters() if not name.startswith("lm_head."))
+
+    def use_decode_layout(self) -> "GPT2":
+        """Store the weights of the layers that widen the stream (c_attn, c_fc, and the head,
+        which is wte) in [in, out] memory order, as HF's Conv1D does; values and shapes stay.
+
+        Decoding one token is a matrix-vector product per layer, and on the AVX2 CPU measured in
+        docs/performance.md MKL reads this order for these shapes about a quarter faster. It is
+        for a model that will only generate: the order scatters the row of wte that an embedding
+        lookup reads, and training runs keep the default order they were measured with.
+        """
+        def in_out_order(p: nn.Parameter) -> nn.Parameter:
+            return nn.Parameter(p.detach().t().contiguous().t(), requires_grad=p.requires_grad)
+
+        for block in self.transformer.h:
+            block.attn.c_attn.weight = in_out_order(block.attn.c_attn.weight)
+            block.mlp.c_fc.weight = in_out_order(block.mlp.c_fc.weight)
+        self.transformer.wte.weight = in_out_order(self.transformer.wte.weight)
+        self.lm_head.weight = self.transformer.wte.weight
+        return self
 
     def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
         p = self.transformer.wte.weight
         return KVCache(self.config, batch_size, max_len or self.config.n_positions, p.device, p.dtype)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
         """Logits (batch, time, vocab). attention_mask (batch, time) marks real tokens (0 = left padding).
 
         With a cache, input_ids are the tokens after those already cached, and the cache is advanced.
+        last_only gives the last position's logits alone (batch, 1, vocab): all that generation
+        needs, and the head over a whole prompt is a large matmul.
         """
         B, T = input_ids.shape
-        past = cache.length if cache is not None else 0
-        limit = min(self.config.n_positions, cache.max_len) if cache is not None else self.config.n_positions
-        if past + T > limit:
-            raise ValueError(f"sequence of {past + T} tokens exceeds the context window of {limit}")
-        new_valid = (torch.ones(B, T, dtype=torch.bool, device=input_ids.device)
-                     if attention_mask is None else attention_mask.bool())
+        new_valid = None if attention_mask is None else attention_mask.bool()
         if cache is not None:
-            cache.valid[:, past:past + T] = new_valid
-            valid = cache.valid[:, :past + T]
+            positions, mask = cache.advance(new_valid, B, T, self.config.n_positions)
         else:
-            valid = new_valid
-        # Padding takes no position: each row counts positions from its own first real token.
-        positions = (valid.cumsum(-1) - 1).clamp(min=0)[:, past:]
-        mask = None
-        if not bool(valid.all()):
-            key_pos = torch.arange(past + T, device=input_ids.device)
-            query_pos = key_pos[past:, None]
-            # Causal and not padding; every position may see itself so a padded row never
-            # attends to nothing (which would make softmax NaN).
-            mask = ((key_pos <= query_pos) & valid[:, None, None, :]) | (key_pos == query_pos)
-        elif past > 0 and T > 1:
-            key_pos = torch.arange(past + T, device=input_ids.device)
-            mask = key_pos <= key_pos[past:, None]
+            if T > self.config.n_positions:
+                raise ValueError(f"sequence of {T} tokens exceeds the context window of {self.config.n_positions}")
+            positions, mask = torch.arange(T, device=input_ids.device), None
+            if new_valid is not None and not bool(new_valid.all()):
+                positions = (new_valid.cumsum(-1) - 1).clamp(min=0)
+                mask = causal_padding_mask(new_valid, torch.arange(T, device=input_ids.device).expand(B, T))
 
         h = self.transformer.wte(input_ids) + self.transformer.wpe(positions)
         for i, block in enumerate(self.transformer.h):
             h = block(h, mask, cache, i)
-        if cache is not None:
-            cache.length += T
-        return self.lm_head(self.transformer.ln_f(h))
+        return self.lm_head(self.transformer.ln_f(h[:, -1:] if last_only else h))

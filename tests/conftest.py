@@ -112,3 +112,15 @@ def serve_studio(models: list[str]) -> Iterator[str]:
 def studio_url(app_models) -> Iterator[str]:
     with serve_studio(app_models) as url:
         yield url
+
+
+def make_checkpoint_with_adapters(directory: Path, **config) -> Path:
+    """A small transformers GPT-2 checkpoint with two PEFT adapters trained on its Conv1D layers:
+    summarize on every projection, translate on c_attn only."""
+    from transformers import GPT2LMHeadModel
+
+    make_hf_checkpoint(directory, **config)
+    hf = GPT2LMHeadModel.from_pretrained(directory)
+    make_lora_adapter(hf, directory / "adapters" / "summarize", seed=1)
+    make_lora_adapter(hf, directory / "adapters" / "translate", seed=2, targets=("c_attn",))
+    return directory

@@ -12,17 +12,13 @@ from transformers import GPT2LMHeadModel
 from model import load_pretrained
 from model.adapters import active_adapter, adapter_names, load_adapter
 
-from .conftest import make_hf_checkpoint, make_lora_adapter
+from .conftest import make_checkpoint_with_adapters
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    directory = make_hf_checkpoint(tmp_path_factory.mktemp("base"), n_positions=64, n_embd=48, n_layer=2, n_head=3)
-    hf = GPT2LMHeadModel.from_pretrained(directory)
-    # Adapters trained with PEFT on transformers' GPT2LMHeadModel (Conv1D layers).
-    make_lora_adapter(hf, directory / "adapters" / "summarize", seed=1)
-    make_lora_adapter(hf, directory / "adapters" / "translate", seed=2, targets=("c_attn",))
-    return directory
+    return make_checkpoint_with_adapters(tmp_path_factory.mktemp("base"), n_positions=64, n_embd=48, n_layer=2,
+                                         n_head=3)
 
 
 IDS = torch.randint(0, 50257, (2, 12), generator=torch.Generator().manual_seed(0))

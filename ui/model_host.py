@@ -3,7 +3,8 @@
 The app is started with a list of models (the bundled one, hub ids, local directories); the
 first is loaded, and the UI may switch among the others, never to a path typed in the browser.
 Each request takes `host.current` once, at its start, so a switch never changes a request that
-is already running.
+is already running. Each loaded model has its own Scheduler, which decodes the requests running
+on it in one batch (see model/scheduler.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Sequence
 
 from model import GPT2, load_pretrained
 from model.adapters import adapter_names
+from model.scheduler import Scheduler
 from model.tokenizer import Tokenizer
 from model.train import pick_device
 
@@ -30,6 +32,8 @@ class LoadedModel:
     name: str  # as given at start-up
     model: GPT2
     tokenizer: Tokenizer
+    scheduler: Scheduler  # what requests generate through
+    quantize: str | None = None
 
     @property
     def context(self) -> int:
@@ -44,17 +48,20 @@ class LoadedModel:
         device = self.model.transformer.wte.weight.device
         return (f"**{self.name}** · {self.model.num_parameters() / 1e6:.1f}M parameters · "
                 f"context {self.context} tokens · tokenizer {self.tokenizer.name} "
-                f"({self.tokenizer.vocab_size:,} tokens) · adapters: {', '.join(self.adapters) or 'none'} · {device}")
+                f"({self.tokenizer.vocab_size:,} tokens) · adapters: {', '.join(self.adapters) or 'none'} · {device}"
+                + (f" · {self.quantize} weights" if self.quantize else ""))
 
 
 class ModelHost:
-    def __init__(self, names: Sequence[str], device: str = "auto"):
+    def __init__(self, names: Sequence[str], device: str = "auto", quantize: str | None = None):
         """Load the first of `names`; the others can be switched to later. Raises ModelLoadError
-        when the first cannot be loaded: there is nothing to serve without it."""
+        when the first cannot be loaded: there is nothing to serve without it. quantize="int8"
+        loads every model with int8 weights (see model/quantize.py)."""
         self.names = tuple(dict.fromkeys(str(name) for name in names))
         if not self.names:
             raise ValueError("at least one model is needed")
         self.device = pick_device(device)
+        self.quantize = quantize
         self._switching = threading.Lock()  # one load at a time; requests never wait for it
         self._current = self._load(self.names[0])
 
@@ -75,8 +82,11 @@ class ModelHost:
     def _load(self, name: str) -> LoadedModel:
         log.info("loading model %s on %s", name, self.device)
         try:
-            model, tokenizer = load_pretrained(None if name == BUNDLED else name, device=self.device)
+            model, tokenizer = load_pretrained(None if name == BUNDLED else name, device=self.device,
+                                               quantize=self.quantize)
         except Exception as error:  # whatever goes wrong, the model being served must keep serving
             log.warning("could not load model %s: %s", name, error)
             raise ModelLoadError(f"could not load {name}: {error}") from error
-        return LoadedModel(name, model, tokenizer)
+        if self.quantize is None:
+            model.use_decode_layout()  # this model only generates: faster matrix-vector products
+        return LoadedModel(name, model, tokenizer, Scheduler(model), self.quantize)

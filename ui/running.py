@@ -89,7 +89,8 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
         adapter = values["adapter"]
         if not isinstance(adapter, bool):
             raise ValueError(f"adapter must be true or false, got {adapter!r}")
-        for event in run_task(api.task, loaded.model, loaded.tokenizer, inputs, params, adapter, cancel):
+        # Through the model's scheduler: concurrent requests are decoded in one batch.
+        for event in run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter, cancel):
             if isinstance(event, TaskDone):
                 yield event.text, status_line(event), event.prompt.text
             else:

@@ -1,0 +1,312 @@
+"""Decode speed: ours against transformers, side by side in one process.
+
+    python -m bench.decode [--json PATH] [--device cpu|cuda] [--dtype float32|bfloat16]
+                           [--new-tokens N] [--reps N] [--bundled DIR]
+
+GPT-2 in its 124M shape with random weights (no download) is built once and loaded into both our
+GPT2 and transformers' GPT2LMHeadModel. The runs alternate (ours fp32, ours int8, transformers
+sdpa, transformers eager, ours batch 8, prefills) and each number is the median of --reps runs,
+so a slow moment of the machine hits every variant alike. Decode speed is greedy, from a 32-token
+prompt, prefill included, for ours and for `GPT2LMHeadModel.generate` alike.
+
+Also measured: the memory read bandwidth, and from it the roofline (bandwidth / weight bytes read
+per token: at batch 1 every weight is read once per token); peak resident memory; and, on the
+bundled model (assets/, when it has been trained), its load time, its int8 perplexity against
+fp32, and 8 concurrent clients of the continuous-batching scheduler against one.
+
+Prints a Markdown table; --json writes the numbers (see KEYS).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import transformers
+
+from model import GPT2, GPT2Config, load_pretrained
+from model.checkpoint import BUNDLED_DIR, WEIGHT_FILES, to_our_layout
+from model.generate import SamplingParams, decode_tokens, generate
+from model.quantize import Int8Linear, quantize_weights
+from model.scheduler import Scheduler
+
+PROMPT_TOKENS, PREFILL_TOKENS, BATCH, CLIENTS = 32, 512, 8, 8
+KEYS = ("ours_fp32_tok_s", "ours_int8_tok_s", "hf_sdpa_tok_s", "hf_eager_tok_s", "ours_batch8_tok_s",
+        "prefill512_ours_ms", "prefill512_hf_ms", "ttft_ms", "peak_rss_mb", "roofline_fp32_tok_s")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def seconds(run: Callable[[], object], device: torch.device) -> float:
+    sync(device)
+    start = time.perf_counter()
+    run()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def memory_read_bandwidth(device: torch.device) -> float:
+    """Bytes per second that summing a 256 MiB tensor (far larger than any cache) reads; best of 5."""
+    x = torch.ones(64 * 2**20, device=device)
+    x.sum()
+    return x.numel() * x.element_size() / min(seconds(x.sum, device) for _ in range(5))
+
+
+def weight_bytes_per_token(model: nn.Module) -> int:
+    """Bytes a batch-1 decode step must read: every projection and the head (the embedding
+    lookup reads one row; biases and LayerNorms are too small to count)."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+               if isinstance(m, (nn.Linear, Int8Linear)))
+
+
+def random_ids(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def build_models(device: torch.device, dtype: torch.dtype):
+    """transformers' GPT2LMHeadModel with random weights in the 124M shape, and ours (fp32 and
+    int8) holding the very same weights."""
+    torch.manual_seed(0)
+    config = GPT2Config.preset("gpt2")
+    hf_config = transformers.GPT2Config(**{k: getattr(config, k) for k in ("vocab_size", "n_positions", "n_embd",
+                                                                          "n_layer", "n_head")})
+    hf = transformers.GPT2LMHeadModel(hf_config).to(device=device, dtype=dtype).eval()
+    hf.generation_config.eos_token_id = None  # random weights: always make every token asked for
+    hf.generation_config.pad_token_id = 0
+    state = {k: v.to("cpu", torch.float32) for k, v in hf.state_dict().items()}
+    ours = GPT2(config)
+    ours.load_state_dict(to_our_layout(state, ours, Path("random weights")))
+    int8 = GPT2(config)
+    int8.load_state_dict(ours.state_dict())
+    ours.to(device=device, dtype=dtype).eval().use_decode_layout()  # as the app serves it
+    int8 = quantize_weights(int8.to(device=device, dtype=dtype).eval())
+    return ours, int8, hf
+
+
+@torch.inference_mode()
+def ours_decode(model: GPT2, prompts: torch.Tensor, new_tokens: int) -> tuple[float, float]:
+    """(tokens/s over all rows, seconds to the first token)."""
+    device = prompts.device
+    params = SamplingParams(temperature=0, max_new_tokens=new_tokens)
+    sync(device)
+    start, first = time.perf_counter(), None
+    for _ in decode_tokens(model, prompts.tolist(), params, [0] * len(prompts)):
+        if first is None:
+            sync(device)
+            first = time.perf_counter() - start
+    sync(device)
+    return len(prompts) * new_tokens / (time.perf_counter() - start), first
+
+
+@torch.inference_mode()
+def hf_decode(hf, implementation: str, prompt: torch.Tensor, new_tokens: int) -> float:
+    hf.set_attn_implementation(implementation)
+    elapsed = seconds(lambda: hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                          max_new_tokens=new_tokens, min_new_tokens=new_tokens), prompt.device)
+    return new_tokens / elapsed
+
+
+@torch.inference_mode()
+def ours_prefill(model: GPT2, prompt: torch.Tensor) -> float:
+    """Seconds from a prompt to its next token's logits, the KV cache filled."""
+    return seconds(lambda: model(prompt, cache=model.new_cache(1, prompt.shape[1]), last_only=True), prompt.device)
+
+
+@torch.inference_mode()
+def hf_prefill(hf, implementation: str, prompt: torch.Tensor) -> float:
+    hf.set_attn_implementation(implementation)
+    return seconds(lambda: hf(prompt, use_cache=True, logits_to_keep=1), prompt.device)
+
+
+def alternate(variants: dict[str, Callable[[], float]], reps: int) -> dict[str, float]:
+    """Run each variant once (warm-up), then `reps` rounds of all of them in turn; medians."""
+    for run in variants.values():
+        run()
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for rep in range(reps):
+        for name, run in variants.items():
+            samples[name].append(run())
+        print(f"  round {rep + 1}/{reps}: " + ", ".join(f"{n} {v[-1]:.4g}" for n, v in samples.items()), flush=True)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def bundled_checks(directory: Path, device: torch.device, new_tokens: int, reps: int) -> dict:
+    """Load time, int8/fp32 perplexity and 1 vs 8 scheduler clients on the bundled model; None
+    for each when it has not been trained yet."""
+    if not any((directory / name).is_file() for name in WEIGHT_FILES):
+        print(f"bundled model: missing (no weights in {directory})")
+        return {key: None for key in ("bundled_load_s", "bundled_int8_ppl_ratio", "clients1_tok_s",
+                                      "clients8_tok_s", "clients1_int8_tok_s", "clients8_int8_tok_s")}
+    start = time.perf_counter()
+    model, tokenizer = load_pretrained(directory, device=device)
+    load_s = time.perf_counter() - start
+    model.use_decode_layout()  # as the app serves it
+    int8, _ = load_pretrained(directory, device=device, quantize="int8")
+    ppl = {name: validation_perplexity(m, tokenizer, device) for name, m in (("fp32", model), ("int8", int8))}
+    print(f"bundled model, 1 and {CLIENTS} scheduler clients, fp32 and int8, {reps} rounds:", flush=True)
+    clients = alternate({
+        "clients1_tok_s": lambda: scheduler_clients(model, tokenizer, 1, new_tokens),
+        "clients8_tok_s": lambda: scheduler_clients(model, tokenizer, CLIENTS, new_tokens),
+        "clients1_int8_tok_s": lambda: scheduler_clients(int8, tokenizer, 1, new_tokens),
+        "clients8_int8_tok_s": lambda: scheduler_clients(int8, tokenizer, CLIENTS, new_tokens),
+    }, reps)
+    return {"bundled_load_s": load_s, "bundled_int8_ppl_ratio": ppl["int8"] / ppl["fp32"], **clients}
+
+
+def validation_perplexity(model: GPT2, tokenizer, device: torch.device) -> float:
+    """Perplexity on the first windows of each pretraining validation source, averaged."""
+    from model.corpus import pretrain_sources
+    from model.train import mean_loss, token_stream
+
+    block = model.config.n_positions
+    losses = [mean_loss(model, token_stream(docs, tokenizer), block, device, max_windows=16)
+              for docs in pretrain_sources("val").values()]
+    return math.exp(sum(losses) / len(losses))
+
+
+def scheduler_clients(model: GPT2, tokenizer, n_clients: int, new_tokens: int) -> float:
+    """Aggregate generated tokens/s of n_clients threads streaming through one Scheduler at once,
+    each with its own seed: the app's generation path, without HTTP."""
+    scheduler = Scheduler(model, max_batch=CLIENTS)
+    results = [None] * n_clients
+    barrier = threading.Barrier(n_clients + 1)
+
+    def client(i: int) -> None:
+        barrier.wait()
+        params = SamplingParams(temperature=0.8, top_k=40, seed=i, max_new_tokens=new_tokens)
+        results[i] = generate(scheduler, tokenizer, "Once upon a time", params)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n_clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    return sum(r.generated_tokens for r in results) / elapsed
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def machine() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.exists() else []
+    cpu = names[0] if names else platform.processor()
+    if torch.cuda.is_available():
+        cpu += f", {torch.cuda.get_device_name()}"
+    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads, "
+            f"{torch.backends.cpu.get_cpu_capability()}), transformers {transformers.__version__}")
+
+
+def table(n: dict, device: torch.device, dtype: torch.dtype, new_tokens: int, reps: int) -> str:
+    hf_best = max(n["hf_sdpa_tok_s"], n["hf_eager_tok_s"])
+    ratio = n["ours_fp32_tok_s"] / n["roofline_fp32_tok_s"]
+
+    def opt(value, fmt="{:.1f}"):
+        return "missing" if value is None else fmt.format(value)
+
+    rows = [
+        ("decode, batch 1, fp32 (tokens/s)", f"{n['ours_fp32_tok_s']:.1f}",
+         f"sdpa {n['hf_sdpa_tok_s']:.1f} · eager {n['hf_eager_tok_s']:.1f}",
+         f"{n['ours_fp32_tok_s'] / hf_best:.2f}x the faster"),
+        ("decode, batch 1, int8 weights (tokens/s)", f"{n['ours_int8_tok_s']:.1f}", "",
+         f"{n['ours_int8_tok_s'] / hf_best:.2f}x the faster"),
+        (f"decode, batch {BATCH}, fp32 (tokens/s, all rows)", f"{n['ours_batch8_tok_s']:.1f}", "",
+         f"{n['ours_batch8_tok_s'] / n['ours_fp32_tok_s']:.2f}x our batch 1"),
+        (f"prefill, {PREFILL_TOKENS}-token prompt (ms)", f"{n['prefill512_ours_ms']:.0f}",
+         f"sdpa {n['prefill512_hf_sdpa_ms']:.0f} · eager {n['prefill512_hf_eager_ms']:.0f}",
+         f"{n['prefill512_hf_ms'] / n['prefill512_ours_ms']:.2f}x as fast as the faster"),
+        (f"time to first token, {PROMPT_TOKENS}-token prompt (ms)", f"{n['ttft_ms']:.0f}", "", ""),
+        ("memory read bandwidth (GB/s)", f"{n['bandwidth_gb_s']:.1f}", "", ""),
+        ("roofline, fp32 / int8 (tokens/s)", f"{n['roofline_fp32_tok_s']:.1f} / {n['roofline_int8_tok_s']:.1f}", "",
+         f"fp32 at {ratio:.0%} · int8 at {n['ours_int8_tok_s'] / n['roofline_int8_tok_s']:.0%}"),
+        ("peak resident memory of this process (MB)", f"{n['peak_rss_mb']:.0f}", "", "both models loaded"),
+        ("bundled model: load time (s)", opt(n["bundled_load_s"], "{:.2f}"), "", ""),
+        ("bundled model: int8 / fp32 validation perplexity", opt(n["bundled_int8_ppl_ratio"], "{:.4f}"), "", ""),
+    ]
+    for label, suffix in (("fp32", ""), ("int8", "_int8")):
+        one, many = n[f"clients1{suffix}_tok_s"], n[f"clients{CLIENTS}{suffix}_tok_s"]
+        rows.append((f"bundled model, {label}: scheduler, 1 / {CLIENTS} clients (tokens/s, all clients)",
+                     f"{opt(one)} / {opt(many)}", "", "" if one is None else f"{many / one:.2f}x"))
+    lines = [f"GPT-2 124M shape, random weights, {device.type} {str(dtype).removeprefix('torch.')}, greedy, "
+             f"{new_tokens} new tokens, median of {reps} alternating runs",
+             f"machine: {machine()}", "",
+             "| measurement | ours | transformers | comparison |", "|---|---:|---:|---|"]
+    lines += [f"| {' | '.join(row)} |" for row in rows]
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.decode", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="weights and activations (int8 keeps its scales in this dtype)")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per decode run")
+    p.add_argument("--reps", type=int, default=3, help="alternating rounds; each number is their median")
+    p.add_argument("--bundled", type=Path, default=BUNDLED_DIR, help="the bundled model's directory")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    transformers.logging.set_verbosity_error()
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    print(f"machine: {machine()}", flush=True)
+    bandwidth = memory_read_bandwidth(device)
+    ours, int8, hf = build_models(device, dtype)
+    vocab = ours.config.vocab_size
+    prompt = random_ids(vocab, 1, PROMPT_TOKENS, seed=1).to(device)
+    batch = random_ids(vocab, BATCH, PROMPT_TOKENS, seed=2).to(device)
+    long_prompt = random_ids(vocab, 1, PREFILL_TOKENS, seed=3).to(device)
+    first_token_s: list[float] = []
+
+    def ours_fp32() -> float:
+        tok_s, first = ours_decode(ours, prompt, args.new_tokens)
+        first_token_s.append(first)
+        return tok_s
+
+    print(f"decode and prefill, {args.reps} rounds:", flush=True)
+    n = alternate({
+        "ours_fp32_tok_s": ours_fp32,
+        "ours_int8_tok_s": lambda: ours_decode(int8, prompt, args.new_tokens)[0],
+        "hf_sdpa_tok_s": lambda: hf_decode(hf, "sdpa", prompt, args.new_tokens),
+        "hf_eager_tok_s": lambda: hf_decode(hf, "eager", prompt, args.new_tokens),
+        "ours_batch8_tok_s": lambda: ours_decode(ours, batch, args.new_tokens)[0],
+        "prefill512_ours_ms": lambda: 1000 * ours_prefill(ours, long_prompt),
+        "prefill512_hf_sdpa_ms": lambda: 1000 * hf_prefill(hf, "sdpa", long_prompt),
+        "prefill512_hf_eager_ms": lambda: 1000 * hf_prefill(hf, "eager", long_prompt),
+    }, args.reps)
+    n["prefill512_hf_ms"] = min(n["prefill512_hf_sdpa_ms"], n["prefill512_hf_eager_ms"])
+    n["ttft_ms"] = 1000 * statistics.median(first_token_s[1:])  # the warm-up run's is left out
+    n["bandwidth_gb_s"] = bandwidth / 1e9
+    n["roofline_fp32_tok_s"] = bandwidth / weight_bytes_per_token(ours)
+    n["roofline_int8_tok_s"] = bandwidth / weight_bytes_per_token(int8)
+    del hf, ours, int8
+    n.update(bundled_checks(args.bundled, device, args.new_tokens, args.reps))
+    n["peak_rss_mb"] = peak_rss_mb()
+    print(table(n, device, dtype, args.new_tokens, args.reps))
+    if args.json:
+        args.json.write_text(json.dumps({**{k: n[k] for k in KEYS}, **n}, indent=2) + "\n")
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

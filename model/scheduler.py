@@ -1,0 +1,163 @@
+"""Continuous batching: one thread decodes every running request in one batch.
+
+Requests arrive from many threads (the app's workers) at any time, each with its own prompt,
+sampling settings, seed and adapter. Between two decode steps the scheduler retires the
+requests that are done or cancelled and admits waiting ones (each prompt is prefilled alone,
+then copied into a free row of the batch's KV cache); each step then runs every active row
+through the model at once. Decoding is bound by reading the weights, and one step reads them
+once for all rows, so eight requests cost little more than one.
+
+A request samples with its own `Sampler` (its settings and its own random generator), so a
+seeded request gives the same tokens alone or in a crowd. Callers use the scheduler through
+`model.generate.stream(scheduler, ...)`, which turns its tokens into text, stop strings and a
+`Result` exactly as for a model run alone.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from .adapters import active_adapter, check_adapter
+from .config import GPT2Config
+from .generate import Sampler, SamplingParams, check_prompt_fits
+from .gpt2 import GPT2, KVCache
+
+DONE = None  # what a request's queue receives after its last token
+
+
+@dataclass(eq=False)
+class Request:
+    sampler: Sampler
+    adapter: str | None
+    tokens: torch.Tensor  # (1, prompt + budget): the prompt, then each token as it is sampled
+    length: int  # tokens filled so far
+    budget: int  # the length at which it is done (the context or max_new_tokens is full)
+    out: queue.SimpleQueue  # its sampled tokens, then DONE (or the exception that stopped the scheduler)
+    logits: torch.Tensor | None = None  # (1, vocab): scores for its next token
+    cancelled: bool = False  # set by its caller's thread; the scheduler retires it before the next step
+
+    @property
+    def done(self) -> bool:
+        return self.cancelled or self.length == self.budget
+
+    def pick_next(self) -> None:
+        token = self.sampler(self.logits, self.tokens[:, :self.length])
+        self.tokens[0, self.length] = token
+        self.length += 1
+        self.out.put(token)
+
+
+class Scheduler:
+    """Runs the requests of many threads on one model, in one batch of at most `max_batch` rows."""
+
+    def __init__(self, model: GPT2, max_batch: int = 8):
+        self.model = model
+        self.max_batch = max_batch
+        self.largest_batch = 0  # the most rows one decode step has run: shows that requests shared steps
+        self._lock = threading.Lock()  # guards _waiting and _worker
+        self._waiting: deque[Request] = deque()
+        self._worker: threading.Thread | None = None
+
+    @property
+    def config(self) -> GPT2Config:
+        return self.model.config
+
+    def decode(self, prompt: list[int], params: SamplingParams, seed: int,
+               adapter: str | None = None) -> Iterator[torch.Tensor]:
+        """Queue one request now; its tokens (one (1,)-shaped tensor per step) arrive through the
+        returned iterator, as `decode_tokens` yields them for a batch of one. Closing the iterator
+        retires the request before the next step; the other requests go on as they were."""
+        check_adapter(self.model, adapter)
+        check_prompt_fits(self.model, len(prompt))
+        device = self.model.transformer.wte.weight.device
+        budget = len(prompt) + min(params.max_new_tokens, self.config.n_positions - len(prompt))
+        tokens = torch.empty(1, budget, dtype=torch.long, device=device)
+        tokens[0, :len(prompt)] = torch.tensor(prompt)
+        request = Request(Sampler(params, seed, device), adapter, tokens, len(prompt), budget, queue.SimpleQueue())
+        with self._lock:
+            self._waiting.append(request)
+        return self._tokens_of(request)
+
+    def _tokens_of(self, request: Request) -> Iterator[torch.Tensor]:
+        # The worker starts when a caller first waits for a token, so requests queued together
+        # (by one caller, or by several within a step) start decoding together.
+        self._start_worker()
+        try:
+            while (token := request.out.get()) is not DONE:
+                if isinstance(token, BaseException):
+                    raise RuntimeError("the decode scheduler stopped") from token
+                yield token
+        finally:
+            request.cancelled = True  # a no-op once it is done
+
+    def _start_worker(self) -> None:
+        with self._lock:
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._run, name="decode-scheduler", daemon=True)
+                self._worker.start()
+
+    def _run(self) -> None:
+        active: list[Request] = []  # row i of the batch is active[i]
+        try:
+            with torch.inference_mode():
+                # The batch's cache lives while the worker runs: an idle app holds none.
+                cache = self.model.new_cache(self.max_batch)
+                while self._admit(active, cache):
+                    self._step(active, cache)
+        except BaseException as error:  # every caller hears of it, instead of waiting forever
+            with self._lock:
+                stranded, self._worker = active + list(self._waiting), None
+                self._waiting.clear()
+            for request in stranded:
+                request.out.put(error)
+
+    def _admit(self, active: list[Request], cache: KVCache) -> bool:
+        """Retire finished rows and fill free ones from the queue; False (and the worker ends)
+        when nothing is left to run."""
+        for row in reversed(range(len(active))):
+            if active[row].done:
+                self._retire(active, cache, row)
+        with self._lock:
+            joining = []
+            while self._waiting and len(active) + len(joining) < self.max_batch:
+                request = self._waiting.popleft()
+                if not request.cancelled:
+                    joining.append(request)
+            if not active and not joining:
+                self._worker = None
+                return False
+        for request in joining:
+            prompt_cache = self.model.new_cache(1, request.length)
+            with active_adapter(request.adapter):
+                request.logits = self.model(request.tokens[:, :request.length], cache=prompt_cache,
+                                            last_only=True)[:, -1]
+            cache.copy_row(len(active), prompt_cache)
+            active.append(request)
+            request.pick_next()
+        return True
+
+    def _retire(self, active: list[Request], cache: KVCache, row: int) -> None:
+        """Drop a row; the last row moves into its place, so the active rows stay the first ones."""
+        active[row].out.put(DONE)
+        last = len(active) - 1
+        if row != last:
+            cache.copy_row(row, cache, last)
+            active[row] = active[last]
+        active.pop()
+
+    def _step(self, active: list[Request], cache: KVCache) -> None:
+        """One decode step for every active row."""
+        if any(request.done for request in active):
+            return  # a newcomer's first token finished it, or a caller left: retire first
+        self.largest_batch = max(self.largest_batch, len(active))
+        last_tokens = torch.cat([request.tokens[:, request.length - 1] for request in active])[:, None]
+        with active_adapter([request.adapter for request in active]):
+            logits = self.model(last_tokens, cache=cache)[:, -1]
+        for row, request in enumerate(active):
+            request.logits = logits[row:row + 1]
+            request.pick_next()

@@ -1,0 +1,257 @@
+"""The speed work kept correct: int8 weights, per-row cache positions, per-row adapters and the
+continuous-batching scheduler. How fast they are is measured by `python -m bench.decode`, not here."""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import replace
+
+import pytest
+import torch
+
+from model import GPT2, GPT2Config, load_pretrained
+from model.adapters import active_adapter
+from model.generate import Chunk, Result, Sampler, SamplingParams, decode_tokens, generate, stream
+from model.quantize import Int8Linear, quantize_weights
+from model.scheduler import Scheduler
+from model.train import TrainSettings, mean_loss, random_windows, train
+
+from .conftest import DATA_DIR, make_checkpoint_with_adapters
+
+TINYSTORIES_VAL = DATA_DIR / "pretrain" / "tinystories" / "yuninxia_tinystories_val.txt"
+
+
+def copy_of(model: GPT2) -> GPT2:
+    twin = GPT2(model.config).eval()
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+# --- int8 weights -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def byte_model_and_text():
+    """A small GPT-2 trained here for 150 steps on TinyStories bytes, so that its perplexity
+    means something (far below the 256 of guessing), and held-out text to measure it on."""
+    data = torch.tensor(list(TINYSTORIES_VAL.read_bytes()[:300_000]), dtype=torch.int32)
+    train_data, held_out = data[:250_000], data[250_000:]
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=4))
+    windows = torch.Generator().manual_seed(0)
+    train(model, lambda step: random_windows(train_data, 16, 64, windows, "cpu"),
+          TrainSettings(max_steps=150, lr=3e-3, warmup_steps=10, eval_every=10**9, save_every=10**9),
+          log=lambda record: None, progress=False)
+    return model.eval(), held_out
+
+
+def test_int8_perplexity_within_one_percent_of_fp32(byte_model_and_text):
+    model, held_out = byte_model_and_text
+    fp32_ppl = math.exp(mean_loss(model, held_out, 64, "cpu"))
+    assert fp32_ppl < 20  # trained (guessing gives 256): the comparison below is between useful models
+    quantized = quantize_weights(copy_of(model))
+    assert not any(isinstance(m, torch.nn.Linear) for m in quantized.modules())
+    assert isinstance(quantized.lm_head, Int8Linear) and quantized.lm_head.weight.dtype == torch.int8
+    assert quantized.transformer.wte.weight.dtype == torch.float32  # the embedding lookup stays fp32
+    assert quantized.num_parameters() == model.num_parameters()
+    int8_ppl = math.exp(mean_loss(quantized, held_out, 64, "cpu"))
+    assert int8_ppl != fp32_ppl  # the weights really were rounded
+    assert abs(int8_ppl / fp32_ppl - 1) < 0.01
+
+
+def test_unknown_quantization_and_late_quantization_are_refused(adapter_checkpoint):
+    with pytest.raises(ValueError, match="unknown quantization 'int4'; known: int8"):
+        load_pretrained(adapter_checkpoint, quantize="int4")
+    model, _ = load_pretrained(adapter_checkpoint)  # adapters loaded: their hooks sit on the Linear layers
+    with pytest.raises(ValueError, match="quantize the model before loading adapters"):
+        quantize_weights(model)
+
+
+@torch.no_grad()
+def test_adapters_work_on_the_int8_model(adapter_checkpoint):
+    """LoRA stays in floating point on top of the int8 base: off gives the int8 base exactly, and
+    on changes the int8 model's logits as it changes the fp32 model's, up to the rounding."""
+    fp32, _ = load_pretrained(adapter_checkpoint)
+    int8, _ = load_pretrained(adapter_checkpoint, quantize="int8")
+    ids = torch.randint(0, fp32.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    base = quantize_weights(copy_of(fp32))  # the same int8 weights, no adapters at all
+    off_int8, off_fp32 = int8(ids), fp32(ids)
+    assert torch.equal(off_int8, base(ids))
+    for name in ("summarize", "translate"):
+        with active_adapter(name):
+            change_int8, change_fp32 = int8(ids) - off_int8, fp32(ids) - off_fp32
+        assert (change_int8 - change_fp32).norm() < 0.1 * change_fp32.norm()
+
+
+def test_sampler_draws_from_the_processed_distribution():
+    """Token frequencies follow softmax(logits / temperature), and a token top-k removed never comes."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    sampler = Sampler(SamplingParams(temperature=0.5, top_k=3), seed=0, device=torch.device("cpu"))
+    draws = torch.cat([sampler(logits, torch.zeros(1, 1, dtype=torch.long)) for _ in range(20_000)])
+    expected = torch.softmax(logits[0, :3] / 0.5, dim=0)
+    observed = torch.bincount(draws, minlength=4) / len(draws)
+    assert observed[3] == 0 and (observed[:3] - expected).abs().max() < 0.01
+
+
+# --- per-row cache positions and adapters --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def adapter_checkpoint(tmp_path_factory):
+    """A small GPT-2 with the real GPT-2 tokenizer and two PEFT adapters."""
+    return make_checkpoint_with_adapters(tmp_path_factory.mktemp("speed"), n_positions=128, n_embd=64, n_layer=2,
+                                         n_head=2)
+
+
+@pytest.fixture(scope="module")
+def loaded(adapter_checkpoint):
+    return load_pretrained(adapter_checkpoint)
+
+
+@torch.no_grad()
+def test_rows_of_different_lengths_decode_together(loaded):
+    """Two prompts prefilled alone and joined in one cache, then decoded in one batch, give the
+    logits of a full recompute of each row."""
+    model, _ = loaded
+    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    lengths = (5, 9)
+    cache = model.new_cache(2, 16)
+    for row, n in enumerate(lengths):
+        prompt_cache = model.new_cache(1, n)
+        model(ids[row:row + 1, :n], cache=prompt_cache)
+        cache.copy_row(row, prompt_cache)
+    steps = []
+    for i in range(5):
+        next_ids = torch.stack([ids[row, n + i] for row, n in enumerate(lengths)])[:, None]
+        steps.append(model(next_ids, cache=cache)[:, -1])
+    for row, n in enumerate(lengths):
+        full = model(ids[row:row + 1, :n + 5])[0, n:]
+        assert (torch.stack([s[row] for s in steps]) - full).abs().max() < 1e-5
+
+
+@torch.no_grad()
+def test_each_row_runs_its_own_adapter(loaded):
+    model, _ = loaded
+    ids = torch.randint(0, model.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(2))
+    names = ["summarize", None, "translate"]
+    with active_adapter(names):
+        batch = model(ids)
+    for row, name in enumerate(names):
+        with active_adapter(name):
+            alone = model(ids[row:row + 1])
+        assert (batch[row] - alone[0]).abs().max() < 1e-5
+    assert not torch.allclose(batch[0], model(ids[:1])[0], atol=1e-3)  # the adapter did change row 0
+
+
+@torch.no_grad()
+def test_decode_layout_changes_memory_order_not_results(loaded):
+    model, _ = loaded
+    twin = copy_of(model).use_decode_layout()
+    assert twin.lm_head.weight is twin.transformer.wte.weight  # still tied
+    assert twin.transformer.wte.weight.stride() == (1, model.config.vocab_size)
+    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
+    assert (twin(ids) - model(ids)).abs().max() < 1e-5
+    params = SamplingParams(temperature=0, max_new_tokens=20)
+    assert torch.equal(torch.cat(list(decode_tokens(twin, [ids[0].tolist()], params, [0]))),
+                       torch.cat(list(decode_tokens(model, [ids[0].tolist()], params, [0]))))
+
+
+# --- the scheduler ------------------------------------------------------------------------------
+
+# Eight requests that differ in everything a request can choose.
+REQUESTS = [
+    ("Once upon a time", SamplingParams(temperature=0, max_new_tokens=40), None),
+    ("The cat sat", SamplingParams(temperature=0.8, top_k=40, seed=11, max_new_tokens=35), "summarize"),
+    ("In the beginning", SamplingParams(temperature=1.2, top_p=0.9, seed=12, max_new_tokens=30), "translate"),
+    ("Hello", SamplingParams(temperature=0, repetition_penalty=1.3, max_new_tokens=25), "summarize"),
+    ("A long time ago in a land far away", SamplingParams(temperature=1.0, no_repeat_ngram_size=2, seed=13,
+                                                          max_new_tokens=20), None),
+    ("Yes", SamplingParams(temperature=0.7, top_k=5, top_p=0.8, repetition_penalty=1.1, seed=14,
+                           max_new_tokens=33), "translate"),
+    ("Question: why?", SamplingParams(temperature=0, no_repeat_ngram_size=3, max_new_tokens=12), None),
+    ("1 2 3", SamplingParams(temperature=1.0, seed=15, max_new_tokens=28), "summarize"),
+]
+
+
+def tokens_alone(model, tokenizer, prompt, params, adapter) -> list[int]:
+    return [int(t[0]) for t in decode_tokens(model, [tokenizer.encode(prompt)], params, [params.seed or 0],
+                                             adapter=adapter)]
+
+
+def test_requests_decoded_together_equal_each_alone(loaded):
+    """Six requests queued before the scheduler starts run as one batch from the first step; two
+    more join while it runs. Each gets exactly the tokens it gets alone."""
+    model, tokenizer = loaded
+    scheduler = Scheduler(model, max_batch=8)
+
+    def submit(prompt, params, adapter):
+        return scheduler.decode(tokenizer.encode(prompt), params, params.seed or 0, adapter=adapter)
+
+    streams = [submit(*request) for request in REQUESTS[:6]]
+    outputs = [[int(next(streams[0])[0])]]  # starts the scheduler: all six are admitted at once
+    streams += [submit(*request) for request in REQUESTS[6:]]
+    outputs[0] += [int(t[0]) for t in streams[0]]
+    outputs += [[int(t[0]) for t in s] for s in streams[1:]]
+    assert scheduler.largest_batch >= 6
+    for (prompt, params, adapter), output in zip(REQUESTS, outputs):
+        assert output == tokens_alone(model, tokenizer, prompt, params, adapter)
+        assert len(output) == params.max_new_tokens
+
+
+def run_in_threads(target, n: int) -> list:
+    """target(i) in n threads started together; their results in order."""
+    results, barrier = [None] * n, threading.Barrier(n)
+
+    def run(i):
+        barrier.wait()
+        results[i] = target(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    return results
+
+
+def test_concurrent_streams_equal_each_alone_with_stop_strings(loaded):
+    """The app's path: eight threads stream through one scheduler, with stop strings and EOS."""
+    model, tokenizer = loaded
+    requests = []
+    for i, (prompt, params, adapter) in enumerate(REQUESTS):
+        if i % 2 == 0:  # a stop string from the middle of what the request writes without one
+            text = generate(model, tokenizer, prompt, params, adapter=adapter).text
+            params = replace(params, stop=(text[len(text) // 2:len(text) // 2 + 2],))
+        requests.append((prompt, params, adapter))
+    alone = [generate(model, tokenizer, prompt, params, adapter=adapter) for prompt, params, adapter in requests]
+    scheduler = Scheduler(model)
+    crowd = run_in_threads(lambda i: generate(scheduler, tokenizer, requests[i][0], requests[i][1],
+                                              adapter=requests[i][2]), len(requests))
+    assert scheduler.largest_batch > 1
+    for a, c in zip(alone, crowd):
+        assert (c.text, c.token_ids, c.stop_reason) == (a.text, a.token_ids, a.stop_reason)
+    assert {a.stop_reason for a in alone} >= {"stop_string", "max_tokens"}  # both ways of ending were tried
+
+
+def test_cancelling_one_request_leaves_the_others_unchanged(loaded):
+    model, tokenizer = loaded
+    requests = [(prompt, replace(params, max_new_tokens=60), adapter) for prompt, params, adapter in REQUESTS[:4]]
+    alone = [generate(model, tokenizer, prompt, params, adapter=adapter) for prompt, params, adapter in requests]
+    scheduler = Scheduler(model)
+    cancel = threading.Event()
+
+    def run(i):
+        prompt, params, adapter = requests[i]
+        events = []
+        for event in stream(scheduler, tokenizer, prompt, params, cancel if i == 1 else None, adapter):
+            events.append(event)
+            if i == 1 and isinstance(event, Chunk):
+                cancel.set()  # request 1 stops after its first piece of text
+        return events[-1]
+
+    results = run_in_threads(run, len(requests))
+    assert all(isinstance(r, Result) for r in results)
+    cancelled = results[1]
+    assert cancelled.stop_reason == "cancelled" and 0 < cancelled.generated_tokens < 60
+    assert cancelled.token_ids == alone[1].token_ids[:cancelled.generated_tokens]
+    for i in (0, 2, 3):
+        assert results[i].token_ids == alone[i].token_ids and len(results[i].token_ids) == 60
