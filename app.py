@@ -1,6 +1,7 @@
 """Pre-LN GPT-2 Studio: the Gradio app.
 
-    python app.py [--model NAME_OR_PATH ...] [--device auto|cpu|cuda] [--host H] [--port P] [--share]
+    python app.py [--model NAME_OR_PATH ...] [--device auto|cpu|cuda] [--quantize int8]
+                  [--host H] [--port P] [--share]
 
 One tab per registered task (tasks.TASKS), built by ui.tab.task_tab from the task's view, plus
 the architecture tab; a model panel on top. Each flag can also be set by an environment variable
@@ -15,7 +16,9 @@ import sys
 
 import gradio as gr
 
+from model.quantize import QUANTIZATIONS
 from tasks import TASKS
+from ui.architecture import architecture_tab
 from ui.chat import CHAT
 from ui.i18n import i18n
 from ui.model_host import BUNDLED, ModelHost, ModelLoadError
@@ -25,19 +28,9 @@ from ui.views import GENERATE, SUMMARIZE, TRANSLATE
 
 VIEWS: dict[str, TaskView] = {view.task.name: view for view in (GENERATE, CHAT, TRANSLATE, SUMMARIZE)}
 
-# Per request, a run holds the CPU or GPU for its whole generation; a few at a time keeps each
-# one fast, and the queue bounds how many can wait.
-DEFAULT_CONCURRENCY, DEFAULT_QUEUE_SIZE = 2, 64
-
-PRE_LN = """for block in blocks:
-    h = h + attn(ln_1(h))  # normalise the input
-    h = h + mlp(ln_2(h))   # of each sub-block
-h = ln_f(h)                # the final LayerNorm
-logits = h @ wte.T"""
-POST_LN = """for block in blocks:
-    h = ln_1(h + attn(h))  # normalise after each
-    h = ln_2(h + mlp(h))   # residual addition
-logits = h @ wte.T         # no final LayerNorm"""
+# Generations running at once share one batched decode step (model/scheduler.py, 8 rows), so
+# eight cost little more than one; the queue bounds how many more can wait.
+DEFAULT_CONCURRENCY, DEFAULT_QUEUE_SIZE = 8, 64
 
 
 def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_size: int = DEFAULT_QUEUE_SIZE) -> gr.Blocks:
@@ -53,11 +46,7 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
                                        info=i18n("switch_model_info"), elem_id="model-choice")
         with gr.Tabs():
             tabs = [task_tab(VIEWS[name], host, stop_switches) for name in TASKS]
-            with gr.Tab(i18n("tab_architecture"), id="architecture"):
-                gr.Markdown(i18n("architecture_intro"))
-                with gr.Row():
-                    gr.Code(PRE_LN, language="python", label=i18n("pre_ln"), interactive=False)
-                    gr.Code(POST_LN, language="python", label=i18n("post_ln"), interactive=False)
+            architecture_tab(host)
 
         for tab in tabs:
             gr.api(api_endpoint(tab.view.api, host), api_name=tab.view.api.name, concurrency_id=GENERATION)
@@ -110,6 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              f"model panel (env STUDIO_MODEL; default {BUNDLED})")
     parser.add_argument("--device", default=env.get("STUDIO_DEVICE", "auto"), choices=["auto", "cpu", "cuda"],
                         help="where the model runs (env STUDIO_DEVICE; default auto: cuda when available)")
+    parser.add_argument("--quantize", default=env.get("STUDIO_QUANTIZE") or None, choices=list(QUANTIZATIONS),
+                        help="store the weights as int8: less memory, faster decoding on a CPU "
+                             "(env STUDIO_QUANTIZE; default off)")
     parser.add_argument("--host", default=env.get("STUDIO_HOST", "0.0.0.0" if on_space else "127.0.0.1"),
                         help="interface to listen on (env STUDIO_HOST; default 127.0.0.1, 0.0.0.0 on a Space)")
     parser.add_argument("--port", type=int, default=int(env.get("STUDIO_PORT") or env.get("GRADIO_SERVER_PORT") or 7860),
@@ -131,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     try:
-        host = ModelHost(args.model, device=args.device)
+        host = ModelHost(args.model, device=args.device, quantize=args.quantize)
     except ModelLoadError as error:
         sys.exit(f"app.py: {error}")
     demo = build_app(host, concurrency=args.concurrency, queue_size=args.queue_size)

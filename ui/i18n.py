@@ -70,12 +70,33 @@ ENGLISH = {
 GPT-2 is a **Pre-LN** Transformer: each block normalises the *input* of its attention and MLP
 sub-blocks and adds their output back to a residual stream that is never normalised on the way.
 One last LayerNorm, `ln_f`, normalises the stream before the output layer. The original
-Transformer is **Post-LN**: it normalises *after* each residual addition.
-
-The pseudocode in the article this app started from leaves `ln_f` out; GPT-2 has it, and so does
-the model in this app. Measurements that compare the two placements will be added to this tab.""",
+Transformer is **Post-LN**: it normalises *after* each residual addition.""",
     "pre_ln": "Pre-LN (GPT-2, this app)",
     "post_ln": "Post-LN (original Transformer)",
+    "seed_corrections": """**What the article this app started from got wrong.** Its pseudocode has no `ln_f`: GPT-2
+has one, and without it the output layer reads the raw residual stream, whose scale nothing
+controls (at Xavier initialisation its squared norm grows linearly with depth). It labels
+the residual additions "Add & Normalize", but in Pre-LN nothing is normalised there: the
+LayerNorm it applies after the addition is the *next* sub-block's input norm (`ln_2`, with its own
+gain and bias), and the stream itself carries on unnormalised; "Add & Normalize" is the Post-LN
+step. Both placements use two LayerNorms per block, so neither is cheaper to compute. Its claims
+that Pre-LN trains faster and more stably come without numbers: the measurements below put them
+to the test (`python -m model.lab`, findings in `docs/pre-ln.md`).""",
+    "measurements": "## Measurements",
+    "gradnorm_caption": "Gradient norms at initialisation (python -m model.lab gradnorm)",
+    "train_caption": "Training runs without gradient clipping (python -m model.lab train)",
+    "not_measured": "*Not measured yet: run `python -m model.lab` (see docs/pre-ln.md) to make this plot.*",
+    "live_view": """## Look inside the loaded model
+
+For your prompt: the norm of the residual stream after each layer, one attention head's map over
+the prompt's tokens (row = a token, columns = the earlier tokens it attends to), and the ten
+likeliest next tokens.""",
+    "layer": "Layer",
+    "head": "Head",
+    "look_inside": "Look inside",
+    "residual_norms": "Residual stream norm",
+    "attention_map": "Attention map",
+    "top_tokens": "Top-10 next tokens",
 }
 
 CHINESE = {
@@ -137,12 +158,30 @@ CHINESE = {
 GPT-2 是 **Pre-LN**（前置层归一化）Transformer：每个块先对注意力和 MLP 子层的*输入*做归一化，
 再把子层的输出加回残差流，残差流本身在途中从不被归一化。最后一个 LayerNorm `ln_f`
 在输出层之前对残差流做归一化。原始 Transformer 是 **Post-LN**（后置层归一化）：
-在每次残差相加*之后*做归一化。
-
-本应用所依据的文章中的伪代码漏掉了 `ln_f`；GPT-2 有它，本应用中的模型也有。
-比较两种放置方式的实测数据将加入此页。""",
+在每次残差相加*之后*做归一化。""",
     "pre_ln": "Pre-LN（GPT-2，本应用）",
     "post_ln": "Post-LN（原始 Transformer）",
+    "seed_corrections": """**本应用所依据的文章错在哪里。** 它的伪代码没有 `ln_f`：GPT-2 有这一层，少了它，
+输出层读到的是未经归一化的残差流，其尺度不受任何控制（在 Xavier 初始化下，其范数的平方随深度线性增长）。它把残差相加标为"Add & Normalize"（相加并归一化），
+但在 Pre-LN 中那里什么也没有被归一化：相加之后的 LayerNorm 是*下一个*子层的输入归一化
+（`ln_2`，有自己的增益和偏置），残差流本身继续保持未归一化；"Add & Normalize"是 Post-LN
+的步骤。两种放置方式每个块都用两个 LayerNorm，谁的计算量也不更小。它说 Pre-LN
+训练更快、更稳定，却没有给出数字：下面的实测对这些说法做了检验（`python -m model.lab`，
+结论见 `docs/pre-ln.md`）。""",
+    "measurements": "## 实测",
+    "gradnorm_caption": "初始化时的梯度范数（python -m model.lab gradnorm）",
+    "train_caption": "不做梯度裁剪的训练（python -m model.lab train）",
+    "not_measured": "*尚未测量：运行 `python -m model.lab`（见 docs/pre-ln.md）即可生成此图。*",
+    "live_view": """## 查看当前模型的内部
+
+针对你的提示词：每一层之后残差流的范数、某个注意力头在提示词各 token 上的注意力图
+（每行是一个 token，各列是它关注的前面的 token），以及最可能的十个下一个 token。""",
+    "layer": "层",
+    "head": "注意力头",
+    "look_inside": "查看内部",
+    "residual_norms": "残差流范数",
+    "attention_map": "注意力图",
+    "top_tokens": "前 10 个候选 token",
 }
 
 # "zh" as well as "zh-CN": the browser's language may be just "zh", or a variant the front end

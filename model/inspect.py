@@ -1,0 +1,112 @@
+"""A look inside a loaded GPT-2 for one prompt: what the architecture tab's live view shows.
+
+- the residual stream's norm at each token after the embeddings, after every block and after ln_f;
+- one layer's attention probabilities for one head, computed from that layer's q and k (the model
+  runs attention through SDPA, which never returns the probabilities);
+- the ten likeliest next tokens.
+
+Works for any GPT2 (bundled, gpt2, ...), Pre-LN or Post-LN, with its adapters off.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from .gpt2 import GPT2
+from .tokenizer import Tokenizer
+
+MAX_TOKENS = 64  # more than this makes the attention map unreadable
+
+
+@dataclass(frozen=True)
+class Inspection:
+    tokens: list[str]  # the prompt's tokens, printable
+    residual_norms: torch.Tensor  # (n_layer + 2, tokens): embeddings, after each block, after ln_f
+    attention: torch.Tensor  # (tokens, tokens): row i = how query i spreads over keys 0..i
+    layer: int  # 0-based
+    head: int  # 0-based
+    top_tokens: list[tuple[str, float]]  # ten (token, probability), likeliest first
+
+
+def token_label(tokenizer: Tokenizer, id: int) -> str:
+    """A token as text a person can read on an axis: spaces and newlines made visible."""
+    text = tokenizer.token_bytes(id).decode("utf-8", errors="replace")
+    return text.replace(" ", "␣").replace("\n", "↵") or f"<{id}>"
+
+
+@contextmanager
+def recording_outputs(modules: list[nn.Module]):
+    """Collects each module's output of the forward calls this thread makes inside the block, in
+    module order. Other threads may be generating with the same model meanwhile (the app serves
+    several requests at once): their forward calls are not recorded."""
+    outputs: list[torch.Tensor | None] = [None] * len(modules)
+    recorder = threading.get_ident()
+
+    def keep(index):
+        def hook(module, inputs, output):
+            if threading.get_ident() == recorder:
+                outputs[index] = output.detach()
+        return hook
+
+    handles = [m.register_forward_hook(keep(i)) for i, m in enumerate(modules)]
+    try:
+        yield outputs
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def residual_stream(model: GPT2, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The residual stream (batch, time, n_embd) after the embeddings and after each block, and
+    the logits, from one forward pass."""
+    with recording_outputs([model.transformer.wte, model.transformer.wpe, *model.transformer.h]) as outputs:
+        logits = model(ids)
+    token, position, *blocks = outputs
+    return [token + position, *blocks], logits
+
+
+def attention_probabilities(c_attn_output: torch.Tensor, n_head: int, head: int) -> torch.Tensor:
+    """softmax(q k^T / sqrt(head_dim)) with the causal mask, for one head of one sequence.
+
+    c_attn_output is that layer's q, k, v projection (time, 3 * n_embd), as Attention splits it.
+    """
+    q, k, _ = c_attn_output.float().chunk(3, dim=-1)
+    head_dim = q.shape[-1] // n_head
+    q, k = (t[:, head * head_dim:(head + 1) * head_dim] for t in (q, k))
+    scores = q @ k.T / math.sqrt(head_dim)
+    future = torch.ones_like(scores, dtype=torch.bool).triu(1)
+    return scores.masked_fill(future, float("-inf")).softmax(-1)
+
+
+@torch.no_grad()
+def inspect_prompt(model: GPT2, tokenizer: Tokenizer, prompt: str, layer: int = 0, head: int = 0) -> Inspection:
+    config = model.config
+    if not 0 <= layer < config.n_layer or not 0 <= head < config.n_head:
+        raise ValueError(f"this model has layers 1-{config.n_layer} and heads 1-{config.n_head}; "
+                         f"got layer {layer + 1}, head {head + 1}")
+    ids = tokenizer.encode(prompt)
+    if not ids:
+        raise ValueError("the prompt is empty")
+    if len(ids) > min(MAX_TOKENS, config.n_positions):
+        raise ValueError(f"the prompt has {len(ids)} tokens; the live view takes at most "
+                         f"{min(MAX_TOKENS, config.n_positions)}")
+    device = model.transformer.wte.weight.device
+    batch = torch.tensor([ids], device=device)
+    with recording_outputs([model.transformer.h[layer].attn.c_attn, model.transformer.ln_f]) as outputs:
+        stream, logits = residual_stream(model, batch)
+    qkv, final = outputs
+    norms = torch.stack([h[0].float().norm(dim=-1) for h in (*stream, final)]).cpu()
+    probabilities = logits[0, -1].float().softmax(-1)
+    top = probabilities.topk(10)
+    return Inspection(
+        tokens=[token_label(tokenizer, id) for id in ids],
+        residual_norms=norms,
+        attention=attention_probabilities(qkv[0], config.n_head, head).cpu(),
+        layer=layer, head=head,
+        top_tokens=[(token_label(tokenizer, id), float(p)) for p, id in zip(top.values, top.indices.tolist())],
+    )

@@ -1,0 +1,41 @@
+"""The Architecture tab's live view: its handler on a real model, and the tab in a real browser."""
+from __future__ import annotations
+
+import pytest
+from matplotlib.figure import Figure
+from playwright.sync_api import expect
+
+from ui.architecture import look_inside
+from ui.model_host import ModelHost
+
+from .test_app_browser import TIMEOUT_MS, browser, page, screenshot  # noqa: F401 (fixtures)
+
+
+def test_look_inside_draws_both_plots_and_lists_ten_tokens(tiny_checkpoint):
+    host = ModelHost([str(tiny_checkpoint)], device="cpu")
+    norms, attention, top, layer, head = look_inside(host)("The little bird sang", 2, 2)
+    assert isinstance(norms, Figure) and isinstance(attention, Figure)
+    assert [line.get_label() for line in norms.axes[0].lines] == ["mean over tokens", "last token"]
+    assert len(norms.axes[0].lines[0].get_xdata()) == 2 + 2  # embeddings, 2 layers, ln_f
+    assert [t.get_text() for t in attention.axes[0].get_xticklabels()] == ["The", "␣little", "␣bird", "␣sang"]
+    percents = [float(p.rstrip("%")) for _, p in top]
+    assert len(top) == 10 and all(0 < p <= 100 for p in percents)
+    assert percents == sorted(percents, reverse=True)
+    assert layer["maximum"] == 2 and head["maximum"] == 2
+
+    # Sliders left at a larger model's layer: the request still runs, on this model's last layer.
+    *_, layer, head = look_inside(host)("The little bird sang", 12, 12)
+    assert layer["value"] == 2 and head["value"] == 2
+
+
+@pytest.mark.browser
+def test_the_live_view_shows_the_plots_and_the_top_tokens(page):  # noqa: F811 (fixture)
+    page.get_by_role("tab", name="Architecture").click()
+    expect(page.get_by_text("h = ln_f(h)")).to_be_visible()
+    page.locator("#architecture-prompt textarea").fill("The little bird sang a song")
+    page.locator("#architecture-run").click()
+    # Ten rows and the header; a busy CPU takes a while to draw the figures.
+    expect(page.locator("#architecture-top [role=grid]")).to_have_attribute("aria-rowcount", "11", timeout=TIMEOUT_MS)
+    expect(page.locator("#architecture-norms img")).to_be_visible()
+    expect(page.locator("#architecture-attention img")).to_be_visible()
+    screenshot(page, "architecture-live-view")

@@ -1,0 +1,128 @@
+"""The Architecture tab: the Pre-LN and Post-LN blocks side by side, the measurements of
+`python -m model.lab` (docs/img), and a live look inside the loaded model for the user's prompt."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+from matplotlib.figure import Figure  # not pyplot: figures made per request must not pile up in its registry
+
+from model.inspect import Inspection, inspect_prompt
+
+from .i18n import i18n
+from .model_host import ModelHost
+
+IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
+
+# The seed article's pseudocode, corrected: GPT-2 ends with ln_f, and a Pre-LN residual addition
+# normalises nothing.
+PRE_LN = """def pre_ln_block(h):
+    h = h + attention(ln_1(h))   # Add: the sum stays unnormalised
+    h = h + mlp(ln_2(h))         # Add
+    return h
+
+def gpt2(ids):
+    h = wte[ids] + wpe[positions]
+    for block in blocks:
+        h = pre_ln_block(h)
+    h = ln_f(h)                  # the final LayerNorm
+    return h @ wte.T             # logits"""
+POST_LN = """def post_ln_block(h):
+    h = ln_1(h + attention(h))   # Add & Normalize
+    h = ln_2(h + mlp(h))         # Add & Normalize
+    return h
+
+def transformer(ids):
+    h = wte[ids] + wpe[positions]
+    for block in blocks:
+        h = post_ln_block(h)
+    # no ln_f: the last block already ends in a LayerNorm
+    return h @ wte.T             # logits"""
+
+EXAMPLE_PROMPT = "Once upon a time, a little fox found a shiny key in the forest. She"
+
+
+def residual_norm_figure(seen: Inspection, model_name: str) -> Figure:
+    norms = seen.residual_norms.numpy()
+    stages = ["emb", *map(str, range(1, len(norms) - 1)), "ln_f"]
+    fig = Figure(figsize=(6.5, 3.8))
+    ax = fig.subplots()
+    ax.fill_between(stages, norms.min(1), norms.max(1), alpha=0.25, label="range over tokens")
+    ax.plot(stages, norms.mean(1), marker="o", label="mean over tokens")
+    ax.plot(stages, norms[:, -1], marker=".", linestyle="--", label="last token")
+    ax.set(yscale="log", xlabel="after layer", ylabel="||h||", title=f"Residual stream norm, {model_name}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def attention_figure(seen: Inspection) -> Figure:
+    size = 2.5 + 0.22 * len(seen.tokens)
+    fig = Figure(figsize=(size + 1.2, size))
+    ax = fig.subplots()
+    image = ax.imshow(seen.attention.numpy(), cmap="viridis", vmin=0, vmax=1)
+    ticks = range(len(seen.tokens))
+    ax.set_xticks(ticks, seen.tokens, rotation=90, fontsize=8)
+    ax.set_yticks(ticks, seen.tokens, fontsize=8)
+    ax.set(xlabel="key (attended to)", ylabel="query", title=f"Attention, layer {seen.layer + 1}, head {seen.head + 1}")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    return fig
+
+
+def look_inside(host: ModelHost):
+    def run(prompt: str, layer: float, head: float):
+        loaded = host.current  # once: a model switch meanwhile does not change this request
+        config = loaded.model.config
+        # The sliders were sized for the model served when the page loaded; another may be served now.
+        layer, head = min(int(layer), config.n_layer), min(int(head), config.n_head)
+        try:
+            seen = inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1, head - 1)
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from error
+        top = [[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens]  # a random model's are all tiny
+        return (residual_norm_figure(seen, loaded.name), attention_figure(seen), top,
+                gr.update(maximum=config.n_layer, value=layer), gr.update(maximum=config.n_head, value=head))
+    return run
+
+
+def measurement(image: str, caption: str) -> None:
+    path = IMAGES / image
+    if path.is_file():
+        gr.Image(str(path), label=i18n(caption), interactive=False, buttons=["fullscreen"])
+    else:
+        gr.Markdown(i18n(caption))
+        gr.Markdown(i18n("not_measured"))
+
+
+def architecture_tab(host: ModelHost) -> None:
+    """Build the tab; call inside gr.Tabs()."""
+    config = host.current.model.config
+    with gr.Tab(i18n("tab_architecture"), id="architecture", elem_id="tab-architecture"):
+        gr.Markdown(i18n("architecture_intro"))
+        with gr.Row():
+            gr.Code(PRE_LN, language="python", label=i18n("pre_ln"), interactive=False)
+            gr.Code(POST_LN, language="python", label=i18n("post_ln"), interactive=False)
+        gr.Markdown(i18n("seed_corrections"))
+
+        gr.Markdown(i18n("measurements"))
+        measurement("gradnorm.png", "gradnorm_caption")
+        measurement("train.png", "train_caption")
+
+        gr.Markdown(i18n("live_view"))
+        with gr.Row():
+            prompt = gr.Textbox(EXAMPLE_PROMPT, label=i18n("prompt"), lines=2, scale=3, elem_id="architecture-prompt")
+            with gr.Column(scale=1):
+                layer = gr.Slider(1, config.n_layer, value=config.n_layer, step=1, label=i18n("layer"),
+                                  elem_id="architecture-layer")
+                head = gr.Slider(1, config.n_head, value=1, step=1, label=i18n("head"), elem_id="architecture-head")
+                run_button = gr.Button(i18n("look_inside"), variant="primary", elem_id="architecture-run")
+        with gr.Row():
+            norms = gr.Plot(label=i18n("residual_norms"), elem_id="architecture-norms")
+            attention = gr.Plot(label=i18n("attention_map"), elem_id="architecture-attention")
+        top = gr.Dataframe(headers=["token", "probability"], label=i18n("top_tokens"), interactive=False,
+                           elem_id="architecture-top")
+        run = look_inside(host)
+        for event in (run_button.click, prompt.submit, layer.release, head.release):
+            event(run, [prompt, layer, head], [norms, attention, top, layer, head], api_visibility="private")
