@@ -11,11 +11,11 @@ COMMON=(--base "$BASE" --lr 2e-3 --warmup-steps 30 --seed 1337)
 
 $PY -m tasks.data --out "$DATA"
 $PY -m tasks.finetune --task translate --data "$DATA/translate-train.jsonl" --val "$DATA/translate-val.jsonl" \
-  --out runs/adapters/translate --steps 300 --batch-size 48 --max-examples 20000 "${COMMON[@]}"
+  --out runs/adapters/translate --steps 1000 --batch-size 32 --max-examples 0 --eval-every 100 "${COMMON[@]}" --lr 3e-3 --warmup-steps 50
 $PY -m tasks.finetune --task dialogue --data "$DATA/dialogue-train.jsonl" --val "$DATA/dialogue-val.jsonl" \
-  --out runs/adapters/dialogue --steps 300 --batch-size 8 --eval-every 100 "${COMMON[@]}"
+  --out runs/adapters/dialogue --steps 250 --batch-size 8 --eval-every 100 "${COMMON[@]}"
 $PY -m tasks.finetune --task summarize --data "$DATA/summarize-train.jsonl" --val "$DATA/summarize-val.jsonl" \
-  --out runs/adapters/summarize --steps 150 --batch-size 8 "${COMMON[@]}"
+  --out runs/adapters/summarize --steps 120 --batch-size 8 "${COMMON[@]}"
 
 # Ship: the base in HF layout and each adapter's two PEFT files.
 mkdir -p assets/adapters
@@ -29,5 +29,5 @@ cp "$BASE/log.jsonl" docs/training/pretrain-log.jsonl
 cp "$BASE/train_args.json" docs/training/pretrain-args.json
 for task in translate dialogue summarize; do cp "runs/adapters/$task/train_log.jsonl" "docs/training/$task-log.jsonl"; done
 
-$PY -m tasks.eval --model bundled --data "$DATA" --out docs/eval-bundled.md --limit 100
+$PY -m tasks.eval --model bundled --data "$DATA" --out docs/eval-bundled.md
 $PY scripts/model_card.py --train-dir "$BASE" --eval docs/eval-bundled.json --training-time "$1" --notes "${2:-}"
