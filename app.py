@@ -13,8 +13,11 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
+from typing import Sequence
 
 import gradio as gr
+from huggingface_hub.constants import HF_HUB_CACHE
 
 from model.quantize import QUANTIZATIONS
 from tasks import TASKS
@@ -31,6 +34,8 @@ VIEWS: dict[str, TaskView] = {view.task.name: view for view in (GENERATE, CHAT, 
 # Generations running at once share one batched decode step (model/scheduler.py, 8 rows), so
 # eight cost little more than one; the queue bounds how many more can wait.
 DEFAULT_CONCURRENCY, DEFAULT_QUEUE_SIZE = 8, 64
+APP_DIR = Path(__file__).resolve().parent
+MAX_UPLOAD = "1mb"
 
 
 def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_size: int = DEFAULT_QUEUE_SIZE) -> gr.Blocks:
@@ -59,10 +64,17 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
     return demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
 
 
-def launch(demo: gr.Blocks, **options):
+def launch(demo: gr.Blocks, private_paths: Sequence[str] = (), **options):
     """Start serving `demo` (options: those of gr.Blocks.launch), with the interface text in the
-    browser's language."""
-    return demo.launch(i18n=i18n, **options)
+    browser's language.
+
+    Gradio serves only the files the app hands out (its cache) and uploads, which no tab takes,
+    so they are capped at 1 MB. The app's folder (code, bundled weights), the Hugging Face cache
+    and `private_paths` (the local model directories) are blocked besides, which holds even where
+    GRADIO_ALLOWED_PATHS or `allowed_paths` would open them.
+    """
+    blocked = [str(APP_DIR), HF_HUB_CACHE, *(str(Path(path).resolve()) for path in private_paths)]
+    return demo.launch(i18n=i18n, blocked_paths=blocked, max_file_size=MAX_UPLOAD, **options)
 
 
 def show_model(host: ModelHost, tabs: list[Tab]):
@@ -127,7 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     except ModelLoadError as error:
         sys.exit(f"app.py: {error}")
     demo = build_app(host, concurrency=args.concurrency, queue_size=args.queue_size)
-    launch(demo, server_name=args.host, server_port=args.port, share=args.share)
+    local_models = [name for name in args.model if Path(name).is_dir()]
+    launch(demo, private_paths=local_models, server_name=args.host, server_port=args.port, share=args.share)
 
 
 if __name__ == "__main__":

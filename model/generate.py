@@ -8,7 +8,6 @@ one batch.
 """
 from __future__ import annotations
 
-import math
 import random
 import threading
 import time
@@ -38,6 +37,9 @@ LIMITS = {
     "seed": (0, MAX_SEED),
 }
 MAX_STOP_STRINGS, MAX_STOP_LENGTH = 8, 100
+# Between 0 (greedy) and this, sampling is greedy in all but name, and far below it the scores
+# divided by the temperature overflow to infinity, which no sampler can draw from.
+MIN_TEMPERATURE = 0.01
 
 
 class ContextLengthError(ValueError):
@@ -62,11 +64,13 @@ class SamplingParams:
                 continue
             is_int = name in ("top_k", "no_repeat_ngram_size", "max_new_tokens", "seed")
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{name} must be {'an integer' if is_int else 'a number'}, got {value!r}")
-            if not (math.isfinite(value) and low <= value <= high):
-                raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+                raise ValueError(f"{name} must be {'an integer' if is_int else 'a number'}, got {brief(value)}")
+            if not low <= value <= high:  # also refuses NaN, the infinities and ints too large for a float
+                raise ValueError(f"{name} must be between {low} and {high}, got {brief(value)}")
             if is_int and value != int(value):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
+            if name == "temperature" and 0 < value < MIN_TEMPERATURE:
+                raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {value}")
             if is_int:
                 object.__setattr__(self, name, int(value))
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
@@ -114,6 +118,14 @@ class Result:
     def summary(self) -> str:
         return (f"seed {self.seed} · {self.prompt_tokens} prompt + {self.generated_tokens} generated tokens · "
                 f"{self.tokens_per_second:.1f} tokens/s · stopped: {self.stop_reason}")
+
+
+def brief(value, limit: int = 60) -> str:
+    """repr(value), cut to `limit` characters: an error message quotes what it refuses, however big."""
+    if isinstance(value, int) and value.bit_length() > 4 * limit:  # str() of a huge int is slow, or refused
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def resolve_seed(seed: int | None) -> int:

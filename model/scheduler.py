@@ -37,16 +37,25 @@ class Request:
     tokens: torch.Tensor  # (1, prompt + budget): the prompt, then each token as it is sampled
     length: int  # tokens filled so far
     budget: int  # the length at which it is done (the context or max_new_tokens is full)
-    out: queue.SimpleQueue  # its sampled tokens, then DONE (or the exception that stopped the scheduler)
+    out: queue.SimpleQueue  # its sampled tokens, then DONE (or the exception that stopped it)
     logits: torch.Tensor | None = None  # (1, vocab): scores for its next token
     cancelled: bool = False  # set by its caller's thread; the scheduler retires it before the next step
+    failed: bool = False  # its own prefill or sampling raised; the scheduler retires it, the others go on
 
     @property
     def done(self) -> bool:
-        return self.cancelled or self.length == self.budget
+        return self.cancelled or self.failed or self.length == self.budget
+
+    def fail(self, error: Exception) -> None:
+        self.failed = True
+        self.out.put(error)
 
     def pick_next(self) -> None:
-        token = self.sampler(self.logits, self.tokens[:, :self.length])
+        try:
+            token = self.sampler(self.logits, self.tokens[:, :self.length])
+        except Exception as error:  # this request's settings or scores, not the batch: it alone stops
+            self.fail(error)
+            return
         self.tokens[0, self.length] = token
         self.length += 1
         self.out.put(token)
@@ -59,6 +68,7 @@ class Scheduler:
         self.model = model
         self.max_batch = max_batch
         self.largest_batch = 0  # the most rows one decode step has run: shows that requests shared steps
+        self.rows_in_use = 0  # requests decoding now: shows that a finished or cancelled one let go of its row
         self._lock = threading.Lock()  # guards _waiting and _worker
         self._waiting: deque[Request] = deque()
         self._worker: threading.Thread | None = None
@@ -90,7 +100,7 @@ class Scheduler:
         try:
             while (token := request.out.get()) is not DONE:
                 if isinstance(token, BaseException):
-                    raise RuntimeError("the decode scheduler stopped") from token
+                    raise RuntimeError(f"decoding failed ({type(token).__name__}: {token})") from token
                 yield token
         finally:
             request.cancelled = True  # a no-op once it is done
@@ -113,6 +123,7 @@ class Scheduler:
             with self._lock:
                 stranded, self._worker = active + list(self._waiting), None
                 self._waiting.clear()
+            self.rows_in_use = 0
             for request in stranded:
                 request.out.put(error)
 
@@ -130,15 +141,21 @@ class Scheduler:
                     joining.append(request)
             if not active and not joining:
                 self._worker = None
+                self.rows_in_use = 0
                 return False
         for request in joining:
-            prompt_cache = self.model.new_cache(1, request.length)
-            with active_adapter(request.adapter):
-                request.logits = self.model(request.tokens[:, :request.length], cache=prompt_cache,
-                                            last_only=True)[:, -1]
+            try:
+                prompt_cache = self.model.new_cache(1, request.length)
+                with active_adapter(request.adapter):
+                    request.logits = self.model(request.tokens[:, :request.length], cache=prompt_cache,
+                                                last_only=True)[:, -1]
+            except Exception as error:  # e.g. out of memory for this one prompt: the batch goes on without it
+                request.fail(error)
+                continue
             cache.copy_row(len(active), prompt_cache)
             active.append(request)
             request.pick_next()
+        self.rows_in_use = len(active)
         return True
 
     def _retire(self, active: list[Request], cache: KVCache, row: int) -> None:

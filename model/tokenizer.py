@@ -17,6 +17,7 @@ the streaming decoder cannot disagree.
 import codecs
 import io
 import json
+import re
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -28,6 +29,7 @@ GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 GPT2_FILES = (("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe"))
 SENTENCEPIECE_FILE = "tokenizer.model"
 SENTENCEPIECE_SPACE = "▁"  # U+2581, how SentencePiece writes a space inside pieces
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class StreamDecoder:
@@ -164,6 +166,9 @@ class SentencePieceTokenizer(Tokenizer):
             raise ValueError(f"cannot load SentencePiece model {model_path}: {error}") from None
 
     def encode(self, text: str) -> list[int]:
+        # A Python string may hold lone surrogates (JSON's "\ud800" decodes to one), which
+        # SentencePiece cannot take; tiktoken reads each as U+FFFD, and so does this.
+        text = LONE_SURROGATE.sub("\ufffd", text)
         if SENTENCEPIECE_SPACE not in text:
             return self.processor.encode(text, out_type=int)
         parts = self.processor.encode(text.split(SENTENCEPIECE_SPACE), out_type=int)

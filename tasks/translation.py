@@ -40,8 +40,8 @@ def prompt_parts(inputs: TranslateInputs, adapter_on: bool) -> tuple[list[str], 
     """The example lines and the final line that asks for the translation."""
     require_text(inputs.text, "text to translate is empty")
     if (inputs.source, inputs.target) not in DEFAULT_EXAMPLES:
-        supported = ", ".join(f"{source} -> {target}" for source, target in DEFAULT_EXAMPLES)
-        raise ValueError(f"cannot translate {inputs.source} to {inputs.target}; supported: {supported}")
+        raise ValueError(f"cannot translate {inputs.source} to {inputs.target}: source and target must be two "
+                         f"different languages of {', '.join(LANGUAGES)}")
     text = one_line(inputs.text)
     if adapter_on:
         return [], f"{inputs.source}: {text}\n{inputs.target}:"

@@ -93,15 +93,18 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve_studio(models: list[str]) -> Iterator[str]:
+def serve_studio(models, **launch_options) -> Iterator[str]:
     """The app, as app.py builds and launches it, served on a free loopback port in this process;
-    yields its URL."""
+    yields its URL. `models`: the names to start it with, or a ModelHost the test keeps to look
+    inside."""
     import app  # here, not at the top: only the app tests pay for importing Gradio
     from ui.model_host import ModelHost
 
-    demo = app.build_app(ModelHost(models, device="cpu"))
-    _, url, _ = app.launch(demo, server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-                           quiet=True)
+    host = models if isinstance(models, ModelHost) else ModelHost(models, device="cpu")
+    demo = app.build_app(host)
+    _, url, _ = app.launch(demo, private_paths=[name for name in host.names if Path(name).is_dir()],
+                           server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+                           **launch_options)
     try:
         yield url
     finally:

@@ -173,7 +173,7 @@ def test_chat_keeps_a_multi_turn_conversation_and_exports_it(page):
 
 def test_stop_ends_a_long_generation_and_keeps_its_text(page):
     page.locator("#generate-prompt textarea").fill("Once upon a time")
-    set_setting(page, "generate", "max_new_tokens", 900)
+    set_setting(page, "generate", "max_new_tokens", 500)
     set_setting(page, "generate", "seed", 31)
     page.locator("#generate-run").click()
     output = page.locator("#generate-output textarea")
@@ -182,7 +182,7 @@ def test_stop_ends_a_long_generation_and_keeps_its_text(page):
     line = wait_for_run(page, "generate", 31)
     assert "stopped: cancelled" in line
     generated = int(re.search(r"(\d+) generated tokens", line).group(1))
-    assert 0 < generated < 900
+    assert 0 < generated < 500
     assert output.input_value().strip(), "the partial text stays"
     screenshot(page, "stopped")
 
@@ -190,6 +190,9 @@ def test_stop_ends_a_long_generation_and_keeps_its_text(page):
 def test_bad_input_shows_why_and_the_tab_keeps_working(page):
     page.locator("#generate-run").click()  # no prompt
     expect(page.get_by_text("prompt is empty")).to_be_visible()
+    page.locator("#generate-prompt textarea").fill("word " * 5000)
+    page.locator("#generate-run").click()
+    expect(page.get_by_text("prompt is too long: 25,000 characters; the limit is 20,000")).to_be_visible()
     page.locator("#generate-prompt textarea").fill("Hello")
     set_setting(page, "generate", "seed", 41)
     page.locator("#generate-run").click()

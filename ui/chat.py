@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,10 +19,13 @@ import gradio as gr
 from tasks import TASKS, DialogueInputs
 
 from .i18n import i18n
-from .running import Param, TaskAPI, checked_text
+from .running import MAX_CHARS, MAX_CHAT_TURNS, Param, TaskAPI, checked_text, too_long
 from .tab import Tab, TaskView, Widgets
 
 EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations"
+# Every change to a conversation writes its export; the newest this many are kept. (Gradio serves
+# its own copy of each, which it deletes after an hour: see delete_cache in app.py.)
+MAX_EXPORTS = 100
 
 
 def message_text(message: dict) -> str:
@@ -51,11 +56,14 @@ def messages_from_pairs(pairs: list[list[str]]) -> list[dict[str, str]]:
 
 
 def history_pairs(history: Any) -> list[tuple[str, str]]:
-    """The API's history, checked: a list of [user, bot] pairs of text."""
-    if not isinstance(history, (list, tuple)) or not all(
-            isinstance(turn, (list, tuple)) and len(turn) == 2 and all(isinstance(said, str) for said in turn)
-            for turn in history):
+    """The API's history, checked: a list of [user, bot] pairs of text, within the limits."""
+    if not isinstance(history, (list, tuple)):
         raise ValueError("history must be a list of [user, bot] pairs of text")
+    too_long("history", len(history), MAX_CHAT_TURNS, "turns")
+    if not all(isinstance(turn, (list, tuple)) and len(turn) == 2 and all(isinstance(said, str) for said in turn)
+               for turn in history):
+        raise ValueError("history must be a list of [user, bot] pairs of text")
+    too_long("history", sum(len(user) + len(bot) for user, bot in history), MAX_CHARS["history"], "characters")
     return [(user, bot) for user, bot in history]
 
 
@@ -99,13 +107,29 @@ def export_conversation(messages: list[dict], persona: str) -> str | None:
     history = pairs_from_messages(messages)
     if not history:
         return None
-    data = json.dumps({"persona": persona, "history": history}, ensure_ascii=False, indent=2)
+    # errors="replace": a lone surrogate in the text cannot be written as UTF-8.
+    data = json.dumps({"persona": persona, "history": history}, ensure_ascii=False, indent=2).encode(errors="replace")
     # Named by content: the same conversation is one file, however often it is exported.
-    directory = EXPORT_DIR / hashlib.sha256(data.encode()).hexdigest()[:16]
+    directory = EXPORT_DIR / hashlib.sha256(data).hexdigest()[:16]
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "conversation.json"
-    path.write_text(data, encoding="utf-8")
+    path.write_bytes(data)
+    os.utime(directory)  # the newest again, when the same conversation is exported once more
+    prune_exports(directory)
     return str(path)
+
+
+def prune_exports(newest: Path) -> None:
+    """Delete all but the MAX_EXPORTS newest exports; `newest`, just written, stays whatever the
+    clock says (file times are coarse: many exports can share one)."""
+    def modified(directory: Path) -> int:
+        try:
+            return directory.stat().st_mtime_ns
+        except FileNotFoundError:  # another request pruned it just now
+            return 0
+    others = sorted((d for d in EXPORT_DIR.iterdir() if d != newest), key=modified, reverse=True)
+    for directory in others[MAX_EXPORTS - 1:]:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def chat_extras(tab: Tab) -> None:

@@ -1,25 +1,43 @@
-"""Running a task for the UI and the API: decoding settings, one streaming loop, and Stop.
+"""Running a task for the UI and the API: decoding settings, limits, one streaming loop, and Stop.
 
 Both the browser and `gradio_client` end up in `run`, which takes plain values and yields
 (text so far, status line, prompt sent). Bad input of any kind becomes a `gr.Error` carrying
-the message that names the field, so the caller sees why and the app keeps serving.
+the message that names the field and the limit, so the caller sees why and the app keeps
+serving; a generation that fails, or is cancelled, or whose client leaves, frees its decoding row
+and is logged in one line.
 """
 from __future__ import annotations
 
 import inspect
+import logging
+import numbers
 import threading
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from model.generate import SamplingParams
+from model.generate import LIMITS, SamplingParams, brief
 from tasks import Task, TaskDone, run_task
 
 from .model_host import ModelHost
 
 REQUIRED = inspect.Parameter.empty
+log = logging.getLogger(__name__)
+
+# What one request may send. The context window bounds what a model reads, but text is tokenized
+# (and a conversation or example list walked) before it is cut to fit, so these bound that work
+# and the size of what the app echoes back. The fields that make up most of a prompt allow more
+# than GPT-2's 1024-token context holds (some 4 characters a token); a persona is one line.
+MAX_CHARS = {"prompt": 20_000, "article": 50_000, "message": 4_000, "persona": 1_000, "history": 100_000,
+             "text": 4_000, "source": 20, "target": 20, "examples": 20_000}
+MAX_CHAT_TURNS = 200  # [user, bot] pairs in a /chat history
+MAX_EXAMPLE_PAIRS = 64  # `source = target` lines in /translate's examples
+# The most tokens one request may generate: a request holds a row of the decode batch until it
+# is done, so this bounds how long one user can hold it.
+MAX_NEW_TOKENS = 512
+SETTING_RANGES = {**LIMITS, "max_new_tokens": (1, MAX_NEW_TOKENS)}  # what the app takes; the sliders span it
 
 
 @dataclass(frozen=True)
@@ -43,17 +61,29 @@ def setting_params(defaults: SamplingParams) -> list[Param]:
 
 
 def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
-    """The task's defaults with the caller's settings; SamplingParams checks every range."""
-    seed = values["seed"]
+    """The task's defaults with the caller's settings; SamplingParams checks every range, and
+    max_new_tokens is held to this app's cap."""
+    seed, max_new_tokens = values["seed"], values["max_new_tokens"]
+    low, high = SETTING_RANGES["max_new_tokens"]
+    if isinstance(max_new_tokens, numbers.Real) and not isinstance(max_new_tokens, bool) and not (
+            low <= max_new_tokens <= high):  # SamplingParams checks the type, and the model's own range
+        raise ValueError(f"max_new_tokens must be between {low} and {high}, got {brief(max_new_tokens)}")
     settings = {name: values[name] for name, _ in SETTINGS}
     return replace(task.defaults, **settings, seed=None if seed in (None, RANDOM_SEED) else seed)
 
 
 def checked_text(name: str, value: Any) -> str:
-    """A text field as it came in, or a ValueError naming the field."""
+    """A text field as it came in (any unicode at all), or a ValueError naming the field and,
+    for text that is too long, the limit."""
     if not isinstance(value, str):
         raise ValueError(f"{name} must be text, got {type(value).__name__}")
+    too_long(name, len(value), MAX_CHARS[name], "characters")
     return value
+
+
+def too_long(name: str, size: int, limit: int, unit: str) -> None:
+    if size > limit:
+        raise ValueError(f"{name} is too long: {size:,} {unit}; the limit is {limit:,}")
 
 
 def status_line(done: TaskDone) -> str:
@@ -83,20 +113,33 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
     """Stream (text so far, status, prompt sent) for one request; status and prompt come with
     the last update."""
     loaded = host.current  # once: a model switch does not reach a running request
+    updates = 0
     try:
         params = sampling_params(api.task, values)
         inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
         adapter = values["adapter"]
         if not isinstance(adapter, bool):
-            raise ValueError(f"adapter must be true or false, got {adapter!r}")
-        # Through the model's scheduler: concurrent requests are decoded in one batch.
-        for event in run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter, cancel):
-            if isinstance(event, TaskDone):
-                yield event.text, status_line(event), event.prompt.text
-            else:
-                yield event.text, "", ""
+            raise ValueError(f"adapter must be true or false, got {brief(adapter)}")
+        # Through the model's scheduler: concurrent requests are decoded in one batch. Closing the
+        # events, however this ends, gives the request's row back at once.
+        with closing(run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter, cancel)) as events:
+            for event in events:
+                updates += 1
+                if isinstance(event, TaskDone):
+                    if event.result.stop_reason == "cancelled":
+                        log.info("/%s: stopped by its user after %d tokens", api.name, event.result.generated_tokens)
+                    yield event.text, status_line(event), event.prompt.text
+                else:
+                    yield event.text, "", ""
     except ValueError as error:
         raise gr.Error(str(error), print_exception=False) from error
+    except GeneratorExit:  # Gradio closes the run when its client cancels or goes away
+        log.info("/%s: cancelled, or its client left, after %d updates; its decoding row is freed", api.name, updates)
+        raise
+    except Exception as error:  # a fault in the app, not in the input: say so, and keep serving
+        log.error("/%s: generation failed on %s: %s: %s", api.name, loaded.name, type(error).__name__, error)
+        raise gr.Error(f"the generation failed ({type(error).__name__}); the app is still serving, "
+                       "please try again", print_exception=False) from error
 
 
 def api_endpoint(api: TaskAPI, host: ModelHost) -> Callable[..., Iterator[tuple[str, str, str]]]:

@@ -8,12 +8,11 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from model.generate import LIMITS
 from tasks import Task
 
 from .i18n import i18n
 from .model_host import LoadedModel, ModelHost
-from .running import SETTINGS, StopSwitches, TaskAPI, run
+from .running import SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI, run
 
 GENERATION = "generation"  # the concurrency group of every request that runs the model
 STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
@@ -97,11 +96,11 @@ def adapter_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
 
 
 def settings_widgets(task: Task) -> dict[str, gr.Component]:
-    """Sliders for the decoding settings, spanning the ranges SamplingParams accepts, set to the
-    task's defaults; and the seed."""
+    """Sliders for the decoding settings, spanning the ranges the app accepts, set to the task's
+    defaults; and the seed."""
     widgets = {}
     for name, kind in SETTINGS:
-        low, high = LIMITS[name]
+        low, high = SETTING_RANGES[name]
         widgets[name] = gr.Slider(low, high, value=getattr(task.defaults, name), label=i18n(name),
                                   step=1 if kind is int else SLIDER_STEPS[name], elem_id=f"{task.name}-{name}",
                                   info=i18n(f"{name}_info") if name in SETTINGS_WITH_INFO else None)

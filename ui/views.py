@@ -6,11 +6,12 @@ from typing import Callable
 
 import gradio as gr
 
+from model.generate import brief
 from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeInputs, TranslateInputs
 
 from .i18n import i18n
 from .model_host import ModelHost
-from .running import Param, TaskAPI, checked_text
+from .running import MAX_EXAMPLE_PAIRS, Param, TaskAPI, checked_text, too_long
 from .tab import Tab, TaskView, Widgets
 
 
@@ -55,8 +56,9 @@ def example_pairs(lines: str | None) -> list[tuple[str, str]] | None:
             continue
         source, equals, target = line.partition("=")
         if not (equals and source.strip() and target.strip()):
-            raise ValueError(f"examples line {number} is not 'source = target': {line.strip()!r}")
+            raise ValueError(f"examples line {number} is not 'source = target': {brief(line.strip())}")
         pairs.append((source.strip(), target.strip()))
+    too_long("examples", len(pairs), MAX_EXAMPLE_PAIRS, "pairs")
     return pairs
 
 

@@ -1,0 +1,459 @@
+"""Load and fuzz: N concurrent gradio_client users on every endpoint of the app, for S seconds.
+
+    python -m bench.load [--clients N] [--seconds S] [--warm-up S] [--json PATH] [--seed N]
+                         [--url URL [--pid PID] | --model NAME --device D]
+
+With --url it drives an app already running on loopback; without, it starts `python app.py` on
+a free loopback port (the bundled model unless --model) and stops it at the end.
+
+Each user loops until the time is up, picking one of:
+- a *replay*: one of a fixed set of seeded or greedy requests whose answer was taken alone, one
+  request at a time, before the run. Under load it must come back the same, word for word: a
+  row of the decode batch handed to the wrong request would show here;
+- a *fresh* request: random valid settings and a marker of its own in its text, which must come
+  back in its prompt sent, with its own seed in its status line;
+- an *invalid* request: out of range, too long, the wrong type; it must be refused with the
+  message that says why;
+- a replay or fresh request *cancelled* (gradio_client's Job.cancel) at a random moment, half
+  of them while still waiting in the queue, half while their text streams in.
+
+Before the measured run the users run the same mix for --warm-up seconds, so that every path
+(long prompts, adapters, refusals, cancels) has been through the app when its memory is read.
+
+Prints requests done, errors by kind (every one must be explained: a validation message, a
+cancel, or a full queue), p50/p95 latency to the first streamed text, tokens/s over all users,
+the app's resident memory after warm-up and at the end (psutil, on the server's pid), and how
+many outputs came back crossed between users. --json writes the same as numbers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import socket
+import statistics
+import string
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import psutil
+from gradio_client import Client
+
+from ui.running import MAX_CHARS, MAX_CHAT_TURNS, MAX_EXAMPLE_PAIRS, MAX_NEW_TOKENS
+from ui.views import ANT_AND_DOVE, FOX_AND_CROW
+
+REPO = Path(__file__).resolve().parent.parent
+ANSWER_TIMEOUT_S = 300  # a request not answered by then counts as an unexplained failure
+POLL_S = 0.01  # how often a user looks at its job (Job's own iterator spins every millisecond)
+STATUS = re.compile(r"^seed (\d+) · (\d+) prompt \+ (\d+) generated tokens")
+
+# Seeded or greedy: each must give the same text whoever else is being served at the time.
+REPLAYS = [
+    ("/generate", dict(prompt="Once upon a time, there was a little fox who", max_new_tokens=48, seed=11)),
+    ("/generate", dict(prompt="The old king called his three sons and said,", temperature=0, max_new_tokens=40)),
+    ("/generate", dict(prompt="Lily looked out of the window and saw", top_k=0, top_p=0.9, repetition_penalty=1.2,
+                       max_new_tokens=40, seed=12)),
+    ("/chat", dict(message="Can you tell me a story about a brave mouse?", persona="Bot is a kind storyteller.",
+                   seed=13)),
+    ("/chat", dict(message="And then what happened?", history=[["Hello!", "Hello, how are you?"]], seed=14,
+                   adapter=True)),
+    ("/translate", dict(text="The cat is sleeping on the chair.", target="French")),
+    ("/translate", dict(text="I like to read books in the evening.", target="German", adapter=True)),
+    ("/summarize", dict(article=FOX_AND_CROW, seed=15)),
+    ("/summarize", dict(article=ANT_AND_DOVE, seed=16, adapter=True)),
+]
+TEXT_FIELD = {"/generate": "prompt", "/chat": "message", "/translate": "text", "/summarize": "article"}
+FRESH_TEXT = {"/generate": "Once upon a time, {marker} went to the market and",
+              "/chat": "Hello {marker}, what did you do today?",
+              "/translate": "My friend {marker} is reading a book.",
+              "/summarize": "{marker} found a small bird in the garden. It could not fly. She fed it every day, "
+                            "and after a week it flew away singing."}
+# (endpoint, request, what the refusal must say)
+INVALID = [
+    ("/generate", dict(prompt="x" * (MAX_CHARS["prompt"] + 1)), "prompt is too long"),
+    ("/generate", dict(prompt="   "), "prompt is empty"),
+    ("/generate", dict(prompt="Hello", temperature=99), "temperature must be between"),
+    ("/generate", dict(prompt="Hello", max_new_tokens=MAX_NEW_TOKENS + 1), "max_new_tokens must be between"),
+    ("/generate", dict(prompt="Hello", top_p=-1.5), "top_p must be between"),
+    ("/chat", dict(message="Hi", history=[["a", "b"]] * (MAX_CHAT_TURNS + 1)), "history is too long"),
+    ("/chat", dict(message="Hi", history=[["only the user"]]), "history must be a list of [user, bot] pairs"),
+    ("/chat", dict(message="Hi", top_k="many"), "top_k must be an integer"),
+    ("/chat", dict(message="Hi", persona="p" * (MAX_CHARS["persona"] + 1)), "persona is too long"),
+    ("/translate", dict(text="Hello", target="English"), "cannot translate English to English"),
+    ("/translate", dict(text="Hello", examples="a = b\n" * (MAX_EXAMPLE_PAIRS + 1)), "examples is too long"),
+    ("/translate", dict(text="Hello", examples="no equals sign"), "examples line 1 is not"),
+    ("/summarize", dict(article=42), "article must be text"),
+    ("/summarize", dict(article="A story.", seed=-5), "seed must be between"),
+    ("/summarize", dict(article="A story.", no_repeat_ngram_size=2.5), "no_repeat_ngram_size must be an integer"),
+]
+MIX = {"replay": 0.35, "fresh": 0.3, "invalid": 0.2, "cancel": 0.15}
+CANCEL_WITHIN_S = 1.0  # a cancel comes this long at most after the submit, or after the first streamed text
+CANCELLED_WAITING, CANCELLED_STREAMING = "cancelled before its first text", "cancelled while streaming"
+
+
+@dataclass
+class Outcome:
+    api_name: str
+    kind: str  # "completed", CANCELLED_WAITING, CANCELLED_STREAMING, or the error's kind
+    explained: bool = True
+    ttft_s: float | None = None
+    tokens: int = 0
+    checked: bool = False  # compared with what it should be (crossed tells how that went)
+    crossed: bool = False
+    detail: str = ""
+
+
+@dataclass
+class Reference:
+    """A replay's answer when it ran alone."""
+    text: str
+    prompt: str
+
+
+@dataclass
+class Run:
+    """What the users saw, gathered from every thread."""
+    outcomes: list[Outcome] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, outcome: Outcome) -> None:
+        with self.lock:
+            self.outcomes.append(outcome)
+
+
+def watch(job, cancel: tuple[bool, float] | None) -> tuple[bool, float | None, bool]:
+    """Wait for the job to end. cancel=(after_first_text, seconds): cancel it that long after the
+    submit, or after its first streamed text. Returns whether it ended in time, the seconds to its
+    first streamed output, and whether a cancel was sent."""
+    start = time.monotonic()
+    first, cancel_sent = None, False
+    while not job.done():
+        now = time.monotonic() - start
+        if first is None and job.outputs():
+            first = now
+        anchor = None if cancel is None else (first if cancel[0] else 0.0)
+        if anchor is not None and not cancel_sent and now >= anchor + cancel[1]:
+            job.cancel()
+            cancel_sent = True
+        if now > ANSWER_TIMEOUT_S:
+            job.cancel()
+            return False, first, cancel_sent
+        time.sleep(POLL_S)
+    if first is None and job.outputs():
+        first = time.monotonic() - start
+    return True, first, cancel_sent
+
+
+def error_kind(error: Exception) -> str:
+    message = str(error)
+    return "queue full" if "queue is full" in message.lower() else f"{type(error).__name__}: {message[:120]}"
+
+
+def valid_request(rng: random.Random, references: dict[int, Reference]) -> tuple[str, dict, int | None, str | None]:
+    """(endpoint, request, replay index or None, marker or None): a replay or a fresh request."""
+    if references and rng.random() < MIX["replay"] / (MIX["replay"] + MIX["fresh"]):
+        index = rng.choice(list(references))
+        api_name, request = REPLAYS[index]
+        return api_name, request, index, None
+    api_name = rng.choice(list(TEXT_FIELD))
+    marker = "".join(rng.choices(string.ascii_uppercase, k=8))
+    request = {TEXT_FIELD[api_name]: FRESH_TEXT[api_name].format(marker=marker),
+               "temperature": round(rng.uniform(0.1, 1.5), 2), "top_k": rng.choice([0, 5, 40, 200]),
+               "top_p": round(rng.uniform(0.5, 1.0), 2), "repetition_penalty": round(rng.uniform(1.0, 1.3), 2),
+               "no_repeat_ngram_size": rng.choice([0, 0, 2, 3]), "max_new_tokens": rng.randint(8, 64),
+               "seed": rng.choice([None, rng.randint(0, 2**32 - 1)])}
+    if api_name == "/translate":
+        request["target"] = rng.choice(["French", "German"])
+    return api_name, request, None, marker
+
+
+def check_answer(outcome: Outcome, answer: tuple, request: dict, reference: Reference | None,
+                 marker: str | None, texts: dict[str, int]) -> None:
+    """Whether the answer belongs to this request: a replay's text, prompt and seed are those it
+    had alone; a fresh request's prompt has its marker and its status its seed."""
+    text, status, prompt = answer
+    found = STATUS.match(status)
+    if found is None:
+        outcome.kind, outcome.explained, outcome.detail = "no status line", False, status[:120]
+        return
+    outcome.tokens, outcome.checked = int(found.group(3)), True
+    seed = request.get("seed")
+    if reference is not None:
+        same = (text, prompt) == (reference.text, reference.prompt) and (seed is None or int(found.group(1)) == seed)
+        if not same:
+            outcome.crossed = True
+            other = texts.get(text)
+            outcome.detail = f"replay gave {text[:60]!r}" + (f" (replay {other}'s text)" if other is not None else "")
+    elif marker not in prompt or (seed is not None and int(found.group(1)) != seed):
+        outcome.crossed, outcome.detail = True, f"fresh request {marker} got prompt {prompt[:60]!r}, {status[:30]}"
+
+
+def refusal(client: Client, api_name: str, request: dict, expected: str) -> Outcome:
+    """An invalid request, which must be refused with the message that says why."""
+    job = client.submit(**request, api_name=api_name)
+    if not watch(job, None)[0]:
+        return Outcome(api_name, f"no answer within {ANSWER_TIMEOUT_S} s", explained=False)
+    try:
+        job.result()
+    except Exception as error:
+        if expected in str(error):
+            return Outcome(api_name, f"refused: {expected}")
+        kind = error_kind(error)
+        return Outcome(api_name, kind, explained=kind == "queue full")
+    return Outcome(api_name, f"answered although invalid ({expected})", explained=False)
+
+
+def answer(client: Client, rng: random.Random, references: dict[int, Reference], texts: dict[str, int],
+           cancel: tuple[bool, float] | None) -> Outcome:
+    """A valid request, cancelled as `watch` says; checked when it completes."""
+    api_name, request, replay, marker = valid_request(rng, references)
+    job = client.submit(**request, api_name=api_name)
+    ended, ttft_s, cancel_sent = watch(job, cancel)
+    if not ended:
+        return Outcome(api_name, f"no answer within {ANSWER_TIMEOUT_S} s", explained=False)
+    outputs = job.outputs()
+    if cancel_sent and not (outputs and outputs[-1][1]):  # a run's last output, and only that, has its status line
+        return Outcome(api_name, CANCELLED_STREAMING if outputs else CANCELLED_WAITING, ttft_s=ttft_s)
+    try:
+        result = outputs[-1] if cancel_sent else job.result()  # a cancelled job's result() raises
+    except Exception as error:
+        kind = error_kind(error)
+        return Outcome(api_name, kind, explained=kind == "queue full")
+    outcome = Outcome(api_name, "completed", ttft_s=ttft_s)
+    check_answer(outcome, tuple(result), request, None if replay is None else references[replay], marker, texts)
+    return outcome
+
+
+def user(client: Client, name: str, deadline: float, references: dict[int, Reference], run: Run) -> None:
+    """One user: requests one after another until the deadline, its choices seeded by its name."""
+    rng = random.Random(name)
+    texts = {reference.text: i for i, reference in references.items()}
+    while time.monotonic() < deadline:
+        roll = rng.random()
+        try:
+            if roll < MIX["invalid"]:
+                api_name, request, expected = rng.choice(INVALID)
+                run.add(refusal(client, api_name, request, expected))
+            else:
+                cancels = roll < MIX["invalid"] + MIX["cancel"]
+                cancel = (rng.random() < 0.5, rng.uniform(0, CANCEL_WITHIN_S)) if cancels else None
+                run.add(answer(client, rng, references, texts, cancel))
+        except Exception as error:  # the client itself failed: connection refused, reset, ...
+            run.add(Outcome("?", error_kind(error), explained=False))
+
+
+def drive(clients: list[Client], seed: str, seconds: float, references: dict[int, Reference]) -> tuple[list[Outcome], float]:
+    """Every user at once until `seconds` have passed (each finishes the request it is on);
+    what they saw, and how long it took."""
+    run, start = Run(), time.monotonic()
+    threads = [threading.Thread(target=user, args=(client, f"{seed}-{i}", start + seconds, references, run))
+               for i, client in enumerate(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return run.outcomes, time.monotonic() - start
+
+
+def take_references(client: Client) -> dict[int, Reference]:
+    """Each replay's answer, alone; a replay this app cannot answer (a model without that adapter)
+    is left out of the run."""
+    references = {}
+    for index, (api_name, request) in enumerate(REPLAYS):
+        try:
+            text, status, prompt = client.predict(**request, api_name=api_name)
+        except Exception as error:
+            print(f"replay {index} ({api_name}) left out: {error}", flush=True)
+            continue
+        references[index] = Reference(text, prompt)
+    return references
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(model: str, device: str, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """`python app.py` on a free loopback port; returns it and its URL once it answers."""
+    port = free_port()
+    with log_path.open("w") as log:
+        process = subprocess.Popen([sys.executable, "app.py", "--model", model, "--device", device,
+                                    "--host", "127.0.0.1", "--port", str(port)],
+                                   cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            Client(url, verbose=False)
+            return process, url
+        except Exception:
+            if process.poll() is not None:
+                raise SystemExit(f"the app stopped while starting:\n{log_path.read_text()}")
+            if time.monotonic() > deadline:
+                process.terminate()
+                raise SystemExit(f"the app did not answer within 5 minutes:\n{log_path.read_text()}")
+            time.sleep(0.5)
+
+
+def server_pid(url: str) -> int | None:
+    """The pid listening on the URL's port, when this user may see it."""
+    port = urlparse(url).port
+    try:
+        return next((c.pid for c in psutil.net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port), None)
+    except psutil.AccessDenied:
+        return None
+
+
+def rss_mb(pid: int | None) -> float | None:
+    return None if pid is None else psutil.Process(pid).memory_info().rss / 2**20
+
+
+def percentile(values: list[float], q: int) -> float | None:
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def summarize(outcomes: list[Outcome], elapsed_s: float) -> dict:
+    """The run's numbers, overall and by endpoint."""
+    def numbers(group: list[Outcome]) -> dict:
+        completed = [o for o in group if o.kind == "completed"]
+        ttft = sorted(o.ttft_s * 1000 for o in completed if o.ttft_s is not None)
+        return {"requests": len(group), "completed": len(completed),
+                "refused": sum(o.kind.startswith("refused: ") for o in group),
+                "cancelled": sum(o.kind in (CANCELLED_WAITING, CANCELLED_STREAMING) for o in group),
+                "unexplained": sum(not o.explained for o in group),
+                "checked": sum(o.checked for o in group), "crossed": sum(o.crossed for o in group),
+                "ttft_p50_ms": percentile(ttft, 50), "ttft_p95_ms": percentile(ttft, 95),
+                "tokens": sum(o.tokens for o in completed)}
+    by_endpoint = defaultdict(list)
+    for outcome in outcomes:
+        by_endpoint[outcome.api_name].append(outcome)
+    report = numbers(outcomes)
+    report["tokens_per_s"] = report["tokens"] / elapsed_s
+    report["errors"] = dict(Counter(o.kind for o in outcomes if o.kind != "completed").most_common())
+    report["unexplained_examples"] = [f"{o.api_name}: {o.kind} {o.detail}" for o in outcomes if not o.explained][:10]
+    report["crossed_examples"] = [f"{o.api_name}: {o.detail}" for o in outcomes if o.crossed][:10]
+    report["by_endpoint"] = {name: numbers(group) for name, group in sorted(by_endpoint.items())}
+    return report
+
+
+def server_log_faults(log_path: Path | None) -> dict | None:
+    """What the app logged: failed generations and tracebacks (there should be none), and runs
+    ended by a cancel or a client leaving."""
+    if log_path is None:
+        return None
+    log = log_path.read_text(errors="replace")
+    return {"generation_failed": log.count("generation failed"), "tracebacks": log.count("Traceback"),
+            "cancelled_runs": log.count("cancelled, or its client left")}
+
+
+def table(report: dict) -> str:
+    def ms(value):
+        return "-" if value is None else f"{value:.0f}"
+
+    def mb(value):
+        return "-" if value is None else f"{value:.0f}"
+
+    faults = report["server_log"]
+    rows = [
+        ("requests done", report["requests"]),
+        ("completed (and checked)", report["completed"]),
+        ("refused as invalid, with the message that says why", report["refused"]),
+        ("cancelled by their user", report["cancelled"]),
+        ("unexplained failures", report["unexplained"]),
+        ("outputs crossed between users", f"{report['crossed']} of {report['checked']} checked"),
+        ("latency to first text, p50 / p95 (ms)", f"{ms(report['ttft_p50_ms'])} / {ms(report['ttft_p95_ms'])}"),
+        ("tokens/s, all users", f"{report['tokens_per_s']:.1f}"),
+        ("app resident memory, after warm-up / at the end (MB)",
+         f"{mb(report['rss_start_mb'])} / {mb(report['rss_end_mb'])}"
+         + ("" if report["rss_change_pct"] is None else f" ({report['rss_change_pct']:+.1f}%)")),
+        ("app log, warm-up included: generation failures / tracebacks / runs ended by a cancel",
+         "-" if faults is None else f"{faults['generation_failed']} / {faults['tracebacks']} / "
+                                    f"{faults['cancelled_runs']}"),
+        ("warm-up: requests / unexplained / crossed",
+         " / ".join(str(report["warm_up"][key]) for key in ("requests", "unexplained", "crossed"))),
+    ]
+    lines = [f"{report['clients']} clients for {report['seconds']} s against {report['url']} "
+             f"({report['model']}); {report['replays']} replays checked against their solo answers", "",
+             "| | |", "|---|---:|", *(f"| {label} | {value} |" for label, value in rows), "",
+             "| errors by kind | count |", "|---|---:|",
+             *(f"| {kind} | {count} |" for kind, count in report["errors"].items()), "",
+             "| endpoint | requests | completed | refused | cancelled | unexplained | crossed | "
+             "first text p50 / p95 (ms) |", "|---|---:|---:|---:|---:|---:|---:|---:|",
+             *(f"| {name} | {n['requests']} | {n['completed']} | {n['refused']} | {n['cancelled']} | "
+               f"{n['unexplained']} | {n['crossed']} | {ms(n['ttft_p50_ms'])} / {ms(n['ttft_p95_ms'])} |"
+               for name, n in report["by_endpoint"].items())]
+    for title in ("unexplained_examples", "crossed_examples"):
+        if report[title]:
+            lines += ["", title.replace("_", " ") + ":", *(f"- {line}" for line in report[title])]
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, default=8, help="concurrent users (default 8)")
+    p.add_argument("--seconds", type=float, default=30, help="how long they keep sending requests (default 30)")
+    p.add_argument("--warm-up", type=float, default=30,
+                   help="seconds of the same load before the app's memory at start is read (default 30)")
+    p.add_argument("--url", help="an app already running on loopback; default: start one here")
+    p.add_argument("--pid", type=int, help="with --url: the app's pid, for its memory (default: found by its port)")
+    p.add_argument("--model", default="bundled", help="without --url: the model to start the app with")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="without --url: where it runs")
+    p.add_argument("--seed", type=int, default=0, help="seeds each user's choices")
+    p.add_argument("--json", type=Path, help="also write the report to this JSON file")
+    args = p.parse_args(argv)
+    if args.url and urlparse(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
+        p.error("--url must be on loopback: this sends hostile requests")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    process, log_path = None, None
+    if args.url:
+        url, pid = args.url.rstrip("/") + "/", args.pid or server_pid(args.url)
+    else:
+        log_path = Path(tempfile.mkdtemp(prefix="bench-load-")) / "app.log"
+        print(f"starting the app on {args.model} (log: {log_path})", flush=True)
+        process, url = start_app(args.model, args.device, log_path)
+        pid = process.pid
+    try:
+        clients = [Client(url, verbose=False) for _ in range(args.clients)]
+        references = take_references(clients[0])
+        print(f"{len(references)} replays answered alone; {args.clients} users: {args.warm_up:g} s of warm-up, "
+              f"then {args.seconds:g} s ...", flush=True)
+        warm_up, _ = drive(clients, f"{args.seed}-warm-up", args.warm_up, references)
+        rss_start = rss_mb(pid)
+        outcomes, elapsed = drive(clients, str(args.seed), args.seconds, references)
+        rss_end = rss_mb(pid)
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(60)
+    warm = summarize(warm_up, args.warm_up)
+    report = {"clients": args.clients, "seconds": args.seconds, "url": url,
+              "model": args.model if process else "running app", "replays": len(references),
+              **summarize(outcomes, elapsed), "rss_start_mb": rss_start, "rss_end_mb": rss_end,
+              "rss_change_pct": None if rss_start is None else 100 * (rss_end / rss_start - 1),
+              "warm_up": {key: warm[key] for key in ("requests", "unexplained", "checked", "crossed")},
+              "server_log": server_log_faults(log_path)}
+    print(table(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,415 @@
+"""Hardening (issue 7): what strangers send cannot crash the app, hold it, read the host's files
+or cross two users' outputs. Fuzzed API calls, each limit's message, file access, faults (a model
+that fails to load, a generation that raises, a cancel or a client that leaves mid-stream), the
+chat exports' cap, and a short run of `python -m bench.load`.
+
+HARDENING_FUZZ_EXAMPLES=125 runs 500 fuzzed calls (125 per endpoint) instead of CI's 100.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+from hypothesis import HealthCheck, event, given, settings, strategies as st
+
+import app
+from model.checkpoint import BUNDLED_DIR
+from model.generate import MAX_SEED, SamplingParams, generate
+from model.scheduler import Scheduler
+from model.tokenizer import load_tokenizer
+from tasks import LANGUAGES
+from ui import chat
+from ui.model_host import ModelHost, ModelLoadError
+from ui.running import MAX_CHARS, MAX_CHAT_TURNS, MAX_EXAMPLE_PAIRS, MAX_NEW_TOKENS
+
+from .conftest import REPO, copy_gpt2_tokenizer, serve_studio
+
+GOOD = {  # a request each endpoint answers
+    "/generate": dict(prompt="Once upon a time"),
+    "/chat": dict(message="How are you?", history=[["Hello", "Hi there!"]], persona="Bot is friendly."),
+    "/translate": dict(text="The dog is happy."),
+    "/summarize": dict(article="The sun rose over the hill. A little bird began to sing."),
+}
+APIS = {f"/{view.api.name}": view.api for view in app.VIEWS.values()}
+GENERIC_ERROR = "has not enabled verbose error reporting"  # Gradio's answer to an exception it was not told about
+FUZZ_EXAMPLES = int(os.environ.get("HARDENING_FUZZ_EXAMPLES", "25"))
+
+
+@pytest.fixture(scope="module")
+def host(app_models) -> ModelHost:
+    return ModelHost(app_models, device="cpu")  # with adapters; plain; one that fails to load
+
+
+@pytest.fixture(scope="module")
+def url(host):
+    with serve_studio(host) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(url) -> Client:
+    return Client(url, verbose=False)
+
+
+def answered(client: Client, api_name: str, **request) -> tuple[str, str, str]:
+    return tuple(client.submit(**request, api_name=api_name).result(timeout=120))
+
+
+def assert_serving(client: Client) -> None:
+    _, status, _ = answered(client, "/generate", prompt="Hello", max_new_tokens=2, seed=1)
+    assert status.startswith("seed 1 · ") and "2 generated tokens" in status
+
+
+def error_of(client: Client, api_name: str, **request) -> str:
+    with pytest.raises(AppError) as error:
+        answered(client, api_name, **request)
+    return str(error.value)
+
+
+# --- limits -------------------------------------------------------------------------------------
+
+def endpoint_with(field: str, value) -> tuple[str, dict]:
+    """The endpoint that takes `field`, and its good request with `field` set to value."""
+    api_name = next(name for name, api in APIS.items() if any(p.name == field for p in api.params))
+    return api_name, {**GOOD[api_name], field: value}
+
+
+TURN = ["How are you?", "I am well, thank you."]
+LIMIT_CASES = [
+    *((field, "x" * (limit + 1), f"{field} is too long: {limit + 1:,} characters; the limit is {limit:,}")
+      for field, limit in MAX_CHARS.items() if field != "history"),
+    ("history", [TURN] * (MAX_CHAT_TURNS + 1), f"history is too long: {MAX_CHAT_TURNS + 1} turns; the limit is "
+                                              f"{MAX_CHAT_TURNS}"),
+    ("history", [["x" * 2000, "y" * 2000]] * 26, f"history is too long: 104,000 characters; the limit is "
+                                                 f"{MAX_CHARS['history']:,}"),
+    ("examples", "\n".join(["cat = chat"] * (MAX_EXAMPLE_PAIRS + 1)),
+     f"examples is too long: {MAX_EXAMPLE_PAIRS + 1} pairs; the limit is {MAX_EXAMPLE_PAIRS}"),
+]
+
+
+@pytest.mark.parametrize("field, value, message", LIMIT_CASES, ids=[m for _, _, m in LIMIT_CASES])
+def test_each_input_limit_names_the_field_and_the_limit(client, field, value, message):
+    api_name, request = endpoint_with(field, value)
+    assert message in error_of(client, api_name, **request, max_new_tokens=2)
+
+
+SETTING_CASES = [
+    (dict(max_new_tokens=MAX_NEW_TOKENS + 1), f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got 513"),
+    (dict(max_new_tokens=10**30), f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {10**30}"),
+    (dict(top_k=-(10**400)), "top_k must be between 0 and 1000, got an integer of 1329 bits"),
+    (dict(temperature=1e-300), "temperature must be 0 (greedy) or at least 0.01, got 1e-300"),
+    (dict(repetition_penalty="x" * 100_000), "repetition_penalty must be a number, got 'xxxx"),
+    (dict(seed=MAX_SEED + 1), f"seed must be between 0 and {MAX_SEED}, got {MAX_SEED + 1}"),
+    (dict(adapter="yes"), "adapter must be true or false, got 'yes'"),
+]
+
+
+@pytest.mark.parametrize("setting, message", SETTING_CASES, ids=[m for _, m in SETTING_CASES])
+def test_settings_out_of_range_are_refused_with_a_short_message(client, setting, message):
+    error = error_of(client, "/generate", prompt="Hello", **setting)
+    assert message in error and len(error) < 200
+
+
+def test_text_at_its_limit_is_taken(client):
+    persona = ("Bot is kind and patient. " * 50)[:MAX_CHARS["persona"] - 1] + "."
+    assert len(persona) == MAX_CHARS["persona"]
+    _, _, prompt = answered(client, "/chat", message="Hi", persona=persona, max_new_tokens=2)
+    assert prompt.startswith(persona + "\n")
+
+
+def test_the_ui_offers_at_most_the_token_cap(url):
+    components = httpx.get(f"{url}config").json()["components"]
+    sliders = {c["props"].get("elem_id"): c["props"] for c in components}
+    assert {sliders[f"{task}-max_new_tokens"]["maximum"] for task in app.TASKS} == {MAX_NEW_TOKENS}
+
+
+ODD_TEXT = ["👩‍👩‍👧‍👦🏳️‍🌈 emoji", "مرحبا بالعالم، שלום", "\u202eright-to-left override", "nul\x00 bell\x07 \x1b[31mred",
+            "\u200b\u200d\ufeff", "<|endoftext|> in the text", "a" * 19_000, "\ufffd\U0010ffff"]
+
+
+@pytest.mark.parametrize("text", ODD_TEXT, ids=range(len(ODD_TEXT)))
+def test_any_text_is_taken_as_it_is(client, text):
+    try:
+        _, status, prompt = answered(client, "/generate", prompt=text, max_new_tokens=2)
+    except AppError as error:  # "a" * 19_000 is 4,750 GPT-2 tokens: more than the context
+        assert "the prompt: 4750 tokens, but only" in str(error)
+    else:
+        assert prompt == text and "generated tokens" in status
+
+
+def test_the_bundled_tokenizer_reads_a_lone_surrogate_as_tiktoken_does(tmp_path):
+    copy_gpt2_tokenizer(tmp_path)
+    sentencepiece, bpe = load_tokenizer(BUNDLED_DIR), load_tokenizer(tmp_path)
+    for tokenizer in (sentencepiece, bpe):
+        assert tokenizer.decode(tokenizer.encode("a\ud800b")) == "a\ufffdb"
+
+
+# --- fuzz ---------------------------------------------------------------------------------------
+
+def odd_text(max_size: int) -> st.SearchStrategy[str]:
+    return st.text(st.characters(exclude_categories=()), max_size=max_size)  # surrogates and all
+
+
+HOSTILE = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.integers(min_value=-10**40, max_value=10**40),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([math.nan, math.inf, -math.inf, "\ud800 lone"]),
+    odd_text(30),
+    st.builds(lambda piece, n: piece * n, odd_text(3), st.integers(0, 70_000)),  # huge strings
+    st.lists(odd_text(5), max_size=3), st.dictionaries(odd_text(3), st.integers(), max_size=2),
+)
+LINES = st.lists(st.tuples(odd_text(20), odd_text(20)), max_size=4).map(lambda pairs: "\n".join(f"{a} = {b}" for a, b in pairs))
+VALID = {
+    "prompt": odd_text(200), "article": odd_text(400), "message": odd_text(100), "persona": odd_text(60),
+    "history": st.lists(st.lists(odd_text(40), min_size=2, max_size=2), max_size=4), "text": odd_text(100),
+    "source": st.sampled_from(LANGUAGES), "target": st.sampled_from(LANGUAGES), "examples": st.none() | LINES,
+    "temperature": st.floats(0, 5), "top_k": st.integers(0, 1000), "top_p": st.floats(0.01, 1),
+    "repetition_penalty": st.floats(0.5, 3), "no_repeat_ngram_size": st.integers(0, 10),
+    "max_new_tokens": st.integers(1, 8), "seed": st.none() | st.integers(-1, MAX_SEED), "adapter": st.booleans(),
+}
+
+
+@st.composite
+def payloads(draw, api_name: str) -> dict:
+    """Up to two parameters hostile, the others valid or, where they have a default, left out: many
+    calls are valid all through, and reach the model."""
+    params = APIS[api_name].signature.parameters.values()
+    hostile = draw(st.sets(st.sampled_from([p.name for p in params]), max_size=2))
+    return {p.name: draw(HOSTILE if p.name in hostile else VALID[p.name]) for p in params
+            if p.default is p.empty or p.name in hostile or draw(st.booleans())}
+
+
+def strict_json(payload: dict) -> bool:
+    """Whether gradio_client can send it: it refuses NaN, the infinities and lone surrogates."""
+    try:
+        json.dumps(payload, allow_nan=False, ensure_ascii=False).encode()
+        return True
+    except (ValueError, UnicodeEncodeError):
+        return False
+
+
+def call_rest(url: str, api_name: str, payload: dict) -> tuple[tuple | None, str | None]:
+    """The endpoint through Gradio's REST route, with a body as loose as Python's json writes it:
+    (outputs, None), or (None, the error message: None when Gradio gave none)."""
+    bound = APIS[api_name].signature.bind(**payload)
+    bound.apply_defaults()
+    body = json.dumps({"data": list(bound.arguments.values())}, allow_nan=True)
+    route = f"{url}gradio_api/call{api_name}"
+    event = httpx.post(route, content=body, headers={"content-type": "application/json"}, timeout=60).json()
+    with httpx.stream("GET", f"{route}/{event['event_id']}", timeout=120) as stream:
+        lines = list(stream.iter_lines())
+    kind = next(line for line in reversed(lines) if line.startswith("event: "))
+    data = json.loads(lines[lines.index(kind) + 1].removeprefix("data: "))
+    return (tuple(data), None) if kind == "event: complete" else (None, data and data["error"])
+
+
+@pytest.mark.parametrize("api_name", GOOD)
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_fuzzed_calls_get_an_answer_or_a_clear_error_and_the_app_keeps_serving(client, url, api_name, data):
+    payload = data.draw(payloads(api_name), label="payload")
+    sendable = strict_json(payload)
+    event("through gradio_client" if sendable else "through the REST route (NaN, inf, surrogates)")
+    if sendable:
+        try:
+            outputs, error = answered(client, api_name, **payload), None
+        except AppError as refused:
+            outputs, error = None, str(refused)
+    else:
+        outputs, error = call_rest(url, api_name, payload)
+    if error is None and outputs is not None:
+        text, status, prompt = outputs
+        assert isinstance(text, str) and isinstance(prompt, str) and re.match(r"seed \d+ · \d+ prompt \+ ", status)
+        event("answered")
+    else:
+        event(f"refused: {error.split(' ')[0]}" if error else "refused without a message")
+        assert error and GENERIC_ERROR not in error and not error.startswith("the generation failed"), error
+        fields = [*APIS[api_name].signature.parameters, "prompt"]
+        assert any(field in error for field in fields), f"the error names no field: {error}"
+        assert len(error) < 500
+    assert_serving(client)
+
+
+# --- files and models: only what the app serves -------------------------------------------------
+
+def private_files(app_models) -> list[str]:
+    return ["/etc/passwd", str(REPO / "app.py"), str(BUNDLED_DIR / "model.safetensors"),
+            str(Path(app_models[0]) / "config.json"), "app.py"]
+
+
+def test_gradio_serves_no_file_of_the_host(url, app_models):
+    for path in private_files(app_models):
+        assert httpx.get(f"{url}gradio_api/file={path}").status_code == 403, path
+
+
+def test_the_app_folder_and_model_directories_stay_blocked_when_allowed_paths_open_them(app_models, tmp_path):
+    (tmp_path / "shared.txt").write_text("for everyone")
+    opened = [str(tmp_path), str(REPO), str(Path(app_models[0]).parent)]
+    with serve_studio(app_models[:1], allowed_paths=opened) as url:
+        assert httpx.get(f"{url}gradio_api/file={tmp_path / 'shared.txt'}").text == "for everyone"
+        for path in private_files(app_models)[1:]:
+            assert httpx.get(f"{url}gradio_api/file={path}").status_code == 403, path
+
+
+def ui_event(url: str, api_name: str, data: list) -> list[dict]:
+    """Run one of the UI's own (private) events as the browser does, through Gradio's queue;
+    every message it sent back."""
+    dependencies = httpx.get(f"{url}config").json()["dependencies"]
+    fn_index = next(d["id"] for d in dependencies if d.get("api_name") == api_name)
+    session = f"test-{time.monotonic_ns()}"
+    httpx.post(f"{url}gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session,
+                                                    "event_data": None, "trigger_id": None}).raise_for_status()
+    messages = []
+    with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}, timeout=120) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: "):
+                messages.append(json.loads(line.removeprefix("data: ")))
+                if messages[-1]["msg"] == "process_completed":
+                    return messages
+    raise AssertionError(f"the event did not complete: {messages}")
+
+
+def test_the_model_panel_cannot_load_a_path_it_was_not_started_with(url, host, client):
+    serving = host.current
+    done = ui_event(url, "load_model", ["/etc"])[-1]
+    assert not done["success"] and "/etc is not in the list of choices" in done["output"]["error"]
+    with pytest.raises(ModelLoadError, match="'/etc' is not one of the models this app was started with"):
+        host.switch("/etc")  # and behind the dropdown, the host itself
+    assert host.current is serving
+    assert_serving(client)
+
+
+def test_a_model_that_fails_to_load_leaves_the_previous_one_serving(url, host, client, app_models, caplog):
+    serving = host.current
+    messages = ui_event(url, "load_model", [app_models[2]])
+    warnings = [m["log"] for m in messages if m["msg"] == "log"]
+    assert messages[-1]["success"] and any(f"could not load {app_models[2]}" in w and "no weights file" in w
+                                           for w in warnings)
+    assert host.current is serving
+    assert f"could not load model {app_models[2]}" in caplog.text
+    assert_serving(client)
+
+
+def test_weights_are_never_unpickled_freely_nor_remote_code_trusted():
+    sources = [REPO / "app.py", *(path for folder in ("model", "tasks", "ui", "bench", "scripts")
+                                  for path in (REPO / folder).rglob("*.py"))]
+    for path in sources:
+        code = path.read_text()
+        assert "trust_remote_code" not in code and "import pickle" not in code, path
+        for call in re.findall(r"torch\.load\([^)]*\)", code):
+            assert "weights_only=True" in call, f"{path}: {call}"
+
+
+# --- faults -------------------------------------------------------------------------------------
+
+def wait_until(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_cancel_mid_stream_frees_the_request_row(client, host, caplog):
+    caplog.set_level(logging.INFO, logger="ui.running")
+    scheduler = host.current.scheduler
+    job = client.submit("Once upon a time", max_new_tokens=MAX_NEW_TOKENS, seed=1, api_name="/generate")
+    for _ in job:
+        break  # text is streaming: the request holds a row
+    assert scheduler.rows_in_use == 1
+    job.cancel()
+    assert wait_until(lambda: scheduler.rows_in_use == 0), "the cancelled request still holds its row"
+    assert wait_until(lambda: "/generate: cancelled, or its client left" in caplog.text)
+    assert_serving(client)
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_row(url, host, client):
+    scheduler = host.current.scheduler
+    session = "leaves-mid-stream"
+    fn_index = next(d["id"] for d in httpx.get(f"{url}config").json()["dependencies"] if d.get("api_name") == "generate")
+    httpx.post(f"{url}gradio_api/queue/join", json={
+        "data": ["Once upon a time", 1.0, 40, 1.0, 1.0, 0, MAX_NEW_TOKENS, 1, False], "fn_index": fn_index,
+        "session_hash": session, "event_data": None, "trigger_id": None}).raise_for_status()
+    with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}, timeout=60) as stream:
+        for line in stream.iter_lines():
+            if "process_generating" in line:
+                break  # and hang up
+    assert wait_until(lambda: scheduler.rows_in_use == 0), "the request of a client that left still holds its row"
+    assert_serving(client)
+
+
+def test_a_generation_that_raises_is_a_clear_error_frees_its_row_and_is_logged(client, host, caplog):
+    def out_of_memory(module, args):
+        raise RuntimeError("out of memory (injected)")
+
+    scheduler = host.current.scheduler
+    hook = host.current.model.register_forward_pre_hook(out_of_memory)
+    try:
+        error = error_of(client, "/generate", prompt="Hello", max_new_tokens=4)
+    finally:
+        hook.remove()
+    assert error.startswith("the generation failed (RuntimeError); the app is still serving")
+    assert "/generate: generation failed on" in caplog.text and "out of memory (injected)" in caplog.text
+    assert scheduler.rows_in_use == 0
+    assert_serving(client)
+
+
+def test_a_request_whose_sampling_fails_stops_alone_and_the_batch_goes_on(tiny_checkpoint):
+    from model import load_pretrained
+    model, tokenizer = load_pretrained(tiny_checkpoint)
+    params = SamplingParams(temperature=0.8, max_new_tokens=24, seed=3)
+    alone = generate(model, tokenizer, "The king said", params).token_ids
+    broken = SamplingParams(max_new_tokens=24)
+    object.__setattr__(broken, "temperature", 1e-300)  # past the check: the scores overflow to inf
+    scheduler = Scheduler(model)
+    good = scheduler.decode(tokenizer.encode("The king said"), params, 3)
+    bad = scheduler.decode(tokenizer.encode("Hello"), broken, 1)
+    first = next(good)  # both are admitted together
+    with pytest.raises(RuntimeError, match="decoding failed .*probability tensor"):
+        list(bad)
+    rest = list(good)
+    assert [int(token) for token in [first, *rest]][:len(alone)] == alone
+    assert wait_until(lambda: scheduler.rows_in_use == 0)
+
+
+def test_chat_exports_are_capped(tmp_path, monkeypatch):
+    monkeypatch.setattr(chat, "EXPORT_DIR", tmp_path)
+    monkeypatch.setattr(chat, "MAX_EXPORTS", 3)
+    paths = []
+    for n in range(5):
+        paths.append(Path(chat.export_conversation([{"role": "user", "content": f"turn {n}"}], "")))
+        time.sleep(0.02)  # file times are coarse: one tick apart, their order is sure
+    assert sorted(tmp_path.iterdir()) == sorted(path.parent for path in paths[-3:])
+    assert json.loads(paths[-1].read_text()) == {"persona": "", "history": [["turn 4", ""]]}
+
+
+# --- load ---------------------------------------------------------------------------------------
+
+def test_bench_load_runs_users_across_every_endpoint_and_finds_no_unexplained_failure(app_models, tmp_path):
+    report_path = tmp_path / "load.json"
+    run = subprocess.run([sys.executable, "-m", "bench.load", "--clients", "3", "--seconds", "10", "--warm-up", "3",
+                          "--model", app_models[0], "--device", "cpu", "--json", str(report_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(report_path.read_text())
+    assert set(report) >= {"clients", "seconds", "requests", "completed", "errors", "unexplained", "crossed",
+                           "ttft_p50_ms", "ttft_p95_ms", "tokens_per_s", "rss_start_mb", "rss_end_mb"}
+    assert report["requests"] > 0 and report["completed"] > 0
+    assert report["unexplained"] == 0 and report["crossed"] == 0, report
+    assert report["warm_up"]["unexplained"] == 0 and report["warm_up"]["crossed"] == 0
+    assert report["server_log"]["generation_failed"] == 0 and report["server_log"]["tracebacks"] == 0
+    assert set(report["by_endpoint"]) == set(GOOD)
+    assert report["rss_start_mb"] > 0 and math.isfinite(report["tokens_per_s"])
+    assert "| requests done |" in run.stdout
