@@ -133,3 +133,22 @@ def test_train_command_runs_the_grid_and_resumes(tmp_path, capsys):
     assert json.loads(out.read_text()) == results
     with pytest.raises(SystemExit, match="different grid"):
         main([*command, "--steps", "9"])
+
+
+def test_train_parts_run_apart_join_into_the_whole_grid(tmp_path, capsys):
+    grid = ["train", "--variants", "pre", "post", "--warmups", "0", "--depths", "1", "--seeds", "1", "--steps", "4",
+            *TINY_MODEL, "--eval-every", "4", "--val-windows", "2", "--train-chars", "40000", "--device", "cpu"]
+    parts = []
+    for lr in ("3e-3", "1e-2"):
+        parts.append(tmp_path / f"part-{lr}.json")
+        main([*grid, "--lrs", lr, "--json", str(parts[-1])])
+    capsys.readouterr()
+    whole = tmp_path / "whole.json"
+    main([*grid, "--lrs", "1e-2", "3e-3", "--json", str(whole), "--parts", *map(str, parts)])
+    assert "[1/" not in capsys.readouterr().out  # every run came from the parts: nothing trained again
+    runs = json.loads(whole.read_text())["runs"]
+    part_runs = [r for p in parts for r in json.loads(p.read_text())["runs"]]
+    assert sorted(map(json.dumps, runs)) == sorted(map(json.dumps, part_runs))
+    assert [(r["variant"], r["lr"]) for r in runs] == [("pre", 1e-2), ("pre", 3e-3), ("post", 1e-2), ("post", 3e-3)]
+    with pytest.raises(SystemExit, match="other settings"):
+        main([*grid, "--steps", "5", "--lrs", "3e-3", "--json", str(tmp_path / "x.json"), "--parts", str(parts[0])])
