@@ -5,7 +5,11 @@ is set by memory bandwidth: int8 weights are a quarter of fp32's bytes. Each out
 row of the weight) gets its own scale, max|w| / 127, symmetric around zero.
 
 On a CPU the matmul is fbgemm's dynamic int8 linear (torch.ops.quantized.linear_dynamic), which
-also rounds each call's input to 8 bits with one scale per call. It is used because it is fast:
+also rounds each call's input to 7 bits with one scale per call. One scale per call would tie
+each token's result to the other rows of the call (other users' requests, in a batched decode
+step), so every token is first scaled by its own peak to [-1, 1] and a pinning row fixes the
+call's range at exactly [-1, 1]: each token is rounded with its own scale, and gets the same
+result alone or in any batch. It is used because it is fast:
 PyTorch's weight-only kernel (aten._weight_int8pack_mm) measured ten times slower than fp32 on
 an AVX2 CPU (docs/performance.md). Elsewhere (a GPU, or bf16 on a CPU) the int8 weights are
 scaled back to the input's dtype and only the weights are rounded.
@@ -38,29 +42,36 @@ class Int8Linear(nn.Module):
         self.weight = nn.Parameter(torch.round(w / scale[:, None]).to(torch.int8), requires_grad=False)
         self.register_buffer("scale", scale.to(weight.dtype))
         self.bias = bias
-        self.packed = fbgemm_pack(self.weight, scale, bias) if weight.device.type == "cpu" else None
+        self.packed = fbgemm_pack(self.weight, scale) if weight.device.type == "cpu" else None
+        pin = torch.zeros(1, self.in_features)
+        pin[0, :2] = torch.tensor([1.0, -1.0])
+        self.register_buffer("pin", pin, persistent=False)  # the row that fixes each call's input range
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.device.type == "cpu" and x.dtype == torch.float32:
+            rows = x.reshape(-1, self.in_features)
+            peak = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
             # reduce_range: 7-bit inputs, so that AVX2's int16 pair sums (vpmaddubsw) cannot saturate.
-            y = torch.ops.quantized.linear_dynamic(x.reshape(-1, self.in_features), self.packed, True)
-            return y.view(*x.shape[:-1], self.out_features)
-        y = F.linear(x, self.weight.to(x.dtype)) * self.scale
+            y = torch.ops.quantized.linear_dynamic(torch.cat([rows / peak, self.pin.float()]), self.packed, True)
+            y = (y[:-1] * peak).view(*x.shape[:-1], self.out_features)
+        else:
+            y = F.linear(x, self.weight.to(x.dtype)) * self.scale
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def fbgemm_pack(weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
-    """The int8 weight (and fp32 bias) in the layout fbgemm's kernel reads, made once."""
+def fbgemm_pack(weight: torch.Tensor, scale: torch.Tensor):
+    """The int8 weight in the layout fbgemm's kernel reads, made once. The bias is added after
+    the product is scaled back to each token's range."""
     with warnings.catch_warnings():
         # PyTorch deprecates quantized tensors, which this packing goes through; torch is pinned
         # (requirements.txt), and docs/performance.md says what to do when they are removed.
         warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
         qweight = torch.quantize_per_channel(weight.float() * scale[:, None], scale.double(),
                                              torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
-    return torch.ops.quantized.linear_prepack(qweight, None if bias is None else bias.detach().float())
+    return torch.ops.quantized.linear_prepack(qweight, None)
 
 
 def quantize_weights(model: nn.Module, method: str = "int8") -> nn.Module:

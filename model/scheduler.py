@@ -8,7 +8,10 @@ through the model at once. Decoding is bound by reading the weights, and one ste
 once for all rows, so eight requests cost little more than one.
 
 A request samples with its own `Sampler` (its settings and its own random generator), so a
-seeded request gives the same tokens alone or in a crowd. Callers use the scheduler through
+seeded request gives the same tokens alone or in a crowd (in fp32 up to the summation order of
+the matrix kernels, which may differ with the number of rows). A prefill or a sampling that
+fails ends its own request; a decode step that fails ends the requests in it, and the waiting
+ones go on. Callers use the scheduler through
 `model.generate.stream(scheduler, ...)`, which turns its tokens into text, stop strings and a
 `Result` exactly as for a model run alone.
 """
@@ -112,20 +115,32 @@ class Scheduler:
                 self._worker.start()
 
     def _run(self) -> None:
-        active: list[Request] = []  # row i of the batch is active[i]
-        try:
-            with torch.inference_mode():
-                # The batch's cache lives while the worker runs: an idle app holds none.
-                cache = self.model.new_cache(self.max_batch)
-                while self._admit(active, cache):
-                    self._step(active, cache)
-        except BaseException as error:  # every caller hears of it, instead of waiting forever
-            with self._lock:
-                stranded, self._worker = active + list(self._waiting), None
-                self._waiting.clear()
-            self.rows_in_use = 0
-            for request in stranded:
-                request.out.put(error)
+        while True:
+            active: list[Request] = []  # row i of the batch is active[i]
+            try:
+                with torch.inference_mode():
+                    # The batch's cache lives while the worker runs: an idle app holds none.
+                    cache = self.model.new_cache(self.max_batch)
+                    while self._admit(active, cache):
+                        self._step(active, cache)
+                return
+            except Exception as error:  # a failed step: its rows hear of it; the queue goes on, on a fresh cache
+                self._fail(active, error)
+                with self._lock:
+                    if not self._waiting:
+                        self._worker = None
+                        return
+            except BaseException as error:  # the interpreter is stopping: every caller hears of it
+                with self._lock:
+                    stranded, self._worker = list(self._waiting), None
+                    self._waiting.clear()
+                self._fail(active + stranded, error)
+                raise
+
+    def _fail(self, requests: list[Request], error: BaseException) -> None:
+        self.rows_in_use = 0
+        for request in requests:
+            request.fail(error)
 
     def _admit(self, active: list[Request], cache: KVCache) -> bool:
         """Retire finished rows and fill free ones from the queue; False (and the worker ends)
@@ -133,26 +148,26 @@ class Scheduler:
         for row in reversed(range(len(active))):
             if active[row].done:
                 self._retire(active, cache, row)
-        with self._lock:
-            joining = []
-            while self._waiting and len(active) + len(joining) < self.max_batch:
+        while len(active) < self.max_batch:
+            with self._lock:
+                if not self._waiting:
+                    if not active:
+                        self._worker = None
+                        self.rows_in_use = 0
+                        return False
+                    break
                 request = self._waiting.popleft()
-                if not request.cancelled:
-                    joining.append(request)
-            if not active and not joining:
-                self._worker = None
-                self.rows_in_use = 0
-                return False
-        for request in joining:
+            if request.cancelled:
+                continue
             try:
                 prompt_cache = self.model.new_cache(1, request.length)
                 with active_adapter(request.adapter):
                     request.logits = self.model(request.tokens[:, :request.length], cache=prompt_cache,
                                                 last_only=True)[:, -1]
+                cache.copy_row(len(active), prompt_cache)
             except Exception as error:  # e.g. out of memory for this one prompt: the batch goes on without it
                 request.fail(error)
                 continue
-            cache.copy_row(len(active), prompt_cache)
             active.append(request)
             request.pick_next()
         self.rows_in_use = len(active)

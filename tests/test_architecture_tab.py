@@ -1,6 +1,9 @@
 """The Architecture tab's live view: its handler on a real model, and the tab in a real browser."""
 from __future__ import annotations
 
+import re
+
+import gradio as gr
 import pytest
 from matplotlib.figure import Figure
 from playwright.sync_api import expect
@@ -26,6 +29,17 @@ def test_look_inside_draws_both_plots_and_lists_ten_tokens(tiny_checkpoint):
     # Sliders left at a larger model's layer: the request still runs, on this model's last layer.
     *_, layer, head = look_inside(host)("The little bird sang", 12, 12)
     assert layer["value"] == 2 and head["value"] == 2
+
+
+@pytest.mark.parametrize("prompt, layer, head, message", [
+    ("x" * 20_001, 1, 1, "prompt is too long: 20,001 characters; the limit is 20,000"),
+    ("The bird", float("nan"), 1, "layer must be a number from 1 to 2, got nan"),
+    ("The bird", 1, None, "head must be a number from 1 to 2, got None"),
+])
+def test_look_inside_refuses_bad_input_with_a_clear_message(tiny_checkpoint, prompt, layer, head, message):
+    host = ModelHost([str(tiny_checkpoint)], device="cpu")
+    with pytest.raises(gr.Error, match=re.escape(message)):
+        look_inside(host)(prompt, layer, head)
 
 
 @pytest.mark.browser

@@ -176,10 +176,16 @@ def tokens_alone(model, tokenizer, prompt, params, adapter) -> list[int]:
                                              adapter=adapter)]
 
 
-def test_requests_decoded_together_equal_each_alone(loaded):
+@pytest.fixture(scope="module", params=["fp32", "int8"])
+def loaded_any(request, adapter_checkpoint):
+    return load_pretrained(adapter_checkpoint, quantize=None if request.param == "fp32" else request.param)
+
+
+def test_requests_decoded_together_equal_each_alone(loaded_any):
     """Six requests queued before the scheduler starts run as one batch from the first step; two
-    more join while it runs. Each gets exactly the tokens it gets alone."""
-    model, tokenizer = loaded
+    more join while it runs. Each gets exactly the tokens it gets alone, with int8 weights too
+    (whose inputs are rounded token by token, never with a scale shared across the batch)."""
+    model, tokenizer = loaded_any
     scheduler = Scheduler(model, max_batch=8)
 
     def submit(prompt, params, adapter):
@@ -255,3 +261,29 @@ def test_cancelling_one_request_leaves_the_others_unchanged(loaded):
     assert cancelled.token_ids == alone[1].token_ids[:cancelled.generated_tokens]
     for i in (0, 2, 3):
         assert results[i].token_ids == alone[i].token_ids and len(results[i].token_ids) == 60
+
+
+def test_a_failed_decode_step_fails_its_rows_and_the_queue_goes_on(loaded):
+    """A decode step that raises (say, out of memory) ends the requests in that step with an
+    error; a request still waiting is then decoded, on a fresh cache, exactly as alone."""
+    model, tokenizer = loaded
+    scheduler = Scheduler(model, max_batch=1)  # one row: the second request waits
+    params = SamplingParams(max_new_tokens=6, temperature=0)
+    failures = []
+
+    def fail_first_decode_step(module, args):
+        if args[0].shape[1] == 1 and not failures:  # one new token per row: a decode step, not a prefill
+            failures.append(True)
+            raise MemoryError("no memory for this step")
+
+    handle = model.register_forward_pre_hook(fail_first_decode_step)
+    try:
+        first = scheduler.decode(tokenizer.encode("Once upon"), params, 0)
+        waiting = scheduler.decode(tokenizer.encode("The cat"), params, 0)
+        with pytest.raises(RuntimeError, match="decoding failed .MemoryError: no memory for this step"):
+            list(first)
+        tokens = [int(t[0]) for t in waiting]
+    finally:
+        handle.remove()
+    assert failures and tokens == tokens_alone(model, tokenizer, "The cat", params, None)
+    assert scheduler.rows_in_use == 0

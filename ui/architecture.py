@@ -11,6 +11,14 @@ from model.inspect import Inspection, inspect_prompt
 
 from .i18n import i18n
 from .model_host import ModelHost
+from .running import checked_text
+
+
+def checked_setting(name: str, value, low: int, high: int) -> float:
+    """A slider's value as it came in, or a ValueError naming it (the sliders span low..high)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value:
+        raise ValueError(f"{name} must be a number from {low} to {high}, got {value!r}"[:120])
+    return value
 
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
 
@@ -75,9 +83,11 @@ def look_inside(host: ModelHost):
     def run(prompt: str, layer: float, head: float):
         loaded = host.current  # once: a model switch meanwhile does not change this request
         config = loaded.model.config
-        # The sliders were sized for the model served when the page loaded; another may be served now.
-        layer, head = min(int(layer), config.n_layer), min(int(head), config.n_head)
         try:
+            checked_text("prompt", prompt)  # the same limits as the task tabs
+            # The sliders were sized for the model served when the page loaded; another may be served now.
+            layer = min(int(checked_setting("layer", layer, 1, config.n_layer)), config.n_layer)
+            head = min(int(checked_setting("head", head, 1, config.n_head)), config.n_head)
             seen = inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1, head - 1)
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from error

@@ -112,9 +112,11 @@ def export_conversation(messages: list[dict], persona: str) -> str | None:
     # Named by content: the same conversation is one file, however often it is exported.
     directory = EXPORT_DIR / hashlib.sha256(data).hexdigest()[:16]
     directory.mkdir(parents=True, exist_ok=True)
+    # The newest again, when the same conversation is exported once more: before writing, so that
+    # another request's pruning meanwhile does not take it for an old one.
+    os.utime(directory)
     path = directory / "conversation.json"
     path.write_bytes(data)
-    os.utime(directory)  # the newest again, when the same conversation is exported once more
     prune_exports(directory)
     return str(path)
 
