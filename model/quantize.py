@@ -20,6 +20,7 @@ row per token, keeps the floating-point table.
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -48,15 +49,21 @@ class Int8Linear(nn.Module):
         self.register_buffer("pin", pin, persistent=False)  # the row that fixes each call's input range
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and x.device.type == "cpu" and x.dtype == torch.float32:
-            rows = x.reshape(-1, self.in_features)
-            peak = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
-            # reduce_range: 7-bit inputs, so that AVX2's int16 pair sums (vpmaddubsw) cannot saturate.
-            y = torch.ops.quantized.linear_dynamic(torch.cat([rows / peak, self.pin.float()]), self.packed, True)
-            y = (y[:-1] * peak).view(*x.shape[:-1], self.out_features)
-        else:
+        if self.packed is None or x.device.type != "cpu" or x.dtype != torch.float32:
             y = F.linear(x, self.weight.to(x.dtype)) * self.scale
-        return y if self.bias is None else y + self.bias
+            return y if self.bias is None else y + self.bias
+        # Few operations, none allocating more than it must: at batch 1 they cost as much as the
+        # product itself on the small layers.
+        rows = x.reshape(-1, self.in_features)
+        n = rows.shape[0]
+        normalised = torch.empty(n + 1, self.in_features)
+        normalised[n] = self.pin[0]
+        peak = torch.linalg.vector_norm(rows, math.inf, dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny)
+        torch.div(rows, peak, out=normalised[:n])
+        # reduce_range: 7-bit inputs, so that AVX2's int16 pair sums (vpmaddubsw) cannot saturate.
+        y = torch.ops.quantized.linear_dynamic(normalised, self.packed, True)[:n]
+        y = y * peak if self.bias is None else torch.addcmul(self.bias, y, peak)
+        return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
