@@ -360,10 +360,7 @@ def server_log_faults(log_path: Path | None) -> dict | None:
 
 
 def table(report: dict) -> str:
-    def ms(value):
-        return "-" if value is None else f"{value:.0f}"
-
-    def mb(value):
+    def whole(value):  # milliseconds and megabytes alike
         return "-" if value is None else f"{value:.0f}"
 
     faults = report["server_log"]
@@ -374,10 +371,10 @@ def table(report: dict) -> str:
         ("cancelled by their user", report["cancelled"]),
         ("unexplained failures", report["unexplained"]),
         ("outputs crossed between users", f"{report['crossed']} of {report['checked']} checked"),
-        ("latency to first text, p50 / p95 (ms)", f"{ms(report['ttft_p50_ms'])} / {ms(report['ttft_p95_ms'])}"),
+        ("latency to first text, p50 / p95 (ms)", f"{whole(report['ttft_p50_ms'])} / {whole(report['ttft_p95_ms'])}"),
         ("tokens/s, all users", f"{report['tokens_per_s']:.1f}"),
         ("app resident memory, after warm-up / at the end (MB)",
-         f"{mb(report['rss_start_mb'])} / {mb(report['rss_end_mb'])}"
+         f"{whole(report['rss_start_mb'])} / {whole(report['rss_end_mb'])}"
          + ("" if report["rss_change_pct"] is None else f" ({report['rss_change_pct']:+.1f}%)")),
         ("app log, warm-up included: generation failures / tracebacks / runs ended by a cancel",
          "-" if faults is None else f"{faults['generation_failed']} / {faults['tracebacks']} / "
@@ -393,7 +390,7 @@ def table(report: dict) -> str:
              "| endpoint | requests | completed | refused | cancelled | unexplained | crossed | "
              "first text p50 / p95 (ms) |", "|---|---:|---:|---:|---:|---:|---:|---:|",
              *(f"| {name} | {n['requests']} | {n['completed']} | {n['refused']} | {n['cancelled']} | "
-               f"{n['unexplained']} | {n['crossed']} | {ms(n['ttft_p50_ms'])} / {ms(n['ttft_p95_ms'])} |"
+               f"{n['unexplained']} | {n['crossed']} | {whole(n['ttft_p50_ms'])} / {whole(n['ttft_p95_ms'])} |"
                for name, n in report["by_endpoint"].items())]
     for title in ("unexplained_examples", "crossed_examples"):
         if report[title]:

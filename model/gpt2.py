@@ -66,7 +66,7 @@ class KVCache:
         start = lengths[0]
         if all(n == start for n in lengths):  # every row writes the same slots: plain slicing
             self._rows, self._slots = slice(None, batch), slice(start, self._end)
-            query_slots = torch.arange(start, self._end, device=device).expand(batch, steps)
+            query_slots = None  # built below only if a mask is needed
         else:
             query_slots = torch.tensor(lengths, device=device)[:, None] + torch.arange(steps, device=device)
             self._rows, self._slots = torch.arange(batch, device=device)[:, None], query_slots
@@ -74,6 +74,8 @@ class KVCache:
         self.lengths[:batch] = [n + steps for n in lengths]
         if not self.has_padding and isinstance(self._slots, slice) and (steps == 1 or start == 0):
             return positions, None  # one new token sees every filled slot; a fresh prompt is plain causal
+        if query_slots is None:
+            query_slots = torch.arange(start, self._end, device=device).expand(batch, steps)
         return positions, causal_padding_mask(self.valid[:batch, :self._end], query_slots)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,11 +37,12 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from .checkpoint import BUNDLED_DIR
 from .config import GPT2Config
 from .corpus import pretrain_sources, tinystories_validation_text
 from .gpt2 import GPT2
 from .inspect import residual_stream
-from .tokenizer import SentencePieceTokenizer, Tokenizer
+from .tokenizer import Tokenizer, load_tokenizer
 from .train import TrainSettings, lm_loss, mean_loss, pick_device, random_windows, token_stream, train
 
 # Post-LN is the original Transformer's block, whose last LayerNorm already normalises the output:
@@ -50,7 +51,6 @@ VARIANTS = {"pre": dict(norm_position="pre"), "post": dict(norm_position="post",
             "pre_no_final_norm": dict(norm_position="pre", final_norm=False)}
 INITS = ("xavier", "gpt2")
 DEPTHS = (6, 8, 10, 12, 14)
-TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tokenizer.model"
 
 
 def init_xavier(model: GPT2) -> None:
@@ -72,8 +72,8 @@ def build(config: GPT2Config, init: str, seed: int) -> GPT2:
     return model
 
 
-def bundled_tokenizer() -> SentencePieceTokenizer:
-    return SentencePieceTokenizer.from_file(TOKENIZER)
+def bundled_tokenizer() -> Tokenizer:
+    return load_tokenizer(BUNDLED_DIR)
 
 
 # --- gradnorm ----------------------------------------------------------------------------------
@@ -322,7 +322,11 @@ def json_safe(value):
 
 
 GRID_AXES = ("variants", "warmups", "lrs", "depths", "seeds")
-RUN_KEY = ("variant", "warmup", "lr", "depth", "seed")
+
+
+def run_key(run: dict) -> tuple:
+    """What names a run within a grid."""
+    return tuple(run[k] for k in ("variant", "warmup", "lr", "depth", "seed"))
 
 
 def run_grid(grid: TrainGrid, json_path: Path | None = None, device: str = "auto",
@@ -337,18 +341,19 @@ def run_grid(grid: TrainGrid, json_path: Path | None = None, device: str = "auto
         if previous["settings"] != settings:
             raise SystemExit(f"{json_path} holds a different grid; give another --json or delete it")
         results = previous
-    order = {tuple(run[k] for k in RUN_KEY): i for i, run in enumerate(grid.runs())}
-    done = {tuple(r[k] for k in RUN_KEY) for r in results["runs"]}
+    runs = grid.runs()
+    order = {run_key(run): i for i, run in enumerate(runs)}
+    done = {run_key(r) for r in results["runs"]}
     for part in parts:
         other = json.loads(part.read_text())
         if any(other["settings"][k] != v for k, v in settings.items() if k not in GRID_AXES):
             raise SystemExit(f"{part} was trained with other settings than this grid")
         for r in other["runs"]:
-            if (key := tuple(r[k] for k in RUN_KEY)) in order and key not in done:
+            if run_key(r) in order and run_key(r) not in done:
                 results["runs"].append(r)
-                done.add(key)
-    results["runs"].sort(key=lambda r: order.get(tuple(r[k] for k in RUN_KEY), len(order)))
-    todo = [run for run in grid.runs() if tuple(run[k] for k in RUN_KEY) not in done]
+                done.add(run_key(r))
+    results["runs"].sort(key=lambda r: order.get(run_key(r), len(order)))
+    todo = [run for run in runs if run_key(run) not in done]
     if todo:
         train_data, val_data, tokenizer = pretraining_tokens(grid.train_chars)
         target = pick_device(device)

@@ -31,6 +31,7 @@ from .generate import Sampler, SamplingParams, check_prompt_fits
 from .gpt2 import GPT2, KVCache
 
 DONE = None  # what a request's queue receives after its last token
+MAX_BATCH = 8  # rows of one decode step
 
 
 @dataclass(eq=False)
@@ -67,7 +68,7 @@ class Request:
 class Scheduler:
     """Runs the requests of many threads on one model, in one batch of at most `max_batch` rows."""
 
-    def __init__(self, model: GPT2, max_batch: int = 8):
+    def __init__(self, model: GPT2, max_batch: int = MAX_BATCH):
         self.model = model
         self.max_batch = max_batch
         self.largest_batch = 0  # the most rows one decode step has run: shows that requests shared steps

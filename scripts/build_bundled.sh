@@ -7,15 +7,15 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 BASE=${BASE:-runs/bundled}
 DATA=runs/task-data
-COMMON=(--base "$BASE" --lr 2e-3 --warmup-steps 30 --seed 1337)
+COMMON=(--base "$BASE" --seed 1337)
 
 $PY -m tasks.data --out "$DATA"
 $PY -m tasks.finetune --task translate --data "$DATA/translate-train.jsonl" --val "$DATA/translate-val.jsonl" \
-  --out runs/adapters/translate --steps 1000 --batch-size 32 --max-examples 0 --eval-every 100 "${COMMON[@]}" --lr 3e-3 --warmup-steps 50
+  --out runs/adapters/translate --steps 1000 --batch-size 32 --eval-every 100 --lr 3e-3 --warmup-steps 50 "${COMMON[@]}"
 $PY -m tasks.finetune --task dialogue --data "$DATA/dialogue-train.jsonl" --val "$DATA/dialogue-val.jsonl" \
-  --out runs/adapters/dialogue --steps 250 --batch-size 8 --eval-every 100 "${COMMON[@]}"
+  --out runs/adapters/dialogue --steps 250 --batch-size 8 --eval-every 100 --lr 2e-3 --warmup-steps 30 "${COMMON[@]}"
 $PY -m tasks.finetune --task summarize --data "$DATA/summarize-train.jsonl" --val "$DATA/summarize-val.jsonl" \
-  --out runs/adapters/summarize --steps 120 --batch-size 8 "${COMMON[@]}"
+  --out runs/adapters/summarize --steps 120 --batch-size 8 --lr 2e-3 --warmup-steps 30 "${COMMON[@]}"
 
 # Ship: the base in HF layout and each adapter's two PEFT files.
 mkdir -p assets/adapters

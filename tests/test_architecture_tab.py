@@ -29,6 +29,8 @@ def test_look_inside_draws_both_plots_and_lists_ten_tokens(tiny_checkpoint):
     # Sliders left at a larger model's layer: the request still runs, on this model's last layer.
     *_, layer, head = look_inside(host)("The little bird sang", 12, 12)
     assert layer["value"] == 2 and head["value"] == 2
+    *_, layer, head = look_inside(host)("The little bird sang", float("inf"), 2)  # held to the last layer too
+    assert layer["value"] == 2
 
 
 @pytest.mark.parametrize("prompt, layer, head, message", [

@@ -7,6 +7,7 @@ from pathlib import Path
 import gradio as gr
 from matplotlib.figure import Figure  # not pyplot: figures made per request must not pile up in its registry
 
+from model.generate import brief
 from model.inspect import Inspection, inspect_prompt
 
 from .i18n import i18n
@@ -14,11 +15,14 @@ from .model_host import ModelHost
 from .running import checked_text
 
 
-def checked_setting(name: str, value, low: int, high: int) -> float:
-    """A slider's value as it came in, or a ValueError naming it (the sliders span low..high)."""
+def checked_setting(name: str, value, low: int, high: int) -> int:
+    """A slider's value as an int from low to high, or a ValueError naming it. A larger value is
+    held to high: the sliders were sized for the model served when the page loaded, and another
+    may be served now."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value:
-        raise ValueError(f"{name} must be a number from {low} to {high}, got {value!r}"[:120])
-    return value
+        raise ValueError(f"{name} must be a number from {low} to {high}, got {brief(value)}")
+    return int(min(value, high))
+
 
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
 
@@ -85,9 +89,8 @@ def look_inside(host: ModelHost):
         config = loaded.model.config
         try:
             checked_text("prompt", prompt)  # the same limits as the task tabs
-            # The sliders were sized for the model served when the page loaded; another may be served now.
-            layer = min(int(checked_setting("layer", layer, 1, config.n_layer)), config.n_layer)
-            head = min(int(checked_setting("head", head, 1, config.n_head)), config.n_head)
+            layer = checked_setting("layer", layer, 1, config.n_layer)
+            head = checked_setting("head", head, 1, config.n_head)
             seen = inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1, head - 1)
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from error
