@@ -8,6 +8,7 @@ one batch.
 """
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 import torch
-from transformers import (LogitsProcessorList, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
+from transformers import (LogitsProcessor, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
                           TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from .adapters import active_adapter, check_adapter
@@ -36,6 +37,7 @@ LIMITS = {
     "max_new_tokens": (1, 2048),
     "seed": (0, MAX_SEED),
 }
+INTEGER_SETTINGS = ("top_k", "no_repeat_ngram_size", "max_new_tokens", "seed")
 MAX_STOP_STRINGS, MAX_STOP_LENGTH = 8, 100
 # Between 0 (greedy) and this, sampling is greedy in all but name, and far below it the scores
 # divided by the temperature overflow to infinity, which no sampler can draw from.
@@ -62,17 +64,10 @@ class SamplingParams:
             value = getattr(self, name)
             if value is None and name == "seed":
                 continue
-            is_int = name in ("top_k", "no_repeat_ngram_size", "max_new_tokens", "seed")
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{name} must be {'an integer' if is_int else 'a number'}, got {brief(value)}")
-            if not low <= value <= high:  # also refuses NaN, the infinities and ints too large for a float
-                raise ValueError(f"{name} must be between {low} and {high}, got {brief(value)}")
-            if is_int and value != int(value):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
+            value = check_setting(name, value, low, high, integer=name in INTEGER_SETTINGS)
             if name == "temperature" and 0 < value < MIN_TEMPERATURE:
                 raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {value}")
-            if is_int:
-                object.__setattr__(self, name, int(value))
+            object.__setattr__(self, name, value)
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LENGTH for s in stop):
             raise ValueError(f"stop must be at most {MAX_STOP_STRINGS} non-empty strings "
@@ -83,9 +78,10 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def logits_processors(self) -> LogitsProcessorList:
-        """transformers' own, well-tested implementations of each setting."""
-        processors = LogitsProcessorList()
+    def logits_processors(self) -> list[LogitsProcessor]:
+        """transformers' own, well-tested implementations of each setting, in the order its
+        generate() applies them."""
+        processors = []
         if self.repetition_penalty != 1.0:
             processors.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
         if self.no_repeat_ngram_size > 0:
@@ -128,6 +124,24 @@ def brief(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def check_setting(name: str, value, low, high, integer: bool = False):
+    """`value` if it is a number (an integer, if `integer`) from low to high; otherwise a
+    ValueError that names the setting, its range and what it got. NaN, the infinities, booleans
+    and integers too large for a float are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {brief(value)}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, got {brief(value)}")
+    if integer and value != int(value):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(value) if integer else value
+
+
+def new_token_budget(params: SamplingParams, prompt_length: int, n_positions: int) -> int:
+    """How many tokens a prompt of this length gets: max_new_tokens, or what the context has left."""
+    return min(params.max_new_tokens, n_positions - prompt_length)
+
+
 def resolve_seed(seed: int | None) -> int:
     return random.SystemRandom().randint(0, MAX_SEED) if seed is None else seed
 
@@ -154,10 +168,28 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
         """The next token (shape (1,)) from this sequence's logits (1, vocab) and its tokens so far
         (1, n): the processors see the sequence's own tokens, never another row's or padding."""
-        scores = self.processors(history, logits.float()) if self.processors else logits.float()
+        scores = logits.float()
+        for processor in self.processors:  # not a LogitsProcessorList: it inspects each one's signature every call
+            scores = processor(history, scores)
         if self.greedy:
             return scores.argmax(dim=-1)
-        return torch.multinomial(torch.softmax(scores[0], dim=-1), 1, generator=self.generator)
+        return draw(torch.softmax(scores[0], dim=-1), self.generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token (shape (1,)) from the distribution `probs` (vocab,), with one uniform number
+    from `generator`: where it falls in the cumulative distribution.
+
+    torch.multinomial would draw one exponential number per vocabulary entry (1.3 ms per token
+    for GPT-2's 50,257, docs/performance.md). A token of probability 0 takes no width in the
+    cumulative sum, so it is never drawn.
+    """
+    cumulative = probs.cumsum(0)
+    if not 0 < float(cumulative[-1]) < math.inf:  # NaN fails this too
+        raise ValueError("the probabilities to sample from are not finite: the scores overflowed "
+                         "(a temperature too low for this model?)")
+    point = torch.rand(1, generator=generator, device=probs.device) * cumulative[-1]
+    return torch.searchsorted(cumulative, point, right=True).clamp_(max=probs.numel() - 1)
 
 
 @torch.inference_mode()
@@ -171,11 +203,11 @@ def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams,
     cache at once.
     """
     check_adapter(model, adapter)
-    device = model.transformer.wte.weight.device
+    device = model.device
     for p in prompts:
         check_prompt_fits(model, len(p))
     width = max(len(p) for p in prompts)
-    budget = min(params.max_new_tokens, model.config.n_positions - width)
+    budget = new_token_budget(params, width, model.config.n_positions)
     # Every row's prompt and generated tokens, allocated once: a row's history is a view of it.
     tokens = torch.full((len(prompts), width + budget), pad_id, dtype=torch.long, device=device)
     starts = [width - len(p) for p in prompts]  # where each row's own tokens begin, after its padding
@@ -211,7 +243,8 @@ def stream(model: GPT2 | Scheduler, tokenizer: Tokenizer, prompt: str | list[int
     seed = resolve_seed(params.seed)
     decoder = tokenizer.stream_decoder()
     text, shown, generated = "", 0, []
-    stop_reason = "context_full" if len(prompt_ids) + params.max_new_tokens > model.config.n_positions else "max_tokens"
+    budget = new_token_budget(params, len(prompt_ids), model.config.n_positions)
+    stop_reason = "context_full" if budget < params.max_new_tokens else "max_tokens"
     start = time.perf_counter()
     if isinstance(model, GPT2):
         tokens = decode_tokens(model, [prompt_ids], params, [seed], pad_id=tokenizer.eos_id, adapter=adapter)

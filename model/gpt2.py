@@ -31,6 +31,7 @@ class KVCache:
     """
 
     def __init__(self, config: GPT2Config, batch_size: int, max_len: int, device=None, dtype=None):
+        max_len = min(max_len, config.n_positions)  # no position beyond the context window
         shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
         # Zeros, not torch.empty: a masked-out slot still enters attention with weight 0, and
         # 0 * NaN from uninitialised memory would be NaN.
@@ -43,7 +44,7 @@ class KVCache:
         self.has_padding = False
         self._rows, self._slots, self._end = slice(None), slice(0, 0), 0  # set by advance() for one forward call
 
-    def advance(self, new_valid: torch.Tensor | None, batch: int, steps: int, limit: int):
+    def advance(self, new_valid: torch.Tensor | None, batch: int, steps: int):
         """Take the next `steps` slots of the first `batch` rows for one forward call.
 
         new_valid (batch, steps) marks real tokens (None: all real). Returns the new tokens'
@@ -51,8 +52,8 @@ class KVCache:
         """
         lengths = self.lengths[:batch]
         self._end = max(lengths) + steps
-        if self._end > min(limit, self.max_len):
-            raise ValueError(f"sequence of {self._end} tokens exceeds the context window of {min(limit, self.max_len)}")
+        if self._end > self.max_len:
+            raise ValueError(f"sequence of {self._end} tokens exceeds the context window of {self.max_len}")
         device = self.valid.device
         if new_valid is None:  # all real tokens
             positions = self.positions[:batch, None] + torch.arange(steps, device=device)
@@ -114,12 +115,34 @@ def causal_padding_mask(valid: torch.Tensor, query_slots: torch.Tensor) -> torch
     return ((key_slots <= query_slots) & valid[:, None, None, :]) | (key_slots == query_slots)
 
 
+class Linear(nn.Linear):
+    """nn.Linear that, in a model set up for decoding (`GPT2.use_decode_layout`), runs calls over
+    several sequences at once with oneDNN on a copy of its weight packed for that kernel.
+
+    A decode step over a batch multiplies a few rows by each weight. MKL, behind F.linear, does
+    that at a fraction of the speed it reads one row with (it was 2-3x slower on the CPU in
+    docs/performance.md); oneDNN's kernel on a prepacked weight is not. One sequence (a single
+    user's prompt and tokens) keeps F.linear, which is as fast or faster for it, so the packed
+    copy (as large as the weight) is made only when the model first decodes a batch.
+    """
+    batched_weight: torch.Tensor | None = None  # the oneDNN copy, made on first batched use
+    packs_batches = False  # set by GPT2.use_decode_layout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packs_batches and x.dim() == 3 and x.shape[0] > 1 and not torch.is_grad_enabled() \
+                and x.dtype == self.weight.dtype == torch.float32 and x.device.type == "cpu":
+            if self.batched_weight is None:
+                self.batched_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+            return torch.ops.mkldnn._linear_pointwise(x, self.batched_weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
 class Attention(nn.Module):
     def __init__(self, config: GPT2Config):
         super().__init__()
         self.n_head = config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in one projection
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.c_attn = Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in one projection
+        self.c_proj = Linear(config.n_embd, config.n_embd)
 
     def forward(self, x, mask=None, cache: KVCache | None = None, layer: int = 0):
         B, T, C = x.shape
@@ -136,8 +159,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPT2Config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.c_fc = Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = Linear(4 * config.n_embd, config.n_embd)
 
     def forward(self, x):
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
@@ -171,7 +194,7 @@ class GPT2(nn.Module):
             h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
             ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon) if config.final_norm else nn.Identity(),
         ))
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied output head
         self.apply(self._init_weights)
         # GPT-2 scales the projections that write into the residual stream by 1/sqrt(2 * n_layer).
@@ -198,6 +221,8 @@ class GPT2(nn.Module):
         docs/performance.md MKL reads this order for these shapes about a quarter faster. It is
         for a model that will only generate: the order scatters the row of wte that an embedding
         lookup reads, and training runs keep the default order they were measured with.
+
+        Calls over several sequences (a batched decode step) go to oneDNN instead (see Linear).
         """
         def in_out_order(p: nn.Parameter) -> nn.Parameter:
             return nn.Parameter(p.detach().t().contiguous().t(), requires_grad=p.requires_grad)
@@ -207,11 +232,18 @@ class GPT2(nn.Module):
             block.mlp.c_fc.weight = in_out_order(block.mlp.c_fc.weight)
         self.transformer.wte.weight = in_out_order(self.transformer.wte.weight)
         self.lm_head.weight = self.transformer.wte.weight
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.packs_batches = torch.backends.mkldnn.is_available()
         return self
 
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.wte.weight.device
+
     def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
-        p = self.transformer.wte.weight
-        return KVCache(self.config, batch_size, max_len or self.config.n_positions, p.device, p.dtype)
+        return KVCache(self.config, batch_size, max_len or self.config.n_positions, self.device,
+                       self.transformer.wte.weight.dtype)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
@@ -224,7 +256,7 @@ class GPT2(nn.Module):
         B, T = input_ids.shape
         new_valid = None if attention_mask is None else attention_mask.bool()
         if cache is not None:
-            positions, mask = cache.advance(new_valid, B, T, self.config.n_positions)
+            positions, mask = cache.advance(new_valid, B, T)
         else:
             if T > self.config.n_positions:
                 raise ValueError(f"sequence of {T} tokens exceeds the context window of {self.config.n_positions}")

@@ -95,7 +95,7 @@ def inspect_prompt(model: GPT2, tokenizer: Tokenizer, prompt: str, layer: int = 
     if len(ids) > min(MAX_TOKENS, config.n_positions):
         raise ValueError(f"the prompt has {len(ids)} tokens; the live view takes at most "
                          f"{min(MAX_TOKENS, config.n_positions)}")
-    device = model.transformer.wte.weight.device
+    device = model.device
     batch = torch.tensor([ids], device=device)
     with recording_outputs([model.transformer.h[layer].attn.c_attn, model.transformer.ln_f]) as outputs:
         stream, logits = residual_stream(model, batch)

@@ -27,7 +27,7 @@ import torch
 
 from .adapters import active_adapter, check_adapter
 from .config import GPT2Config
-from .generate import Sampler, SamplingParams, check_prompt_fits
+from .generate import Sampler, SamplingParams, check_prompt_fits, new_token_budget
 from .gpt2 import GPT2, KVCache
 
 DONE = None  # what a request's queue receives after its last token
@@ -88,8 +88,8 @@ class Scheduler:
         retires the request before the next step; the other requests go on as they were."""
         check_adapter(self.model, adapter)
         check_prompt_fits(self.model, len(prompt))
-        device = self.model.transformer.wte.weight.device
-        budget = len(prompt) + min(params.max_new_tokens, self.config.n_positions - len(prompt))
+        device = self.model.device
+        budget = len(prompt) + new_token_budget(params, len(prompt), self.config.n_positions)
         tokens = torch.empty(1, budget, dtype=torch.long, device=device)
         tokens[0, :len(prompt)] = torch.tensor(prompt)
         request = Request(Sampler(params, seed, device), adapter, tokens, len(prompt), budget, queue.SimpleQueue())

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -13,6 +14,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO.parent / "shared" / "data"
 GPT2_BPE = DATA_DIR / "gpt2-bpe"
+ALL_PROJECTIONS = ("c_attn", "c_proj", "c_fc")
 
 
 def copy_gpt2_tokenizer(directory: Path) -> None:
@@ -46,7 +48,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 
 def make_lora_adapter(base, directory: Path, seed: int = 0, r: int = 4,
-                      targets: tuple[str, ...] = ("c_attn", "c_proj", "c_fc")) -> Path:
+                      targets: tuple[str, ...] = ALL_PROJECTIONS) -> Path:
     """A PEFT LoRA adapter for `base` (ours or transformers'), saved by PEFT itself.
 
     PEFT starts lora_B at zero (a no-op adapter); random B makes the adapter change the logits.
@@ -72,18 +74,25 @@ def app_models(tmp_path_factory) -> list[str]:
     """What the app tests start the app with, in this order: a small GPT-2 with a context long enough
     for every task's defaults and LoRA adapters for dialogue and summarize (none for translate); a
     second model without adapters; and a directory that fails to load (no weights)."""
-    from transformers import GPT2LMHeadModel
-
     root = tmp_path_factory.mktemp("app-models")
-    with_adapters = make_hf_checkpoint(root / "with-adapters", n_positions=1024, n_embd=64, n_layer=2, n_head=2)
-    base = GPT2LMHeadModel.from_pretrained(with_adapters)
-    for seed, task in enumerate(("dialogue", "summarize"), start=1):
-        make_lora_adapter(base, with_adapters / "adapters" / task, seed=seed)
+    with_adapters = make_checkpoint_with_adapters(
+        root / "with-adapters", {"dialogue": ALL_PROJECTIONS, "summarize": ALL_PROJECTIONS},
+        n_positions=1024, n_embd=64, n_layer=2, n_head=2)
     plain = make_hf_checkpoint(root / "plain", seed=1, n_positions=256, n_embd=32, n_layer=1, n_head=2)
     broken = root / "broken"
     broken.mkdir()
     shutil.copy(plain / "config.json", broken)
     return [str(with_adapters), str(plain), str(broken)]
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> bool:
+    """Poll `condition` until it holds (True) or timeout_s passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def free_port() -> int:
@@ -117,13 +126,53 @@ def studio_url(app_models) -> Iterator[str]:
         yield url
 
 
-def make_checkpoint_with_adapters(directory: Path, **config) -> Path:
-    """A small transformers GPT-2 checkpoint with two PEFT adapters trained on its Conv1D layers:
-    summarize on every projection, translate on c_attn only."""
+def make_checkpoint_with_adapters(directory: Path, adapters: dict[str, tuple[str, ...]] | None = None,
+                                  **config) -> Path:
+    """A small transformers GPT-2 checkpoint with PEFT adapters trained on its Conv1D layers
+    ({task: target layers}); by default summarize on every projection, translate on c_attn only."""
     from transformers import GPT2LMHeadModel
 
     make_hf_checkpoint(directory, **config)
     hf = GPT2LMHeadModel.from_pretrained(directory)
-    make_lora_adapter(hf, directory / "adapters" / "summarize", seed=1)
-    make_lora_adapter(hf, directory / "adapters" / "translate", seed=2, targets=("c_attn",))
+    adapters = adapters or {"summarize": ALL_PROJECTIONS, "translate": ("c_attn",)}
+    for seed, (task, targets) in enumerate(adapters.items(), start=1):
+        make_lora_adapter(hf, directory / "adapters" / task, seed=seed, targets=targets)
     return directory
+
+
+# The browser, for the UI tests: Debian's chromium (never `playwright install`).
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+SCREENSHOTS = REPO / "test-output"
+TIMEOUT_MS = 60_000  # a generation on a busy 2-core machine
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def open_app(browser, url: str, locale: str = "en-US"):
+    page = browser.new_context(locale=locale, viewport={"width": 1280, "height": 1200}, accept_downloads=True).new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(url)
+    page.wait_for_selector("#generate-run")
+    return page
+
+
+@pytest.fixture
+def page(browser, studio_url):
+    page = open_app(browser, studio_url)
+    yield page
+    page.context.close()
+
+
+def screenshot(page, name: str) -> None:
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / f"{name}.png", full_page=True)

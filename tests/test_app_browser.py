@@ -4,52 +4,19 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
-from .conftest import REPO
+from ui import chat
+
+from .conftest import open_app, screenshot
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's package; never `playwright install`
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-SCREENSHOTS = REPO / "test-output"
-TIMEOUT_MS = 60_000  # a generation on a busy 2-core machine
-
 FABLE = ("A crow found a piece of cheese and flew up into a tree. A fox wanted the cheese. He praised the crow's "
          "voice, and when she opened her beak to sing, the cheese fell down and the fox ate it.")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-def open_app(browser, url: str, locale: str = "en-US") -> Page:
-    page = browser.new_context(locale=locale, viewport={"width": 1280, "height": 1200}, accept_downloads=True).new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(url)
-    page.wait_for_selector("#generate-run")
-    return page
-
-
-@pytest.fixture
-def page(browser, studio_url):
-    page = open_app(browser, studio_url)
-    yield page
-    page.context.close()
-
-
-def screenshot(page: Page, name: str) -> None:
-    SCREENSHOTS.mkdir(exist_ok=True)
-    page.screenshot(path=SCREENSHOTS / f"{name}.png", full_page=True)
 
 
 def status(page: Page, task: str) -> str:
@@ -129,7 +96,24 @@ def chat_turns(page: Page) -> tuple[list[str], list[str]]:
             chatbot.locator("[data-testid=bot]").all_inner_texts())
 
 
-def test_chat_keeps_a_multi_turn_conversation_and_exports_it(page):
+def wait_for_exports(page: Page, directory: Path, count: int) -> None:
+    """Exactly `count` exported conversations in `directory` (given a moment for the last one)."""
+    for _ in range(50):
+        if len(list(directory.iterdir())) >= count:
+            break
+        page.wait_for_timeout(100)
+    page.wait_for_timeout(300)
+    assert len(list(directory.iterdir())) == count
+
+
+def download_export(page: Page) -> dict:
+    with page.expect_download() as download:
+        page.locator("#dialogue-export").click()
+    return json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+
+
+def test_chat_keeps_a_multi_turn_conversation_and_exports_it(page, tmp_path, monkeypatch):
+    monkeypatch.setattr(chat, "EXPORT_DIR", tmp_path)  # the app runs in this process
     page.get_by_role("tab", name="Chat").click()
     message = page.locator("#dialogue-message textarea")
     page.locator("#dialogue-persona textarea").fill("Bot is a friendly sailor.")
@@ -138,11 +122,13 @@ def test_chat_keeps_a_multi_turn_conversation_and_exports_it(page):
     page.locator("#dialogue-run").click()
     wait_for_run(page, "dialogue", 21)
     assert message.input_value() == ""  # sent: the box is ready for the next message
+    wait_for_exports(page, tmp_path, 1)  # one export for the finished turn, not one per streamed chunk
 
     set_setting(page, "dialogue", "seed", 22)
     message.fill("Where are you sailing?")
     message.press("Enter")
     wait_for_run(page, "dialogue", 22)
+    wait_for_exports(page, tmp_path, 2)
     users, bots = chat_turns(page)
     assert [u.strip() for u in users] == ["Hello there", "Where are you sailing?"]
     assert len(bots) == 2 and all(bot.strip() for bot in bots)
@@ -152,11 +138,10 @@ def test_chat_keeps_a_multi_turn_conversation_and_exports_it(page):
     assert sent.endswith("\nUser: Where are you sailing?\nBot:")
     screenshot(page, "dialogue")
 
-    with page.expect_download() as download:
-        page.locator("#dialogue-export").click()
-    exported = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    exported = download_export(page)
     assert exported["persona"] == "Bot is a friendly sailor."
     assert [user for user, _ in exported["history"]] == ["Hello there", "Where are you sailing?"]
+    assert [bot.strip() for _, bot in exported["history"]] == [bot.strip() for bot in bots]  # the whole replies
 
     set_setting(page, "dialogue", "seed", 23)
     page.locator("#dialogue-chatbot [aria-label=Retry]").click()
@@ -166,6 +151,7 @@ def test_chat_keeps_a_multi_turn_conversation_and_exports_it(page):
     page.locator("#dialogue-chatbot [aria-label=Undo]").click()
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(1)
     assert message.input_value() == "Where are you sailing?"
+    assert [user for user, _ in download_export(page)["history"]] == ["Hello there"]
 
     page.locator("#dialogue-chatbot [aria-label=Clear]").click()
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(0)

@@ -11,11 +11,15 @@ from playwright.sync_api import expect
 from ui.architecture import look_inside
 from ui.model_host import ModelHost
 
-from .test_app_browser import TIMEOUT_MS, browser, page, screenshot  # noqa: F401 (fixtures)
+from .conftest import TIMEOUT_MS, make_hf_checkpoint, screenshot
 
 
-def test_look_inside_draws_both_plots_and_lists_ten_tokens(tiny_checkpoint):
-    host = ModelHost([str(tiny_checkpoint)], device="cpu")
+@pytest.fixture(scope="module")
+def host(tiny_checkpoint):
+    return ModelHost([str(tiny_checkpoint)], device="cpu")
+
+
+def test_look_inside_draws_both_plots_and_lists_ten_tokens(host):
     norms, attention, top, layer, head = look_inside(host)("The little bird sang", 2, 2)
     assert isinstance(norms, Figure) and isinstance(attention, Figure)
     assert [line.get_label() for line in norms.axes[0].lines] == ["mean over tokens", "last token"]
@@ -35,11 +39,10 @@ def test_look_inside_draws_both_plots_and_lists_ten_tokens(tiny_checkpoint):
 
 @pytest.mark.parametrize("prompt, layer, head, message", [
     ("x" * 20_001, 1, 1, "prompt is too long: 20,001 characters; the limit is 20,000"),
-    ("The bird", float("nan"), 1, "layer must be a number from 1 to 2, got nan"),
-    ("The bird", 1, None, "head must be a number from 1 to 2, got None"),
+    ("The bird", float("nan"), 1, "layer must be between 1 and 2, got nan"),
+    ("The bird", 1, None, "head must be an integer, got None"),
 ])
-def test_look_inside_refuses_bad_input_with_a_clear_message(tiny_checkpoint, prompt, layer, head, message):
-    host = ModelHost([str(tiny_checkpoint)], device="cpu")
+def test_look_inside_refuses_bad_input_with_a_clear_message(host, prompt, layer, head, message):
     with pytest.raises(gr.Error, match=re.escape(message)):
         look_inside(host)(prompt, layer, head)
 
@@ -55,3 +58,13 @@ def test_the_live_view_shows_the_plots_and_the_top_tokens(page):  # noqa: F811 (
     expect(page.locator("#architecture-norms img")).to_be_visible()
     expect(page.locator("#architecture-attention img")).to_be_visible()
     screenshot(page, "architecture-live-view")
+
+
+def test_a_model_of_one_layer_and_one_head_gets_sliders_and_a_view(tmp_path):
+    import app
+
+    checkpoint = make_hf_checkpoint(tmp_path / "one-layer", n_positions=64, n_embd=32, n_layer=1, n_head=1)
+    host = ModelHost([str(checkpoint)], device="cpu")
+    app.build_app(host)  # Gradio refuses a slider from 1 to 1
+    *_, layer, head = look_inside(host)("The little bird sang", 2, 2)
+    assert layer["value"] == 1 and head["value"] == 1

@@ -15,7 +15,9 @@ import re
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -33,7 +35,7 @@ from ui import chat
 from ui.model_host import ModelHost, ModelLoadError
 from ui.running import MAX_CHARS, MAX_CHAT_TURNS, MAX_EXAMPLE_PAIRS, MAX_NEW_TOKENS
 
-from .conftest import REPO, copy_gpt2_tokenizer, serve_studio
+from .conftest import REPO, copy_gpt2_tokenizer, serve_studio, wait_until
 
 GOOD = {  # a request each endpoint answers
     "/generate": dict(prompt="Once upon a time"),
@@ -262,22 +264,34 @@ def test_the_app_folder_and_model_directories_stay_blocked_when_allowed_paths_op
             assert httpx.get(f"{url}gradio_api/file={path}").status_code == 403, path
 
 
-def ui_event(url: str, api_name: str, data: list) -> list[dict]:
-    """Run one of the UI's own (private) events as the browser does, through Gradio's queue;
-    every message it sent back."""
+def join_queue(url: str, api_name: str, data: list) -> Iterator[dict]:
+    """Run an event (a private one of the UI, too) as the browser does, through Gradio's queue;
+    yield each message it sends back."""
     dependencies = httpx.get(f"{url}config").json()["dependencies"]
     fn_index = next(d["id"] for d in dependencies if d.get("api_name") == api_name)
     session = f"test-{time.monotonic_ns()}"
     httpx.post(f"{url}gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session,
                                                     "event_data": None, "trigger_id": None}).raise_for_status()
-    messages = []
     with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}, timeout=120) as stream:
         for line in stream.iter_lines():
             if line.startswith("data: "):
-                messages.append(json.loads(line.removeprefix("data: ")))
-                if messages[-1]["msg"] == "process_completed":
-                    return messages
+                yield json.loads(line.removeprefix("data: "))
+
+
+def ui_event(url: str, api_name: str, data: list) -> list[dict]:
+    """Every message of one event, to its end."""
+    messages = []
+    for message in join_queue(url, api_name, data):
+        messages.append(message)
+        if message["msg"] == "process_completed":
+            return messages
     raise AssertionError(f"the event did not complete: {messages}")
+
+
+def api_data(client: Client, api_name: str, **values) -> list:
+    """An endpoint's positional data: its parameters' defaults, with `values` by name."""
+    parameters = client.view_api(return_format="dict", print_info=False)["named_endpoints"][api_name]["parameters"]
+    return [values.get(p["parameter_name"], p["parameter_default"]) for p in parameters]
 
 
 def test_the_model_panel_cannot_load_a_path_it_was_not_started_with(url, host, client):
@@ -313,15 +327,6 @@ def test_weights_are_never_unpickled_freely_nor_remote_code_trusted():
 
 # --- faults -------------------------------------------------------------------------------------
 
-def wait_until(condition, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def test_a_cancel_mid_stream_frees_the_request_row(client, host, caplog):
     caplog.set_level(logging.INFO, logger="ui.running")
     scheduler = host.current.scheduler
@@ -337,14 +342,10 @@ def test_a_cancel_mid_stream_frees_the_request_row(client, host, caplog):
 
 def test_a_client_that_leaves_mid_stream_frees_its_row(url, host, client):
     scheduler = host.current.scheduler
-    session = "leaves-mid-stream"
-    fn_index = next(d["id"] for d in httpx.get(f"{url}config").json()["dependencies"] if d.get("api_name") == "generate")
-    httpx.post(f"{url}gradio_api/queue/join", json={
-        "data": ["Once upon a time", 1.0, 40, 1.0, 1.0, 0, MAX_NEW_TOKENS, 1, False], "fn_index": fn_index,
-        "session_hash": session, "event_data": None, "trigger_id": None}).raise_for_status()
-    with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}, timeout=60) as stream:
-        for line in stream.iter_lines():
-            if "process_generating" in line:
+    data = api_data(client, "/generate", prompt="Once upon a time", max_new_tokens=MAX_NEW_TOKENS, seed=1)
+    with closing(join_queue(url, "generate", data)) as messages:
+        for message in messages:
+            if message["msg"] == "process_generating":
                 break  # and hang up
     assert wait_until(lambda: scheduler.rows_in_use == 0), "the request of a client that left still holds its row"
     assert_serving(client)
@@ -377,7 +378,7 @@ def test_a_request_whose_sampling_fails_stops_alone_and_the_batch_goes_on(tiny_c
     good = scheduler.decode(tokenizer.encode("The king said"), params, 3)
     bad = scheduler.decode(tokenizer.encode("Hello"), broken, 1)
     first = next(good)  # both are admitted together
-    with pytest.raises(RuntimeError, match="decoding failed .*probability tensor"):
+    with pytest.raises(RuntimeError, match="decoding failed .*probabilities to sample from are not finite"):
         list(bad)
     rest = list(good)
     assert [int(token) for token in [first, *rest]][:len(alone)] == alone

@@ -16,7 +16,7 @@ from model.quantize import Int8Linear, quantize_weights
 from model.scheduler import Scheduler
 from model.train import TrainSettings, mean_loss, random_windows, train
 
-from .conftest import DATA_DIR, make_checkpoint_with_adapters
+from .conftest import DATA_DIR, make_checkpoint_with_adapters, wait_until
 
 TINYSTORIES_VAL = DATA_DIR / "pretrain" / "tinystories" / "yuninxia_tinystories_val.txt"
 
@@ -142,16 +142,19 @@ def test_each_row_runs_its_own_adapter(loaded):
 
 
 @torch.no_grad()
-def test_decode_layout_changes_memory_order_not_results(loaded):
+def test_decode_layout_changes_kernels_and_memory_order_not_results(loaded):
     model, _ = loaded
     twin = copy_of(model).use_decode_layout()
     assert twin.lm_head.weight is twin.transformer.wte.weight  # still tied
     assert twin.transformer.wte.weight.stride() == (1, model.config.vocab_size)
     ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
-    assert (twin(ids) - model(ids)).abs().max() < 1e-5
+    assert twin.lm_head.batched_weight is None  # made on the first batched call, not before
+    assert (twin(ids) - model(ids)).abs().max() < 1e-5  # two rows: oneDNN on the packed weights
+    assert twin.lm_head.batched_weight is not None and twin.transformer.h[0].mlp.c_fc.batched_weight is not None
     params = SamplingParams(temperature=0, max_new_tokens=20)
-    assert torch.equal(torch.cat(list(decode_tokens(twin, [ids[0].tolist()], params, [0]))),
-                       torch.cat(list(decode_tokens(model, [ids[0].tolist()], params, [0]))))
+    for prompts in ([ids[0].tolist()], [ids[0].tolist(), ids[1, :9].tolist()]):  # alone, and a batch
+        assert torch.equal(torch.stack(list(decode_tokens(twin, prompts, params, [0] * len(prompts)))),
+                           torch.stack(list(decode_tokens(model, prompts, params, [0] * len(prompts)))))
 
 
 # --- the scheduler ------------------------------------------------------------------------------
@@ -286,4 +289,4 @@ def test_a_failed_decode_step_fails_its_rows_and_the_queue_goes_on(loaded):
     finally:
         handle.remove()
     assert failures and tokens == tokens_alone(model, tokenizer, "The cat", params, None)
-    assert scheduler.rows_in_use == 0
+    assert wait_until(lambda: scheduler.rows_in_use == 0)

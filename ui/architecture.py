@@ -7,7 +7,7 @@ from pathlib import Path
 import gradio as gr
 from matplotlib.figure import Figure  # not pyplot: figures made per request must not pile up in its registry
 
-from model.generate import brief
+from model.generate import check_setting
 from model.inspect import Inspection, inspect_prompt
 
 from .i18n import i18n
@@ -19,9 +19,15 @@ def checked_setting(name: str, value, low: int, high: int) -> int:
     """A slider's value as an int from low to high, or a ValueError naming it. A larger value is
     held to high: the sliders were sized for the model served when the page loaded, and another
     may be served now."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value:
-        raise ValueError(f"{name} must be a number from {low} to {high}, got {brief(value)}")
-    return int(min(value, high))
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > high:
+        value = high
+    return check_setting(name, value, low, high, integer=True)
+
+
+def slider_top(count: int) -> int:
+    """A slider's maximum for picking one of `count` layers or heads. Gradio refuses a slider
+    whose maximum is its minimum, so a one-layer model gets 2, which checked_setting holds to 1."""
+    return max(count, 2)
 
 
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
@@ -96,7 +102,8 @@ def look_inside(host: ModelHost):
             raise gr.Error(str(error), print_exception=False) from error
         top = [[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens]  # a random model's are all tiny
         return (residual_norm_figure(seen, loaded.name), attention_figure(seen), top,
-                gr.update(maximum=config.n_layer, value=layer), gr.update(maximum=config.n_head, value=head))
+                gr.update(maximum=slider_top(config.n_layer), value=layer),
+                gr.update(maximum=slider_top(config.n_head), value=head))
     return run
 
 
@@ -127,9 +134,9 @@ def architecture_tab(host: ModelHost) -> None:
         with gr.Row():
             prompt = gr.Textbox(EXAMPLE_PROMPT, label=i18n("prompt"), lines=2, scale=3, elem_id="architecture-prompt")
             with gr.Column(scale=1):
-                layer = gr.Slider(1, config.n_layer, value=config.n_layer, step=1, label=i18n("layer"),
+                layer = gr.Slider(1, slider_top(config.n_layer), value=config.n_layer, step=1, label=i18n("layer"),
                                   elem_id="architecture-layer")
-                head = gr.Slider(1, config.n_head, value=1, step=1, label=i18n("head"), elem_id="architecture-head")
+                head = gr.Slider(1, slider_top(config.n_head), value=1, step=1, label=i18n("head"), elem_id="architecture-head")
                 run_button = gr.Button(i18n("look_inside"), variant="primary", elem_id="architecture-run")
         with gr.Row():
             norms = gr.Plot(label=i18n("residual_norms"), elem_id="architecture-norms")

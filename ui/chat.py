@@ -23,8 +23,8 @@ from .running import MAX_CHARS, MAX_CHAT_TURNS, Param, TaskAPI, checked_text, to
 from .tab import Tab, TaskView, Widgets
 
 EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations"
-# Every change to a conversation writes its export; the newest this many are kept. (Gradio serves
-# its own copy of each, which it deletes after an hour: see delete_cache in app.py.)
+# Every finished turn, undo or clear writes the conversation's export; the newest this many are
+# kept. (Gradio serves its own copy of each, which it deletes after an hour: see delete_cache in app.py.)
 MAX_EXPORTS = 100
 
 
@@ -137,11 +137,17 @@ def prune_exports(newest: Path) -> None:
 def chat_extras(tab: Tab) -> None:
     chatbot, message, persona = (tab.widgets.inputs[name] for name in ("history", "message", "persona"))
     tab.add_run([chatbot.retry], prepare=take_back_last_turn)
-    chatbot.undo(undo, chatbot, [chatbot, message], queue=False, api_visibility="private")
-    chatbot.clear(lambda: ([], "", ""), None, [chatbot, tab.status, tab.prompt_sent], queue=False,
-                  api_visibility="private")
-    gr.on([chatbot.change, persona.change], export_conversation, [chatbot, persona], tab.widgets.more["export"],
-          queue=False, api_visibility="private")
+    undone = chatbot.undo(undo, chatbot, [chatbot, message], queue=False, api_visibility="private")
+    cleared = chatbot.clear(lambda: ([], "", ""), None, [chatbot, tab.status, tab.prompt_sent], queue=False,
+                            api_visibility="private")
+    # Exported when a run, an undo or a clear has finished, not on every change of the chatbot:
+    # a streaming reply changes it with every chunk. (Stop lets the run end by itself, so its
+    # partial reply is exported too; a run cancelled while queued had changed nothing.)
+    export = dict(fn=export_conversation, inputs=[chatbot, persona], outputs=tab.widgets.more["export"],
+                  queue=False, api_visibility="private")
+    for finished in [*tab.run_events, undone, cleared]:
+        finished.then(**export)
+    persona.change(**export)
 
 
 CHAT = TaskView(

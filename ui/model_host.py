@@ -45,7 +45,7 @@ class LoadedModel:
 
     def describe(self) -> str:
         """One Markdown line: what is loaded, for the model panel."""
-        device = self.model.transformer.wte.weight.device
+        device = self.model.device
         return (f"**{self.name}** · {self.model.num_parameters() / 1e6:.1f}M parameters · "
                 f"context {self.context} tokens · tokenizer {self.tokenizer.name} "
                 f"({self.tokenizer.vocab_size:,} tokens) · adapters: {', '.join(self.adapters) or 'none'} · {device}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import numbers
 import threading
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
@@ -18,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from model.generate import LIMITS, SamplingParams, brief
+from model.generate import LIMITS, SamplingParams, brief, check_setting
 from tasks import Task, TaskDone, run_task
 
 from .model_host import ModelHost
@@ -63,11 +62,8 @@ def setting_params(defaults: SamplingParams) -> list[Param]:
 def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
     """The task's defaults with the caller's settings; SamplingParams checks every range, and
     max_new_tokens is held to this app's cap."""
-    seed, max_new_tokens = values["seed"], values["max_new_tokens"]
-    low, high = SETTING_RANGES["max_new_tokens"]
-    if isinstance(max_new_tokens, numbers.Real) and not isinstance(max_new_tokens, bool) and not (
-            low <= max_new_tokens <= high):  # SamplingParams checks the type, and the model's own range
-        raise ValueError(f"max_new_tokens must be between {low} and {high}, got {brief(max_new_tokens)}")
+    seed = values["seed"]
+    check_setting("max_new_tokens", values["max_new_tokens"], *SETTING_RANGES["max_new_tokens"], integer=True)
     settings = {name: values[name] for name, _ in SETTINGS}
     return replace(task.defaults, **settings, seed=None if seed in (None, RANDOM_SEED) else seed)
 
