@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import resource
 import statistics
 import threading
@@ -34,6 +33,7 @@ import torch
 import torch.nn as nn
 import transformers
 
+from bench import cpu_name
 from model import GPT2, GPT2Config, load_pretrained
 from model.checkpoint import BUNDLED_DIR, WEIGHT_FILES, to_our_layout
 from model.generate import SamplingParams, decode_tokens, generate
@@ -41,6 +41,9 @@ from model.quantize import Int8Linear, quantize_weights
 from model.scheduler import Scheduler
 
 PROMPT_TOKENS, PREFILL_TOKENS, BATCH, CLIENTS = 32, 512, 8, 8
+# What bundled_checks measures (None for each when the bundled model has not been trained).
+BUNDLED_KEYS = ("bundled_load_s", "bundled_int8_ppl_ratio", "clients1_tok_s", "clients8_tok_s", "clients1_int8_tok_s",
+                "clients8_int8_tok_s")
 KEYS = ("ours_fp32_tok_s", "ours_int8_tok_s", "hf_sdpa_tok_s", "hf_eager_tok_s", "ours_batch8_tok_s",
         "prefill512_ours_ms", "prefill512_hf_ms", "ttft_ms", "peak_rss_mb", "roofline_fp32_tok_s")
 
@@ -148,14 +151,13 @@ def bundled_checks(directory: Path, device: torch.device, new_tokens: int, reps:
     for each when it has not been trained yet."""
     if not any((directory / name).is_file() for name in WEIGHT_FILES):
         print(f"bundled model: missing (no weights in {directory})")
-        return {key: None for key in ("bundled_load_s", "bundled_int8_ppl_ratio", "clients1_tok_s",
-                                      "clients8_tok_s", "clients1_int8_tok_s", "clients8_int8_tok_s")}
+        return dict.fromkeys(BUNDLED_KEYS)
     start = time.perf_counter()
     model, tokenizer = load_pretrained(directory, device=device)
     load_s = time.perf_counter() - start
     model.use_decode_layout()  # as the app serves it
     int8, _ = load_pretrained(directory, device=device, quantize="int8")
-    ppl = {name: validation_perplexity(m, tokenizer, device) for name, m in (("fp32", model), ("int8", int8))}
+    ppl = validation_perplexity({"fp32": model, "int8": int8}, tokenizer, device)
     print(f"bundled model, 1 and {CLIENTS} scheduler clients, fp32 and int8, {reps} rounds:", flush=True)
     clients = alternate({
         "clients1_tok_s": lambda: scheduler_clients(model, tokenizer, 1, new_tokens),
@@ -166,15 +168,13 @@ def bundled_checks(directory: Path, device: torch.device, new_tokens: int, reps:
     return {"bundled_load_s": load_s, "bundled_int8_ppl_ratio": ppl["int8"] / ppl["fp32"], **clients}
 
 
-def validation_perplexity(model: GPT2, tokenizer, device: torch.device) -> float:
-    """Perplexity on the first windows of each pretraining validation source, averaged."""
-    from model.corpus import pretrain_sources
-    from model.train import mean_loss, token_stream
+def validation_perplexity(models: dict[str, GPT2], tokenizer, device: torch.device) -> dict[str, float]:
+    """Each model's perplexity on the first windows of each pretraining validation source, averaged."""
+    from model.train import pretraining_streams, validation_loss
 
-    block = model.config.n_positions
-    losses = [mean_loss(model, token_stream(docs, tokenizer), block, device, max_windows=16)
-              for docs in pretrain_sources("val").values()]
-    return math.exp(sum(losses) / len(losses))
+    val_data = pretraining_streams(tokenizer, "val")
+    return {name: math.exp(validation_loss(model, val_data, model.config.n_positions, device, max_windows=16)["val_loss"])
+            for name, model in models.items()}
 
 
 def scheduler_clients(model: GPT2, tokenizer, n_clients: int, new_tokens: int) -> float:
@@ -205,10 +205,7 @@ def peak_rss_mb() -> float:
 
 
 def machine() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-             if line.startswith("model name")] if cpuinfo.exists() else []
-    cpu = names[0] if names else platform.processor()
+    cpu = cpu_name()
     if torch.cuda.is_available():
         cpu += f", {torch.cuda.get_device_name()}"
     return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads, "

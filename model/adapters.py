@@ -33,7 +33,7 @@ CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 
 # None (the base model), one adapter name for the whole batch, or {adapter name: its batch rows}.
-ACTIVE: ContextVar[str | dict[str, list[int]] | None] = ContextVar("active_adapter", default=None)
+ACTIVE: ContextVar[str | dict[str, torch.Tensor] | None] = ContextVar("active_adapter", default=None)
 
 
 @contextmanager
@@ -47,7 +47,9 @@ def active_adapter(name: str | None | Sequence[str | None]):
         if len(set(names)) == 1:
             name = names[0]  # the whole batch alike: one update over all rows
         else:
-            name = {n: [row for row, m in enumerate(names) if m == n] for n in dict.fromkeys(names) if n is not None}
+            # Index tensors made once here, not in each layer's hook.
+            name = {n: torch.tensor([row for row, m in enumerate(names) if m == n])
+                    for n in dict.fromkeys(names) if n is not None}
     token = ACTIVE.set(name)
     try:
         yield
@@ -146,8 +148,9 @@ def lora_hook(model: GPT2, module_name: str):
             return None if update is None else output + update
         output = output.clone()  # rows that run the base model keep its output exactly
         for name, rows in active.items():
-            update = lora_update(name, inputs[0][rows])
+            rows = rows.to(output.device)
+            update = lora_update(name, inputs[0].index_select(0, rows))
             if update is not None:
-                output[rows] = output[rows] + update
+                output.index_add_(0, rows, update)
         return output
     return add_update

@@ -120,21 +120,32 @@ class Linear(nn.Linear):
     several sequences at once with oneDNN on a copy of its weight packed for that kernel.
 
     A decode step over a batch multiplies a few rows by each weight. MKL, behind F.linear, does
-    that at a fraction of the speed it reads one row with (it was 2-3x slower on the CPU in
-    docs/performance.md); oneDNN's kernel on a prepacked weight is not. One sequence (a single
-    user's prompt and tokens) keeps F.linear, which is as fast or faster for it, so the packed
-    copy (as large as the weight) is made only when the model first decodes a batch.
+    that 2-3x slower per row than oneDNN's kernel on a prepacked weight on the AVX2 CPU of
+    docs/performance.md. One sequence (a single user's prompt and tokens) keeps F.linear, which
+    is as fast or faster for it, so the packed copy (as large as the weight: the model's weights
+    held twice) is made only when the model first decodes a batch. Two threads making it at once
+    both make the same copy, and one is kept.
     """
-    batched_weight: torch.Tensor | None = None  # the oneDNN copy, made on first batched use
     packs_batches = False  # set by GPT2.use_decode_layout
+    _batched: tuple[tuple, torch.Tensor] | None = None  # (the weight it was packed from, the oneDNN copy)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packs_batches and x.dim() == 3 and x.shape[0] > 1 and not torch.is_grad_enabled() \
                 and x.dtype == self.weight.dtype == torch.float32 and x.device.type == "cpu":
-            if self.batched_weight is None:
-                self.batched_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
-            return torch.ops.mkldnn._linear_pointwise(x, self.batched_weight, self.bias, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(x, self.batched_weight(), self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+    def batched_weight(self) -> torch.Tensor:
+        """The oneDNN copy of the weight as it is now: packed again if the weight was changed or
+        replaced since (its version counter and storage say so)."""
+        source = (self.weight.data_ptr(), self.weight._version)
+        if self._batched is None or self._batched[0] != source:
+            self._batched = (source, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None))
+        return self._batched[1]
+
+    def __getstate__(self):
+        # The oneDNN copy cannot be pickled or deep-copied (it has no plain storage); it is remade on use.
+        return {**super().__getstate__(), "_batched": None}
 
 
 class Attention(nn.Module):

@@ -39,11 +39,12 @@ import torch.nn as nn
 
 from .checkpoint import BUNDLED_DIR
 from .config import GPT2Config
-from .corpus import pretrain_sources, tinystories_validation_text
+from .corpus import tinystories_validation_text
 from .gpt2 import GPT2
 from .inspect import residual_stream
 from .tokenizer import Tokenizer, load_tokenizer
-from .train import TrainSettings, lm_loss, mean_loss, pick_device, random_windows, token_stream, train
+from .train import (TrainSettings, lm_loss, mixed_batches, pick_device, pretraining_streams, random_windows, split_rows,
+                    train, validation_loss)
 
 # Post-LN is the original Transformer's block, whose last LayerNorm already normalises the output:
 # no ln_f on top of it.
@@ -100,9 +101,15 @@ def text_batches(n: int, batch_size: int, block_size: int, seed: int = 0) -> tup
     return [random_windows(data, batch_size, block_size, g, "cpu") for _ in range(n)], tokenizer.vocab_size
 
 
+def mean_and_std(values) -> tuple[float, float]:
+    values = list(values)
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
 def mean_std(rows: list[list[float]]) -> tuple[list[float], list[float]]:
-    columns = list(zip(*rows))
-    return [statistics.fmean(c) for c in columns], [statistics.stdev(c) if len(c) > 1 else 0.0 for c in columns]
+    """Mean and standard deviation of each column."""
+    columns = [mean_and_std(column) for column in zip(*rows)]
+    return [mean for mean, _ in columns], [std for _, std in columns]
 
 
 def gradnorm(seeds: int = 5, n_embd: int = 256, n_head: int = 8, block_size: int = 128, batch_size: int = 8,
@@ -123,15 +130,17 @@ def gradnorm(seeds: int = 5, n_embd: int = 256, n_head: int = 8, block_size: int
         top, top_std = {"depths": list(depths)}, {}
         for variant, switches in VARIANTS.items():
             config = replace(base, **switches)
-            rows = [mlp_out_grad_norms(build(config, init, seed), *batches[seed]) for seed in range(seeds)]
-            per_layer[variant], per_layer_std[variant] = mean_std(rows)
-            last, deepest_stream, top_of_stream = [], [], []
+            rows, last, deepest_stream, top_of_stream = [], [], [], []
             for seed in range(seeds):
-                models = {depth: build(replace(config, n_layer=depth), init, seed) for depth in depths}
-                last.append([mlp_out_grad_norms(models[depth], *batches[seed])[-1] for depth in depths])
+                models = {depth: build(replace(config, n_layer=depth), init, seed)
+                          for depth in sorted({*depths, per_layer_depth})}
+                grads = {depth: mlp_out_grad_norms(model, *batches[seed]) for depth, model in models.items()}
+                rows.append(grads[per_layer_depth])
+                last.append([grads[depth][-1] for depth in depths])
                 streams = {depth: residual_sq_norms(models[depth], batches[seed][0]) for depth in depths}
                 deepest_stream.append(streams[deepest])
                 top_of_stream.append([streams[depth][-1] for depth in depths])
+            per_layer[variant], per_layer_std[variant] = mean_std(rows)
             by_depth[variant], by_depth_std[variant] = mean_std(last)
             residual[variant], residual_std[variant] = mean_std(deepest_stream)
             top[variant], top_std[variant] = mean_std(top_of_stream)
@@ -261,20 +270,6 @@ class TrainGrid:
                 for lr in self.lrs for d in self.depths for s in range(self.seeds)]
 
 
-def pretraining_tokens(train_chars: int | None) -> tuple[dict, dict, Tokenizer]:
-    """Train and validation token streams per source of the pretraining prose, and the tokenizer."""
-    tokenizer = bundled_tokenizer()
-
-    def tokens(documents: list[str]) -> torch.Tensor:
-        if train_chars is not None:
-            documents = ["".join(documents)[:train_chars]]
-        return token_stream(documents, tokenizer)
-
-    train_data = {name: tokens(docs) for name, docs in pretrain_sources("train").items()}
-    val_data = {name: token_stream(docs, tokenizer) for name, docs in pretrain_sources("val").items()}
-    return train_data, val_data, tokenizer
-
-
 def train_one(grid: TrainGrid, run: dict, train_data: dict, val_data: dict, tokenizer: Tokenizer, device) -> dict:
     """One run of the grid; returns run plus its loss curves, final validation loss and verdict."""
     config = GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=grid.block_size, n_embd=grid.n_embd,
@@ -283,22 +278,12 @@ def train_one(grid: TrainGrid, run: dict, train_data: dict, val_data: dict, toke
     model = build(config, grid.init, run["seed"]).to(device)
     settings = TrainSettings(max_steps=grid.steps, lr=run["lr"], warmup_steps=run["warmup"], grad_clip=None,
                              eval_every=grid.eval_every, seed=run["seed"])
-    sources = list(train_data)
-    rows = [grid.batch_size // len(sources)] * len(sources)
-    rows[-1] += grid.batch_size - sum(rows)
-    batch_gen = torch.Generator()
-
-    def next_batch(step):
-        # The batches depend on seed and step only: every variant of a seed trains on the same text.
-        batch_gen.manual_seed(run["seed"] * 1_000_003 + step)
-        parts = [random_windows(train_data[name], n, grid.block_size, batch_gen, device)
-                 for name, n in zip(sources, rows)]
-        return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
+    # Every source an equal share of each batch.
+    next_batch = mixed_batches(train_data, split_rows(grid.batch_size, dict.fromkeys(train_data, 1 / len(train_data))),
+                               grid.block_size, run["seed"], device)
 
     def evaluate():
-        losses = [mean_loss(model, data, grid.block_size, device, max_windows=grid.val_windows)
-                  for data in val_data.values()]
-        return {"val_loss": statistics.fmean(losses)}
+        return validation_loss(model, val_data, grid.block_size, device, max_windows=grid.val_windows)
 
     start_val, started = evaluate()["val_loss"], time.perf_counter()
     history = train(model, next_batch, settings, evaluate=evaluate, log=lambda record: None, progress=False)
@@ -355,7 +340,9 @@ def run_grid(grid: TrainGrid, json_path: Path | None = None, device: str = "auto
     results["runs"].sort(key=lambda r: order.get(run_key(r), len(order)))
     todo = [run for run in runs if run_key(run) not in done]
     if todo:
-        train_data, val_data, tokenizer = pretraining_tokens(grid.train_chars)
+        tokenizer = bundled_tokenizer()
+        train_data = pretraining_streams(tokenizer, "train", grid.train_chars)
+        val_data = pretraining_streams(tokenizer, "val")
         target = pick_device(device)
     for i, run in enumerate(todo, 1):
         record = train_one(grid, run, train_data, val_data, tokenizer, target)
@@ -388,7 +375,8 @@ def format_training(results: dict) -> str:
         values = [v for v in values if v is not None and math.isfinite(v)]
         if not values:
             return "–"
-        return f"{statistics.fmean(values):.3f}" + (f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else "")
+        mean, std = mean_and_std(values)
+        return f"{mean:.3f}" + (f" ± {std:.3f}" if len(values) > 1 else "")
 
     rows = []
     for (variant, warmup, lr, depth), runs in grid_cells(results).items():

@@ -21,7 +21,6 @@ import queue
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
@@ -82,10 +81,11 @@ class Scheduler:
         return self.model.config
 
     def decode(self, prompt: list[int], params: SamplingParams, seed: int,
-               adapter: str | None = None) -> Iterator[torch.Tensor]:
+               adapter: str | None = None) -> "RequestTokens":
         """Queue one request now; its tokens (one (1,)-shaped tensor per step) arrive through the
         returned iterator, as `decode_tokens` yields them for a batch of one. Closing the iterator
-        retires the request before the next step; the other requests go on as they were."""
+        retires the request before the next step (also before its first token); the other requests
+        go on as they were."""
         check_adapter(self.model, adapter)
         check_prompt_fits(self.model, len(prompt))
         device = self.model.device
@@ -97,17 +97,8 @@ class Scheduler:
             self._waiting.append(request)
         return self._tokens_of(request)
 
-    def _tokens_of(self, request: Request) -> Iterator[torch.Tensor]:
-        # The worker starts when a caller first waits for a token, so requests queued together
-        # (by one caller, or by several within a step) start decoding together.
-        self._start_worker()
-        try:
-            while (token := request.out.get()) is not DONE:
-                if isinstance(token, BaseException):
-                    raise RuntimeError(f"decoding failed ({type(token).__name__}: {token})") from token
-                yield token
-        finally:
-            request.cancelled = True  # a no-op once it is done
+    def _tokens_of(self, request: Request) -> "RequestTokens":
+        return RequestTokens(self, request)
 
     def _start_worker(self) -> None:
         with self._lock:
@@ -194,3 +185,39 @@ class Scheduler:
         for row, request in enumerate(active):
             request.logits = logits[row:row + 1]
             request.pick_next()
+
+
+class RequestTokens:
+    """The tokens of one queued request, as an iterator; close() cancels the request.
+
+    Not a generator: closing a generator that has not started runs none of its code, and the
+    request would decode on with no one reading it.
+    """
+
+    def __init__(self, scheduler: Scheduler, request: Request):
+        self._scheduler, self._request = scheduler, request
+        self._started = self._ended = False
+
+    def __iter__(self) -> "RequestTokens":
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self._ended:
+            raise StopIteration
+        if not self._started:
+            # The worker starts when a caller first waits for a token, so requests queued
+            # together (by one caller, or by several within a step) start decoding together.
+            self._started = True
+            self._scheduler._start_worker()
+        token = self._request.out.get()
+        if token is DONE or isinstance(token, BaseException):
+            self.close()
+        if isinstance(token, BaseException):
+            raise RuntimeError(f"decoding failed ({type(token).__name__}: {token})") from token
+        if token is DONE:
+            raise StopIteration
+        return token
+
+    def close(self) -> None:
+        self._ended = True
+        self._request.cancelled = True  # a no-op once it is done

@@ -151,6 +151,44 @@ def mean_loss(model: nn.Module, data: torch.Tensor, block_size: int, device, max
     return sum(losses) / n
 
 
+def pretraining_streams(tokenizer, split: str, chars: int | None = None) -> dict[str, torch.Tensor]:
+    """The token stream of each pretraining source (model/corpus.py) in split "train" or "val";
+    `chars` keeps only the first characters of each source (quick tests)."""
+    from .corpus import pretrain_sources
+
+    return {name: token_stream(docs if chars is None else ["".join(docs)[:chars]], tokenizer)
+            for name, docs in pretrain_sources(split).items()}
+
+
+def split_rows(batch_size: int, weights: dict[str, float]) -> dict[str, int]:
+    """Rows of a batch per source, in proportion to weights; rounding leftovers go to the last."""
+    rows = {name: round(batch_size * w) for name, w in weights.items()}
+    rows[list(rows)[-1]] += batch_size - sum(rows.values())
+    return rows
+
+
+def mixed_batches(train_data: dict[str, torch.Tensor], rows: dict[str, int], block_size: int, seed: int,
+                  device) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+    """next_batch(step): rows[name] random windows of each source. The batches are a function of
+    seed and step alone, so a resumed run sees the batches it would have seen, and the lab's
+    variants of one seed train on the same text."""
+    generator = torch.Generator()
+
+    def next_batch(step: int):
+        generator.manual_seed(seed * 1_000_003 + step)
+        parts = [random_windows(train_data[name], n, block_size, generator, device) for name, n in rows.items() if n > 0]
+        return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
+    return next_batch
+
+
+def validation_loss(model: nn.Module, val_data: dict[str, torch.Tensor], block_size: int, device,
+                    max_windows: int = 64) -> dict[str, float]:
+    """Mean loss on each source's validation stream (val_<source>) and their mean (val_loss)."""
+    losses = {f"val_{name}": mean_loss(model, data, block_size, device, max_windows=max_windows)
+              for name, data in val_data.items()}
+    return {"val_loss": sum(losses.values()) / len(losses), **losses}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m model.train", description=(
         "Pretrain a Pre-LN GPT-2 from scratch on the prose in ../shared/data/pretrain "
@@ -187,7 +225,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     from .checkpoint import load_pretrained, save_pretrained
     from .config import GPT2Config
-    from .corpus import pretrain_sources
     from .gpt2 import GPT2
     from .tokenizer import SentencePieceTokenizer
 
@@ -203,8 +240,7 @@ def main(argv=None) -> None:
         split = int(len(data) * 0.9)
         train_data, val_data, weights = {"text": data[:split]}, {"text": data[split:]}, {"text": 1.0}
     else:
-        train_data = {name: token_stream(docs, tokenizer) for name, docs in pretrain_sources("train").items()}
-        val_data = {name: token_stream(docs, tokenizer) for name, docs in pretrain_sources("val").items()}
+        train_data, val_data = pretraining_streams(tokenizer, "train"), pretraining_streams(tokenizer, "val")
         weights = {"tinystories": args.tinystories_fraction, "gutenberg": 1 - args.tinystories_fraction}
     for name in train_data:
         print(f"{name}: train tokens {len(train_data[name]):,}  val tokens {len(val_data[name]):,}")
@@ -228,25 +264,15 @@ def main(argv=None) -> None:
         model = GPT2(config).to(device)
         state = None
     optimizer = make_optimizer(model, settings)
-    # Batches are a function of the step alone, so a resumed run sees the batches it would have seen.
-    batch_gen = torch.Generator()
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         print(f"resumed at step {start_step}")
     print(f"parameters {model.num_parameters():,}")
 
-    rows = {name: round(args.batch_size * w) for name, w in weights.items()}
-    rows[list(rows)[-1]] += args.batch_size - sum(rows.values())  # rounding leftovers go to the last source
-
-    def next_batch(step):
-        batch_gen.manual_seed(args.seed * 1_000_003 + step)
-        parts = [random_windows(train_data[name], n, args.block_size, batch_gen, device)
-                 for name, n in rows.items() if n > 0]
-        return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
+    next_batch = mixed_batches(train_data, split_rows(args.batch_size, weights), args.block_size, args.seed, device)
 
     def evaluate():
-        losses = {f"val_{name}": mean_loss(model, data, args.block_size, device) for name, data in val_data.items()}
-        return {"val_loss": sum(losses.values()) / len(losses), **losses}
+        return validation_loss(model, val_data, args.block_size, device)
 
     def save(step, opt):
         save_pretrained(model, tokenizer, args.out)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import sys
 import time
 from dataclasses import asdict, replace
@@ -20,6 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench import cpu_name  # noqa: E402
 from model import load_pretrained  # noqa: E402
 from model.checkpoint import BUNDLED_DIR  # noqa: E402
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TaskDone, TranslateInputs, run_task  # noqa: E402
@@ -60,15 +59,6 @@ def train_command(train_args: dict) -> str:
              "tinystories_fraction", "seed"]
     return "python -m model.train --out runs/bundled " + " ".join(
         f"--{name.replace('_', '-')} {train_args[name]}" for name in flags)
-
-
-def cpu_name() -> str:
-    try:
-        info = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        name = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        name = platform.processor() or "unknown CPU"
-    return name
 
 
 def main(argv=None) -> None:

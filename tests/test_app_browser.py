@@ -106,10 +106,17 @@ def wait_for_exports(page: Page, directory: Path, count: int) -> None:
     assert len(list(directory.iterdir())) == count
 
 
-def download_export(page: Page) -> dict:
-    with page.expect_download() as download:
-        page.locator("#dialogue-export").click()
-    return json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+def download_export(page: Page, turns: int) -> dict:
+    """The export button's conversation, once it has `turns` turns: the button gets its new file
+    a moment after the chatbot changes. (After a few tries, whatever it has: the test's assert says.)"""
+    for _ in range(20):
+        with page.expect_download() as download:
+            page.locator("#dialogue-export").click()
+        exported = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+        if len(exported["history"]) == turns:
+            break
+        page.wait_for_timeout(250)
+    return exported
 
 
 def test_chat_keeps_a_multi_turn_conversation_and_exports_it(page, tmp_path, monkeypatch):
@@ -138,7 +145,7 @@ def test_chat_keeps_a_multi_turn_conversation_and_exports_it(page, tmp_path, mon
     assert sent.endswith("\nUser: Where are you sailing?\nBot:")
     screenshot(page, "dialogue")
 
-    exported = download_export(page)
+    exported = download_export(page, 2)
     assert exported["persona"] == "Bot is a friendly sailor."
     assert [user for user, _ in exported["history"]] == ["Hello there", "Where are you sailing?"]
     assert [bot.strip() for _, bot in exported["history"]] == [bot.strip() for bot in bots]  # the whole replies
@@ -151,7 +158,7 @@ def test_chat_keeps_a_multi_turn_conversation_and_exports_it(page, tmp_path, mon
     page.locator("#dialogue-chatbot [aria-label=Undo]").click()
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(1)
     assert message.input_value() == "Where are you sailing?"
-    assert [user for user, _ in download_export(page)["history"]] == ["Hello there"]
+    assert [user for user, _ in download_export(page, 1)["history"]] == ["Hello there"]
 
     page.locator("#dialogue-chatbot [aria-label=Clear]").click()
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(0)

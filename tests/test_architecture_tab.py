@@ -48,7 +48,7 @@ def test_look_inside_refuses_bad_input_with_a_clear_message(host, prompt, layer,
 
 
 @pytest.mark.browser
-def test_the_live_view_shows_the_plots_and_the_top_tokens(page):  # noqa: F811 (fixture)
+def test_the_live_view_shows_the_plots_and_the_top_tokens(page):
     page.get_by_role("tab", name="Architecture").click()
     expect(page.get_by_text("h = ln_f(h)")).to_be_visible()
     page.locator("#architecture-prompt textarea").fill("The little bird sang a song")

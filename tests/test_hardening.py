@@ -347,6 +347,8 @@ def test_a_client_that_leaves_mid_stream_frees_its_row(url, host, client):
         for message in messages:
             if message["msg"] == "process_generating":
                 break  # and hang up
+        else:
+            pytest.fail("the request never started generating")
     assert wait_until(lambda: scheduler.rows_in_use == 0), "the request of a client that left still holds its row"
     assert_serving(client)
 

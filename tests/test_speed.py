@@ -2,14 +2,17 @@
 continuous-batching scheduler. How fast they are is measured by `python -m bench.decode`, not here."""
 from __future__ import annotations
 
+import copy
 import math
 import threading
 from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from model import GPT2, GPT2Config, load_pretrained
+from model.gpt2 import Linear
 from model.adapters import active_adapter
 from model.generate import Chunk, Result, Sampler, SamplingParams, decode_tokens, generate, stream
 from model.quantize import Int8Linear, quantize_weights
@@ -107,6 +110,18 @@ def loaded(adapter_checkpoint):
 
 
 @torch.no_grad()
+@torch.no_grad()
+def test_batched_calls_follow_a_changed_weight():
+    layer = Linear(8, 4)
+    layer.packs_batches = True
+    x = torch.randn(3, 1, 8)
+    assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-6)
+    layer.weight.mul_(2)  # in place: the packed copy is stale
+    assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-6)
+    layer.weight = torch.nn.Parameter(torch.randn(4, 8))  # replaced
+    assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-6)
+
+
 def test_rows_of_different_lengths_decode_together(loaded):
     """Two prompts prefilled alone and joined in one cache, then decoded in one batch, give the
     logits of a full recompute of each row."""
@@ -148,9 +163,10 @@ def test_decode_layout_changes_kernels_and_memory_order_not_results(loaded):
     assert twin.lm_head.weight is twin.transformer.wte.weight  # still tied
     assert twin.transformer.wte.weight.stride() == (1, model.config.vocab_size)
     ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
-    assert twin.lm_head.batched_weight is None  # made on the first batched call, not before
+    assert twin.lm_head._batched is None  # made on the first batched call, not before
     assert (twin(ids) - model(ids)).abs().max() < 1e-5  # two rows: oneDNN on the packed weights
-    assert twin.lm_head.batched_weight is not None and twin.transformer.h[0].mlp.c_fc.batched_weight is not None
+    assert twin.lm_head._batched is not None and twin.transformer.h[0].mlp.c_fc._batched is not None
+    assert torch.equal(copy.deepcopy(twin)(ids), twin(ids))  # a model holding packed weights still copies
     params = SamplingParams(temperature=0, max_new_tokens=20)
     for prompts in ([ids[0].tolist()], [ids[0].tolist(), ids[1, :9].tolist()]):  # alone, and a batch
         assert torch.equal(torch.stack(list(decode_tokens(twin, prompts, params, [0] * len(prompts)))),
@@ -179,9 +195,12 @@ def tokens_alone(model, tokenizer, prompt, params, adapter) -> list[int]:
                                              adapter=adapter)]
 
 
-@pytest.fixture(scope="module", params=["fp32", "int8"])
+@pytest.fixture(scope="module", params=["fp32", "fp32 as the app serves it", "int8"])
 def loaded_any(request, adapter_checkpoint):
-    return load_pretrained(adapter_checkpoint, quantize=None if request.param == "fp32" else request.param)
+    model, tokenizer = load_pretrained(adapter_checkpoint, quantize="int8" if request.param == "int8" else None)
+    if request.param == "fp32 as the app serves it":
+        model.use_decode_layout()  # one row on MKL, batches on oneDNN
+    return model, tokenizer
 
 
 def test_requests_decoded_together_equal_each_alone(loaded_any):
@@ -264,6 +283,18 @@ def test_cancelling_one_request_leaves_the_others_unchanged(loaded):
     assert cancelled.token_ids == alone[1].token_ids[:cancelled.generated_tokens]
     for i in (0, 2, 3):
         assert results[i].token_ids == alone[i].token_ids and len(results[i].token_ids) == 60
+
+
+def test_a_request_closed_before_its_first_token_never_decodes(loaded):
+    model, tokenizer = loaded
+    scheduler = Scheduler(model)
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    left = scheduler.decode(tokenizer.encode("Once upon"), params, 0)
+    left.close()  # its caller went away before reading anything
+    kept = [int(t[0]) for t in scheduler.decode(tokenizer.encode("The cat"), params, 0)]
+    assert kept == tokens_alone(model, tokenizer, "The cat", params, None)
+    assert scheduler.largest_batch == 1  # the closed request never took a row
+    assert next(left, None) is None
 
 
 def test_a_failed_decode_step_fails_its_rows_and_the_queue_goes_on(loaded):
