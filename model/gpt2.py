@@ -40,7 +40,7 @@ class KVCache:
         self.valid = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
         self.positions = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.lengths = [0] * batch_size  # slots filled in each row; Python ints, so no device sync to read
-        self.max_len = max_len
+        self.max_len, self.n_positions = max_len, config.n_positions
         self.has_padding = False
         self._rows, self._slots, self._end = slice(None), slice(0, 0), 0  # set by advance() for one forward call
 
@@ -90,6 +90,22 @@ class KVCache:
             values[self._rows, :, self._slots] = v.transpose(1, 2)
         batch = k.shape[0]
         return keys[:batch, :, :self._end], values[:batch, :, :self._end]
+
+    def grow(self, max_len: int) -> None:
+        """Room for max_len slots per row (at most the context window), keeping what is filled:
+        a batch's cache starts as long as its requests need, not as long as the context."""
+        max_len = min(max_len, self.n_positions)
+        if max_len <= self.max_len:
+            return
+        filled = max(self.lengths)
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros(*old.shape[:3], max_len, old.shape[4])
+            new[:, :, :, :filled] = old[:, :, :, :filled]
+            setattr(self, name, new)
+        valid = self.valid.new_zeros(self.valid.shape[0], max_len)
+        valid[:, :filled] = self.valid[:, :filled]
+        self.valid, self.max_len = valid, max_len
 
     def copy_row(self, row: int, source: "KVCache", source_row: int = 0) -> None:
         """Make row `row` a copy of `source`'s row `source_row`: a request joining a running batch,
@@ -253,7 +269,7 @@ class GPT2(nn.Module):
         return self.transformer.wte.weight.device
 
     def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
-        return KVCache(self.config, batch_size, max_len or self.config.n_positions, self.device,
+        return KVCache(self.config, batch_size, self.config.n_positions if max_len is None else max_len, self.device,
                        self.transformer.wte.weight.dtype)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

@@ -30,6 +30,7 @@ from .generate import Sampler, SamplingParams, check_prompt_fits, new_token_budg
 from .gpt2 import GPT2, KVCache
 
 DONE = None  # what a request's queue receives after its last token
+CACHE_STEP = 128  # the batch's cache grows in steps of this many slots
 MAX_BATCH = 8  # rows of one decode step
 
 
@@ -111,8 +112,9 @@ class Scheduler:
             active: list[Request] = []  # row i of the batch is active[i]
             try:
                 with torch.inference_mode():
-                    # The batch's cache lives while the worker runs: an idle app holds none.
-                    cache = self.model.new_cache(self.max_batch)
+                    # The batch's cache lives while the worker runs: an idle app holds none. It
+                    # starts empty and grows to what the admitted requests can reach.
+                    cache = self.model.new_cache(self.max_batch, max_len=0)
                     while self._admit(active, cache):
                         self._step(active, cache)
                 return
@@ -156,6 +158,7 @@ class Scheduler:
                 with active_adapter(request.adapter):
                     request.logits = self.model(request.tokens[:, :request.length], cache=prompt_cache,
                                                 last_only=True)[:, -1]
+                cache.grow(cache_length(request.budget))
                 cache.copy_row(len(active), prompt_cache)
             except Exception as error:  # e.g. out of memory for this one prompt: the batch goes on without it
                 request.fail(error)
@@ -185,6 +188,12 @@ class Scheduler:
         for row, request in enumerate(active):
             request.logits = logits[row:row + 1]
             request.pick_next()
+
+
+def cache_length(budget: int) -> int:
+    """The cache length that holds a request of `budget` tokens, rounded up to CACHE_STEP so that
+    the cache grows (and copies itself) a few times, not with each request."""
+    return -(-budget // CACHE_STEP) * CACHE_STEP
 
 
 class RequestTokens:

@@ -16,6 +16,7 @@ from model.gpt2 import Linear
 from model.adapters import active_adapter
 from model.generate import Chunk, Result, Sampler, SamplingParams, decode_tokens, generate, stream
 from model.quantize import Int8Linear, quantize_weights
+from model import scheduler as scheduler_module
 from model.scheduler import Scheduler
 from model.train import TrainSettings, mean_loss, random_windows, train
 
@@ -283,6 +284,19 @@ def test_cancelling_one_request_leaves_the_others_unchanged(loaded):
     assert cancelled.token_ids == alone[1].token_ids[:cancelled.generated_tokens]
     for i in (0, 2, 3):
         assert results[i].token_ids == alone[i].token_ids and len(results[i].token_ids) == 60
+
+
+def test_the_batch_cache_grows_as_requests_join(loaded, monkeypatch):
+    monkeypatch.setattr(scheduler_module, "CACHE_STEP", 16)
+    model, tokenizer = loaded
+    short = SamplingParams(temperature=0, max_new_tokens=20)  # 4 + 20 tokens: a cache of 32 slots
+    long = SamplingParams(temperature=0.9, seed=5, max_new_tokens=70)  # 3 + 70: it grows to 80, row 0 filled
+    scheduler = Scheduler(model)
+    first = scheduler.decode(tokenizer.encode("Once upon a time"), short, 0)
+    second = scheduler.decode(tokenizer.encode("The cat sat"), long, 5)
+    assert [int(t[0]) for t in first] == tokens_alone(model, tokenizer, "Once upon a time", short, None)
+    assert [int(t[0]) for t in second] == tokens_alone(model, tokenizer, "The cat sat", long, None)
+    assert scheduler.largest_batch == 2
 
 
 def test_a_request_closed_before_its_first_token_never_decodes(loaded):
