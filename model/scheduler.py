@@ -17,8 +17,10 @@ ones go on. Callers use the scheduler through
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from collections import deque
 from dataclasses import dataclass
 
@@ -76,6 +78,21 @@ class Scheduler:
         self._lock = threading.Lock()  # guards _waiting and _worker
         self._waiting: deque[Request] = deque()
         self._worker: threading.Thread | None = None
+        self._closed = False
+        OPEN.add(self)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop decoding: the running and waiting requests end with an error at the next step,
+        new ones are refused, and the worker thread is waited for (at most timeout_s).
+
+        Called for every scheduler at interpreter exit: a worker still inside a matrix kernel
+        while the interpreter tears itself down aborts the process.
+        """
+        with self._lock:
+            self._closed = True
+            worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout_s)
 
     @property
     def config(self) -> GPT2Config:
@@ -87,6 +104,8 @@ class Scheduler:
         returned iterator, as `decode_tokens` yields them for a batch of one. Closing the iterator
         retires the request before the next step (also before its first token); the other requests
         go on as they were."""
+        if self._closed:
+            raise RuntimeError("the scheduler was closed")
         check_adapter(self.model, adapter)
         check_prompt_fits(self.model, len(prompt))
         device = self.model.device
@@ -138,7 +157,13 @@ class Scheduler:
 
     def _admit(self, active: list[Request], cache: KVCache) -> bool:
         """Retire finished rows and fill free ones from the queue; False (and the worker ends)
-        when nothing is left to run."""
+        when nothing is left to run or the scheduler was closed."""
+        if self._closed:
+            with self._lock:
+                stranded, self._worker = list(self._waiting), None
+                self._waiting.clear()
+            self._fail(active + stranded, RuntimeError("the scheduler was closed"))
+            return False
         for row in reversed(range(len(active))):
             if active[row].done:
                 self._retire(active, cache, row)
@@ -188,6 +213,15 @@ class Scheduler:
         for row, request in enumerate(active):
             request.logits = logits[row:row + 1]
             request.pick_next()
+
+
+OPEN: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()  # every scheduler not yet collected
+
+
+@atexit.register
+def close_all() -> None:
+    for scheduler in list(OPEN):
+        scheduler.close()
 
 
 def cache_length(budget: int) -> int:

@@ -299,6 +299,35 @@ def test_the_batch_cache_grows_as_requests_join(loaded, monkeypatch):
     assert scheduler.largest_batch == 2
 
 
+def test_closing_the_scheduler_ends_its_requests_and_its_worker(loaded):
+    model, tokenizer = loaded
+    scheduler = Scheduler(model)
+    params = SamplingParams(temperature=0, max_new_tokens=50)
+    gate = threading.Event()
+
+    def hold_decode_steps(module, args):
+        if args[0].shape[1] == 1:  # one new token per row: a decode step waits for the test
+            gate.wait(10)
+
+    handle = model.register_forward_pre_hook(hold_decode_steps)
+    try:
+        tokens = scheduler.decode(tokenizer.encode("Once upon"), params, 0)
+        next(tokens)  # the token from the prompt; the first decode step is now held
+        worker = scheduler._worker
+        closer = threading.Thread(target=scheduler.close)
+        closer.start()
+        assert wait_until(lambda: scheduler._closed)
+        gate.set()
+        closer.join(10)
+    finally:
+        handle.remove()
+    assert not worker.is_alive() and scheduler.rows_in_use == 0
+    with pytest.raises(RuntimeError, match="decoding failed .RuntimeError: the scheduler was closed"):
+        list(tokens)
+    with pytest.raises(RuntimeError, match="the scheduler was closed"):
+        scheduler.decode(tokenizer.encode("The cat"), params, 0)
+
+
 def test_a_request_closed_before_its_first_token_never_decodes(loaded):
     model, tokenizer = loaded
     scheduler = Scheduler(model)
