@@ -31,6 +31,9 @@ def set_setting(page: Page, task: str, name: str, value: int) -> None:
         accordion.click()
     box.fill(str(value))
     box.press("Tab")
+    slider = page.locator(f"#{task}-{name} input[type=range]")
+    if slider.count():  # the slider itself took the value, not only its number box
+        expect(slider).to_have_value(str(value))
 
 
 def wait_for_run(page: Page, task: str, seed: int) -> str:
