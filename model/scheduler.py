@@ -28,7 +28,7 @@ import torch
 
 from .adapters import active_adapter, check_adapter
 from .config import GPT2Config
-from .generate import Sampler, SamplingParams, check_prompt_fits, new_token_budget
+from .generate import Sampler, SamplingParams, check_prompt_fits, new_token_budget, pick_tokens
 from .gpt2 import GPT2, KVCache
 
 DONE = None  # what a request's queue receives after its last token
@@ -44,7 +44,6 @@ class Request:
     length: int  # tokens filled so far
     budget: int  # the length at which it is done (the context or max_new_tokens is full)
     out: queue.SimpleQueue  # its sampled tokens, then DONE (or the exception that stopped it)
-    logits: torch.Tensor | None = None  # (1, vocab): scores for its next token
     cancelled: bool = False  # set by its caller's thread; the scheduler retires it before the next step
     failed: bool = False  # its own prefill or sampling raised; the scheduler retires it, the others go on
 
@@ -56,11 +55,14 @@ class Request:
         self.failed = True
         self.out.put(error)
 
-    def pick_next(self) -> None:
-        try:
-            token = self.sampler(self.logits, self.tokens[:, :self.length])
-        except Exception as error:  # this request's settings or scores, not the batch: it alone stops
-            self.fail(error)
+    @property
+    def history(self) -> torch.Tensor:
+        return self.tokens[:, :self.length]
+
+    def take(self, token: torch.Tensor | Exception) -> None:
+        """Record its sampled token, or the error its own sampling raised: it alone stops."""
+        if isinstance(token, Exception):
+            self.fail(token)
             return
         self.tokens[0, self.length] = token
         self.length += 1
@@ -181,15 +183,14 @@ class Scheduler:
             try:
                 prompt_cache = self.model.new_cache(1, request.length)
                 with active_adapter(request.adapter):
-                    request.logits = self.model(request.tokens[:, :request.length], cache=prompt_cache,
-                                                last_only=True)[:, -1]
+                    logits = self.model(request.history, cache=prompt_cache, last_only=True)[:, -1]
                 cache.grow(cache_length(request.budget))
                 cache.copy_row(len(active), prompt_cache)
             except Exception as error:  # e.g. out of memory for this one prompt: the batch goes on without it
                 request.fail(error)
                 continue
             active.append(request)
-            request.pick_next()
+            request.take(pick_tokens([request.sampler], logits, [request.history])[0])
         self.rows_in_use = len(active)
         return True
 
@@ -210,9 +211,9 @@ class Scheduler:
         last_tokens = torch.cat([request.tokens[:, request.length - 1] for request in active])[:, None]
         with active_adapter([request.adapter for request in active]):
             logits = self.model(last_tokens, cache=cache)[:, -1]
-        for row, request in enumerate(active):
-            request.logits = logits[row:row + 1]
-            request.pick_next()
+        picked = pick_tokens([request.sampler for request in active], logits, [request.history for request in active])
+        for request, token in zip(active, picked):
+            request.take(token)
 
 
 OPEN: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()  # every scheduler not yet collected

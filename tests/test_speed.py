@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from model import GPT2, GPT2Config, load_pretrained
 from model.gpt2 import Linear
 from model.adapters import active_adapter
-from model.generate import Chunk, Result, Sampler, SamplingParams, decode_tokens, generate, stream
+from model.generate import Chunk, Result, Sampler, SamplingParams, decode_tokens, generate, pick_tokens, stream
 from model.quantize import Int8Linear, quantize_weights
 from model import scheduler as scheduler_module
 from model.scheduler import Scheduler
@@ -94,6 +94,18 @@ def test_sampler_draws_from_the_processed_distribution():
     expected = torch.softmax(logits[0, :3] / 0.5, dim=0)
     observed = torch.bincount(draws, minlength=4) / len(draws)
     assert observed[3] == 0 and (observed[:3] - expected).abs().max() < 0.01
+
+
+def test_rows_with_the_same_settings_sample_together_as_each_would_alone():
+    params = SamplingParams(temperature=0.9, top_k=50, top_p=0.95)
+    cpu = torch.device("cpu")
+    crowd, alone = [Sampler(params, seed, cpu) for seed in range(4)], [Sampler(params, seed, cpu) for seed in range(4)]
+    assert len({sampler.key for sampler in crowd}) == 1  # one group: processors and softmax run once for all rows
+    history = torch.zeros(1, 3, dtype=torch.long)
+    for step in range(30):
+        logits = torch.randn(4, 1000, generator=torch.Generator().manual_seed(step))
+        together = [int(token) for token in pick_tokens(crowd, logits, [history] * 4)]
+        assert together == [int(alone[row](logits[row:row + 1], history)) for row in range(4)]
 
 
 # --- per-row cache positions and adapters --------------------------------------------------------
