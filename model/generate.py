@@ -181,12 +181,13 @@ class Sampler:
 def pick_tokens(samplers: list[Sampler], logits: torch.Tensor,
                 histories: list[torch.Tensor]) -> list[torch.Tensor | Exception]:
     """The next token (shape (1,)) of each row of logits (rows, vocab), or the error its sampling
-    raised (that row alone fails).
+    raised (only the rows of that error's group fail; scores that are not finite fail their row).
 
     Rows whose samplers share a key run the processors, the softmax and the cumulative sum in one
-    call, each row drawing with its own generator. Every step works row by row, so a row gets the
-    same token as it does alone, in a call of one; one call instead of one per row is what makes
-    sampling cheap for a batch.
+    call, each row drawing with its own generator. On a CPU every step works row by row, so a row
+    gets the same token as it does alone, in a call of one; one call instead of one per row is
+    what makes sampling cheap for a batch. (On a GPU, a cumulative sum over one row and over
+    several may add in different orders, as the matrix kernels do.)
     """
     groups: dict = {}
     for row, sampler in enumerate(samplers):

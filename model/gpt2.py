@@ -93,19 +93,19 @@ class KVCache:
 
     def grow(self, max_len: int) -> None:
         """Room for max_len slots per row (at most the context window), keeping what is filled:
-        a batch's cache starts as long as its requests need, not as long as the context."""
-        max_len = min(max_len, self.n_positions)
+        a batch's cache starts as long as its requests need, not as long as the context. Old and
+        new tensors coexist while it copies, so past half the context it goes to the whole of it
+        at once rather than copying a large cache again soon after."""
         if max_len <= self.max_len:
             return
+        max_len = self.n_positions if max_len > self.n_positions // 2 else max_len
         filled = max(self.lengths)
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            new = old.new_zeros(*old.shape[:3], max_len, old.shape[4])
+        keys, values = (old.new_zeros(*old.shape[:3], max_len, old.shape[4]) for old in (self.keys, self.values))
+        valid = self.valid.new_zeros(self.valid.shape[0], max_len)  # all allocated before any is replaced
+        for new, old in ((keys, self.keys), (values, self.values)):
             new[:, :, :, :filled] = old[:, :, :, :filled]
-            setattr(self, name, new)
-        valid = self.valid.new_zeros(self.valid.shape[0], max_len)
         valid[:, :filled] = self.valid[:, :filled]
-        self.valid, self.max_len = valid, max_len
+        self.keys, self.values, self.valid, self.max_len = keys, values, valid, max_len
 
     def copy_row(self, row: int, source: "KVCache", source_row: int = 0) -> None:
         """Make row `row` a copy of `source`'s row `source_row`: a request joining a running batch,

@@ -93,7 +93,12 @@ class Scheduler:
         with self._lock:
             self._closed = True
             worker = self._worker
-        if worker is not None and worker is not threading.current_thread():
+            stranded = [] if worker is not None else list(self._waiting)  # a worker fails its own
+            if worker is None:
+                self._waiting.clear()
+        for request in stranded:
+            request.fail(RuntimeError("the scheduler was closed"))
+        if worker is not None and worker.is_alive() and worker is not threading.current_thread():
             worker.join(timeout_s)
 
     @property
@@ -106,8 +111,6 @@ class Scheduler:
         returned iterator, as `decode_tokens` yields them for a batch of one. Closing the iterator
         retires the request before the next step (also before its first token); the other requests
         go on as they were."""
-        if self._closed:
-            raise RuntimeError("the scheduler was closed")
         check_adapter(self.model, adapter)
         check_prompt_fits(self.model, len(prompt))
         device = self.model.device
@@ -116,6 +119,8 @@ class Scheduler:
         tokens[0, :len(prompt)] = torch.tensor(prompt)
         request = Request(Sampler(params, seed, device), adapter, tokens, len(prompt), budget, queue.SimpleQueue())
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the scheduler was closed")
             self._waiting.append(request)
         return self._tokens_of(request)
 
@@ -124,9 +129,10 @@ class Scheduler:
 
     def _start_worker(self) -> None:
         with self._lock:
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._run, name="decode-scheduler", daemon=True)
-                self._worker.start()
+            if self._worker is None and not self._closed:
+                worker = threading.Thread(target=self._run, name="decode-scheduler", daemon=True)
+                worker.start()  # if it cannot start, no dead worker is left behind to wait for
+                self._worker = worker
 
     def _run(self) -> None:
         while True:
@@ -160,16 +166,10 @@ class Scheduler:
     def _admit(self, active: list[Request], cache: KVCache) -> bool:
         """Retire finished rows and fill free ones from the queue; False (and the worker ends)
         when nothing is left to run or the scheduler was closed."""
-        if self._closed:
-            with self._lock:
-                stranded, self._worker = list(self._waiting), None
-                self._waiting.clear()
-            self._fail(active + stranded, RuntimeError("the scheduler was closed"))
-            return False
         for row in reversed(range(len(active))):
             if active[row].done:
                 self._retire(active, cache, row)
-        while len(active) < self.max_batch:
+        while len(active) < self.max_batch and not self._closed:
             with self._lock:
                 if not self._waiting:
                     if not active:
@@ -191,6 +191,12 @@ class Scheduler:
                 continue
             active.append(request)
             request.take(pick_tokens([request.sampler], logits, [request.history])[0])
+        if self._closed:  # checked before each prefill too, so that close() waits for one at most
+            with self._lock:
+                stranded, self._worker = list(self._waiting), None
+                self._waiting.clear()
+            self._fail(active + stranded, RuntimeError("the scheduler was closed"))
+            return False
         self.rows_in_use = len(active)
         return True
 
@@ -205,8 +211,8 @@ class Scheduler:
 
     def _step(self, active: list[Request], cache: KVCache) -> None:
         """One decode step for every active row."""
-        if any(request.done for request in active):
-            return  # a newcomer's first token finished it, or a caller left: retire first
+        if self._closed or any(request.done for request in active):
+            return  # a newcomer's first token finished it, a caller left, or closing: _admit first
         self.largest_batch = max(self.largest_batch, len(active))
         last_tokens = torch.cat([request.tokens[:, request.length - 1] for request in active])[:, None]
         with active_adapter([request.adapter for request in active]):
@@ -222,7 +228,10 @@ OPEN: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()  # every scheduler not ye
 @atexit.register
 def close_all() -> None:
     for scheduler in list(OPEN):
-        scheduler.close()
+        try:
+            scheduler.close()
+        except Exception:  # the others still close
+            pass
 
 
 def cache_length(budget: int) -> int:

@@ -340,6 +340,16 @@ def test_closing_the_scheduler_ends_its_requests_and_its_worker(loaded):
         scheduler.decode(tokenizer.encode("The cat"), params, 0)
 
 
+def test_closing_a_scheduler_whose_worker_never_started_ends_its_queued_requests(loaded):
+    model, tokenizer = loaded
+    scheduler = Scheduler(model)
+    queued = scheduler.decode(tokenizer.encode("Once upon"), SamplingParams(temperature=0, max_new_tokens=5), 0)
+    scheduler.close()  # before anyone waited for a token: no worker was started
+    with pytest.raises(RuntimeError, match="decoding failed .RuntimeError: the scheduler was closed"):
+        next(queued)
+    assert scheduler._worker is None
+
+
 def test_a_request_closed_before_its_first_token_never_decodes(loaded):
     model, tokenizer = loaded
     scheduler = Scheduler(model)
