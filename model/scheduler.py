@@ -93,12 +93,9 @@ class Scheduler:
         with self._lock:
             self._closed = True
             worker = self._worker
-            stranded = [] if worker is not None else list(self._waiting)  # a worker fails its own
-            if worker is None:
-                self._waiting.clear()
-        for request in stranded:
-            request.fail(RuntimeError("the scheduler was closed"))
-        if worker is not None and worker.is_alive() and worker is not threading.current_thread():
+        if worker is None:  # no worker to fail the queued requests: fail them here
+            self._end_all([], RuntimeError("the scheduler was closed"))
+        elif worker.is_alive() and worker is not threading.current_thread():
             worker.join(timeout_s)
 
     @property
@@ -122,9 +119,6 @@ class Scheduler:
             if self._closed:
                 raise RuntimeError("the scheduler was closed")
             self._waiting.append(request)
-        return self._tokens_of(request)
-
-    def _tokens_of(self, request: Request) -> "RequestTokens":
         return RequestTokens(self, request)
 
     def _start_worker(self) -> None:
@@ -152,16 +146,20 @@ class Scheduler:
                         self._worker = None
                         return
             except BaseException as error:  # the interpreter is stopping: every caller hears of it
-                with self._lock:
-                    stranded, self._worker = list(self._waiting), None
-                    self._waiting.clear()
-                self._fail(active + stranded, error)
+                self._end_all(active, error)
                 raise
 
     def _fail(self, requests: list[Request], error: BaseException) -> None:
         self.rows_in_use = 0
         for request in requests:
             request.fail(error)
+
+    def _end_all(self, active: list[Request], error: BaseException) -> None:
+        """Fail the active requests and every waiting one; the worker, if any, is ending."""
+        with self._lock:
+            stranded, self._worker = list(self._waiting), None
+            self._waiting.clear()
+        self._fail(active + stranded, error)
 
     def _admit(self, active: list[Request], cache: KVCache) -> bool:
         """Retire finished rows and fill free ones from the queue; False (and the worker ends)
@@ -192,10 +190,7 @@ class Scheduler:
             active.append(request)
             request.take(pick_tokens([request.sampler], logits, [request.history])[0])
         if self._closed:  # checked before each prefill too, so that close() waits for one at most
-            with self._lock:
-                stranded, self._worker = list(self._waiting), None
-                self._waiting.clear()
-            self._fail(active + stranded, RuntimeError("the scheduler was closed"))
+            self._end_all(active, RuntimeError("the scheduler was closed"))
             return False
         self.rows_in_use = len(active)
         return True

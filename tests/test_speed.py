@@ -302,7 +302,7 @@ def test_the_batch_cache_grows_as_requests_join(loaded, monkeypatch):
     monkeypatch.setattr(scheduler_module, "CACHE_STEP", 16)
     model, tokenizer = loaded
     short = SamplingParams(temperature=0, max_new_tokens=20)  # 4 + 20 tokens: a cache of 32 slots
-    long = SamplingParams(temperature=0.9, seed=5, max_new_tokens=70)  # 3 + 70: it grows to 80, row 0 filled
+    long = SamplingParams(temperature=0.9, seed=5, max_new_tokens=70)  # 3 + 70: it grows (past half: to 128), row 0 filled
     scheduler = Scheduler(model)
     first = scheduler.decode(tokenizer.encode("Once upon a time"), short, 0)
     second = scheduler.decode(tokenizer.encode("The cat sat"), long, 5)
