@@ -65,16 +65,20 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
     return demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
 
 
-def launch(demo: gr.Blocks, private_paths: Sequence[str] = (), **options):
+def launch(demo: gr.Blocks, models: Sequence[str] = (), **options):
     """Start serving `demo` (options: those of gr.Blocks.launch), with the interface text in the
     browser's language.
 
     Gradio serves only the files the app hands out (its cache) and uploads, which no tab takes,
-    so they are capped at 1 MB. The app's folder (code, bundled weights), the Hugging Face cache
-    and `private_paths` (the local model directories) are blocked besides, which holds even where
-    GRADIO_ALLOWED_PATHS or `allowed_paths` would open them.
+    so they are capped at 1 MB. The app's folder (code, bundled weights), the Hugging Face cache,
+    the local directories among `models` (the names the app was started with) and whatever
+    GRADIO_BLOCKED_PATHS names are blocked besides, which holds even where GRADIO_ALLOWED_PATHS
+    or `allowed_paths` would open them. (Gradio reads GRADIO_BLOCKED_PATHS only when given no
+    blocked paths of its caller, so it is added here.)
     """
-    blocked = [str(APP_DIR), HF_HUB_CACHE, *(str(Path(path).resolve()) for path in private_paths)]
+    local = [Path(name).expanduser() for name in models]  # as model.checkpoint resolves a name
+    blocked = [str(APP_DIR), HF_HUB_CACHE, *(str(path.resolve()) for path in local if path.is_dir()),
+               *(path.strip() for path in os.environ.get("GRADIO_BLOCKED_PATHS", "").split(",") if path.strip())]
     return demo.launch(i18n=i18n, blocked_paths=blocked, max_file_size=MAX_UPLOAD, **options)
 
 
@@ -140,8 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     except ModelLoadError as error:
         sys.exit(f"app.py: {error}")
     demo = build_app(host, concurrency=args.concurrency, queue_size=args.queue_size)
-    local_models = [name for name in args.model if Path(name).is_dir()]
-    launch(demo, private_paths=local_models, server_name=args.host, server_port=args.port, share=args.share)
+    launch(demo, models=args.model, server_name=args.host, server_port=args.port, share=args.share)
 
 
 if __name__ == "__main__":

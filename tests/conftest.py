@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,23 +94,18 @@ def wait_until(condition, timeout_s: float = 10.0) -> bool:
     return True
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def serve_studio(models, **launch_options) -> Iterator[str]:
     """The app, as app.py builds and launches it, served on a free loopback port in this process;
     yields its URL. `models`: the names to start it with, or a ModelHost the test keeps to look
     inside."""
     import app  # here, not at the top: only the app tests pay for importing Gradio
+    from bench.load import free_port
     from ui.model_host import ModelHost
 
     host = models if isinstance(models, ModelHost) else ModelHost(models, device="cpu")
     demo = app.build_app(host)
-    _, url, _ = app.launch(demo, private_paths=[name for name in host.names if Path(name).is_dir()],
+    _, url, _ = app.launch(demo, models=host.names,
                            server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
                            **launch_options)
     try:

@@ -16,10 +16,11 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import app
+from bench.load import free_port
 from ui.i18n import CHINESE, ENGLISH
 from ui.model_host import ModelHost
 
-from .conftest import REPO, free_port
+from .conftest import REPO
 
 # One request per endpoint; a few tokens keep them fast on a CPU.
 REQUESTS = {

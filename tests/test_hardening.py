@@ -255,12 +255,16 @@ def test_gradio_serves_no_file_of_the_host(url, app_models):
         assert httpx.get(f"{url}gradio_api/file={path}").status_code == 403, path
 
 
-def test_the_app_folder_and_model_directories_stay_blocked_when_allowed_paths_open_them(app_models, tmp_path):
+def test_the_app_folder_and_model_directories_stay_blocked_when_allowed_paths_open_them(app_models, tmp_path,
+                                                                                          monkeypatch):
     (tmp_path / "shared.txt").write_text("for everyone")
+    (tmp_path / "operator").mkdir()
+    (tmp_path / "operator" / "secret.txt").write_text("blocked by the operator")
+    monkeypatch.setenv("GRADIO_BLOCKED_PATHS", str(tmp_path / "operator"))  # kept beside the app's own
     opened = [str(tmp_path), str(REPO), str(Path(app_models[0]).parent)]
     with serve_studio(app_models[:1], allowed_paths=opened) as url:
         assert httpx.get(f"{url}gradio_api/file={tmp_path / 'shared.txt'}").text == "for everyone"
-        for path in private_files(app_models)[1:]:
+        for path in [*private_files(app_models)[1:], tmp_path / "operator" / "secret.txt"]:
             assert httpx.get(f"{url}gradio_api/file={path}").status_code == 403, path
 
 
@@ -340,7 +344,8 @@ def test_a_cancel_mid_stream_frees_the_request_row(client, host, caplog):
     assert_serving(client)
 
 
-def test_a_client_that_leaves_mid_stream_frees_its_row(url, host, client):
+def test_a_client_that_leaves_mid_stream_frees_its_row(url, host, client, caplog):
+    caplog.set_level(logging.INFO, logger="ui.running")
     scheduler = host.current.scheduler
     data = api_data(client, "/generate", prompt="Once upon a time", max_new_tokens=MAX_NEW_TOKENS, seed=1)
     with closing(join_queue(url, "generate", data)) as messages:
@@ -350,6 +355,8 @@ def test_a_client_that_leaves_mid_stream_frees_its_row(url, host, client):
         else:
             pytest.fail("the request never started generating")
     assert wait_until(lambda: scheduler.rows_in_use == 0), "the request of a client that left still holds its row"
+    # Freed because it was stopped, not because it ran out of tokens meanwhile.
+    assert wait_until(lambda: "/generate: cancelled, or its client left" in caplog.text)
     assert_serving(client)
 
 
