@@ -306,12 +306,12 @@ def json_safe(value):
     return value
 
 
-GRID_AXES = ("variants", "warmups", "lrs", "depths", "seeds")
+RUN_KEYS = ("variant", "warmup", "lr", "depth", "seed")  # what names a run within a grid
+GRID_AXES = tuple(key + "s" for key in RUN_KEYS)  # the TrainGrid fields that list each one's values
 
 
 def run_key(run: dict) -> tuple:
-    """What names a run within a grid."""
-    return tuple(run[k] for k in ("variant", "warmup", "lr", "depth", "seed"))
+    return tuple(run[k] for k in RUN_KEYS)
 
 
 def run_grid(grid: TrainGrid, json_path: Path | None = None, device: str = "auto",
@@ -339,11 +339,12 @@ def run_grid(grid: TrainGrid, json_path: Path | None = None, device: str = "auto
                 done.add(run_key(r))
     results["runs"].sort(key=lambda r: order.get(run_key(r), len(order)))
     todo = [run for run in runs if run_key(run) not in done]
-    if todo:
-        tokenizer = bundled_tokenizer()
-        train_data = pretraining_streams(tokenizer, "train", grid.train_chars)
-        val_data = pretraining_streams(tokenizer, "val")
-        target = pick_device(device)
+    if not todo:
+        return results
+    tokenizer = bundled_tokenizer()
+    train_data = pretraining_streams(tokenizer, "train", grid.train_chars)
+    val_data = pretraining_streams(tokenizer, "val")
+    target = pick_device(device)
     for i, run in enumerate(todo, 1):
         record = train_one(grid, run, train_data, val_data, tokenizer, target)
         results["runs"].append(json_safe(record))
@@ -359,7 +360,7 @@ def grid_cells(results: dict) -> dict[tuple, list[dict]]:
     """Runs grouped by (variant, warmup, lr, depth), seeds together."""
     cells: dict[tuple, list[dict]] = {}
     for r in results["runs"]:
-        cells.setdefault((r["variant"], r["warmup"], r["lr"], r["depth"]), []).append(r)
+        cells.setdefault(run_key(r)[:-1], []).append(r)  # all but the seed
     return cells
 
 

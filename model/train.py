@@ -182,9 +182,9 @@ def mixed_batches(train_data: dict[str, torch.Tensor], rows: dict[str, int], blo
 
 
 def validation_loss(model: nn.Module, val_data: dict[str, torch.Tensor], block_size: int, device,
-                    max_windows: int = 64) -> dict[str, float]:
+                    **mean_loss_options) -> dict[str, float]:
     """Mean loss on each source's validation stream (val_<source>) and their mean (val_loss)."""
-    losses = {f"val_{name}": mean_loss(model, data, block_size, device, max_windows=max_windows)
+    losses = {f"val_{name}": mean_loss(model, data, block_size, device, **mean_loss_options)
               for name, data in val_data.items()}
     return {"val_loss": sum(losses.values()) / len(losses), **losses}
 

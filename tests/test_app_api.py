@@ -4,6 +4,7 @@ after which the app keeps serving; and how the app is started."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -20,7 +21,7 @@ from bench.load import free_port
 from ui.i18n import CHINESE, ENGLISH
 from ui.model_host import ModelHost
 
-from .conftest import REPO
+from .conftest import REPO, wait_until
 
 # One request per endpoint; a few tokens keep them fast on a CPU.
 REQUESTS = {
@@ -134,13 +135,15 @@ def test_two_users_at_once_each_get_their_own_output(studio_url):
     assert together == alone
 
 
-def test_a_cancelled_request_leaves_the_app_serving(client):
+def test_a_cancelled_request_leaves_the_app_serving(client, caplog):
+    caplog.set_level(logging.INFO, logger="ui.running")
     job = client.submit("Once upon a time", max_new_tokens=500, seed=1, api_name="/generate")
     for _ in job:
         break  # the first piece of text has arrived: the generation is running
     job.cancel()
     _, status, _ = client.predict("Hello", max_new_tokens=4, api_name="/generate")
     assert "4 generated tokens" in status
+    assert wait_until(lambda: "/generate: cancelled, or its client left" in caplog.text)  # it was stopped
 
 
 # --- start-up -----------------------------------------------------------------------------------

@@ -147,7 +147,7 @@ def chat_extras(tab: Tab) -> None:
                   queue=False, api_visibility="private")
     for finished in [*tab.run_events, undone, cleared]:
         finished.then(**export)
-    persona.change(**export)
+    gr.on([persona.blur, persona.submit], **export)  # once the persona is typed, not per keystroke
 
 
 CHAT = TaskView(
