@@ -94,7 +94,7 @@ def build_models(device: torch.device, dtype: torch.dtype):
     ours.load_state_dict(to_our_layout(state, ours, Path("random weights")))
     int8 = GPT2(config)
     int8.load_state_dict(ours.state_dict())
-    ours.to(device=device, dtype=dtype).eval().use_decode_layout()  # as the app serves it
+    ours.to(device=device, dtype=dtype).eval()
     int8 = quantize_weights(int8.to(device=device, dtype=dtype).eval())
     return ours, int8, hf
 
@@ -155,7 +155,6 @@ def bundled_checks(directory: Path, device: torch.device, new_tokens: int, reps:
     start = time.perf_counter()
     model, tokenizer = load_pretrained(directory, device=device)
     load_s = time.perf_counter() - start
-    model.use_decode_layout()  # as the app serves it
     int8, _ = load_pretrained(directory, device=device, quantize="int8")
     ppl = validation_perplexity({"fp32": model, "int8": int8}, tokenizer, device)
     print(f"bundled model, 1 and {CLIENTS} scheduler clients, fp32 and int8, {reps} rounds:", flush=True)

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import kernels
 from .config import GPT2Config
 
 
@@ -132,36 +133,12 @@ def causal_padding_mask(valid: torch.Tensor, query_slots: torch.Tensor) -> torch
 
 
 class Linear(nn.Linear):
-    """nn.Linear that, in a model set up for decoding (`GPT2.use_decode_layout`), runs calls over
-    several sequences at once with oneDNN on a copy of its weight packed for that kernel.
-
-    A decode step over a batch multiplies a few rows by each weight. MKL, behind F.linear, does
-    that 2-3x slower per row than oneDNN's kernel on a prepacked weight on the AVX2 CPU of
-    docs/performance.md. One sequence (a single user's prompt and tokens) keeps F.linear, which
-    is as fast or faster for it, so the packed copy (as large as the weight: the model's weights
-    held twice) is made only when the model first decodes a batch. Two threads making it at once
-    both make the same copy, and one is kept.
-    """
-    packs_batches = False  # set by GPT2.use_decode_layout
-    _batched: tuple[tuple, torch.Tensor] | None = None  # (the weight it was packed from, the oneDNN copy)
+    """nn.Linear whose decode steps (a few rows, no gradients) run on the decode kernels of
+    model/kernels.py, which read the weights about twice as fast as MKL on a CPU."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packs_batches and x.dim() == 3 and x.shape[0] > 1 and not torch.is_grad_enabled() \
-                and x.dtype == self.weight.dtype == torch.float32 and x.device.type == "cpu":
-            return torch.ops.mkldnn._linear_pointwise(x, self.batched_weight(), self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
-
-    def batched_weight(self) -> torch.Tensor:
-        """The oneDNN copy of the weight as it is now: packed again if the weight was changed or
-        replaced since (its version counter and storage say so)."""
-        source = (self.weight.data_ptr(), self.weight._version)
-        if self._batched is None or self._batched[0] != source:
-            self._batched = (source, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None))
-        return self._batched[1]
-
-    def __getstate__(self):
-        # The oneDNN copy cannot be pickled or deep-copied (it has no plain storage); it is remade on use.
-        return {**super().__getstate__(), "_batched": None}
+        y = kernels.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias) if y is None else y
 
 
 class Attention(nn.Module):
@@ -239,30 +216,6 @@ class GPT2(nn.Module):
     def num_parameters(self) -> int:
         # The head is tied to wte, or (int8, see model/quantize.py) a copy of it: counted once, as wte.
         return sum(p.numel() for name, p in self.named_parameters() if not name.startswith("lm_head."))
-
-    def use_decode_layout(self) -> "GPT2":
-        """Store the weights of the layers that widen the stream (c_attn, c_fc, and the head,
-        which is wte) in [in, out] memory order, as HF's Conv1D does; values and shapes stay.
-
-        Decoding one token is a matrix-vector product per layer, and on the AVX2 CPU measured in
-        docs/performance.md MKL reads this order for these shapes about a quarter faster. It is
-        for a model that will only generate: the order scatters the row of wte that an embedding
-        lookup reads, and training runs keep the default order they were measured with.
-
-        Calls over several sequences (a batched decode step) go to oneDNN instead (see Linear).
-        """
-        def in_out_order(p: nn.Parameter) -> nn.Parameter:
-            return nn.Parameter(p.detach().t().contiguous().t(), requires_grad=p.requires_grad)
-
-        for block in self.transformer.h:
-            block.attn.c_attn.weight = in_out_order(block.attn.c_attn.weight)
-            block.mlp.c_fc.weight = in_out_order(block.mlp.c_fc.weight)
-        self.transformer.wte.weight = in_out_order(self.transformer.wte.weight)
-        self.lm_head.weight = self.transformer.wte.weight
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.packs_batches = torch.backends.mkldnn.is_available()
-        return self
 
     @property
     def device(self) -> torch.device:

@@ -4,15 +4,11 @@ Decoding one token reads every weight once, so on a CPU (and on a GPU at small b
 is set by memory bandwidth: int8 weights are a quarter of fp32's bytes. Each output channel (a
 row of the weight) gets its own scale, max|w| / 127, symmetric around zero.
 
-On a CPU the matmul is fbgemm's dynamic int8 linear (torch.ops.quantized.linear_dynamic), which
-also rounds each call's input to 7 bits with one scale per call. One scale per call would tie
-each token's result to the other rows of the call (other users' requests, in a batched decode
-step), so every token is first scaled by its own peak to [-1, 1] and a pinning row fixes the
-call's range at exactly [-1, 1]: each token is rounded with its own scale, and gets the same
-result alone or in any batch. It is used because it is fast:
-PyTorch's weight-only kernel (aten._weight_int8pack_mm) measured ten times slower than fp32 on
-an AVX2 CPU (docs/performance.md). Elsewhere (a GPU, or bf16 on a CPU) the int8 weights are
-scaled back to the input's dtype and only the weights are rounded.
+Only the weights are rounded: inputs stay in floating point, so a token's result does not depend
+on the other rows of its call (other users' requests, in a batched decode step). On a CPU a
+decode step runs on the int8 kernel of model/kernels.py, which converts the weights to float in
+registers as it streams them; elsewhere (prompts, a GPU, bf16) the int8 weights are scaled back
+to the input's dtype for PyTorch's product.
 
 GPT-2's output head shares its weight with the token embedding. The head gets its own int8 copy
 (it is a quarter of the model's reads per token) while the embedding lookup, which reads one
@@ -20,12 +16,11 @@ row per token, keeps the floating-point table.
 """
 from __future__ import annotations
 
-import math
-import warnings
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from . import kernels
 
 QUANTIZATIONS = ("int8",)
 
@@ -43,42 +38,16 @@ class Int8Linear(nn.Module):
         self.weight = nn.Parameter(torch.round(w / scale[:, None]).to(torch.int8), requires_grad=False)
         self.register_buffer("scale", scale.to(weight.dtype))
         self.bias = bias
-        self.packed = fbgemm_pack(self.weight, scale) if weight.device.type == "cpu" else None
-        pin = torch.zeros(1, self.in_features)
-        pin[0, :2] = torch.tensor([1.0, -1.0])
-        self.register_buffer("pin", pin, persistent=False)  # the row that fixes each call's input range
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None or x.device.type != "cpu" or x.dtype != torch.float32:
-            y = F.linear(x, self.weight.to(x.dtype)) * self.scale
-            return y if self.bias is None else y + self.bias
-        # Few operations, none allocating more than it must: at batch 1 they cost as much as the
-        # product itself on the small layers.
-        rows = x.reshape(-1, self.in_features)
-        n = rows.shape[0]
-        normalised = torch.empty(n + 1, self.in_features)
-        normalised[n] = self.pin[0]
-        peak = torch.linalg.vector_norm(rows, math.inf, dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny)
-        torch.div(rows, peak, out=normalised[:n])
-        # reduce_range: 7-bit inputs, so that AVX2's int16 pair sums (vpmaddubsw) cannot saturate.
-        y = torch.ops.quantized.linear_dynamic(normalised, self.packed, True)[:n]
-        y = y * peak if self.bias is None else torch.addcmul(self.bias, y, peak)
-        return y.view(*x.shape[:-1], self.out_features)
+        y = kernels.linear(x, self.weight, self.bias, self.scale)
+        if y is not None:
+            return y
+        y = F.linear(x, self.weight.to(x.dtype)) * self.scale
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
-
-def fbgemm_pack(weight: torch.Tensor, scale: torch.Tensor):
-    """The int8 weight in the layout fbgemm's kernel reads, made once. The bias is added after
-    the product is scaled back to each token's range."""
-    with warnings.catch_warnings():
-        # PyTorch deprecates quantized tensors, which this packing goes through; torch is pinned
-        # (requirements.txt), and docs/performance.md says what to do when they are removed.
-        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
-        qweight = torch.quantize_per_channel(weight.float() * scale[:, None], scale.double(),
-                                             torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
-    return torch.ops.quantized.linear_prepack(qweight, None)
 
 
 def quantize_weights(model: nn.Module, method: str = "int8") -> nn.Module:

@@ -62,7 +62,7 @@ def test_adapter_choice_is_per_thread(checkpoint):
     results, barrier = {}, threading.Barrier(2)
 
     def request(name):
-        with active_adapter(name):
+        with torch.no_grad(), active_adapter(name):  # grad mode is per thread too: as the expected logits
             barrier.wait()  # both adapters chosen before either runs
             results[name] = [model(IDS) for _ in range(3)]
 

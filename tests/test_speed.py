@@ -2,17 +2,14 @@
 continuous-batching scheduler. How fast they are is measured by `python -m bench.decode`, not here."""
 from __future__ import annotations
 
-import copy
 import math
 import threading
 from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from model import GPT2, GPT2Config, load_pretrained
-from model.gpt2 import Linear
 from model.adapters import active_adapter
 from model.generate import Chunk, Result, Sampler, SamplingParams, decode_tokens, generate, pick_tokens, stream
 from model.quantize import Int8Linear, quantize_weights
@@ -122,19 +119,6 @@ def loaded(adapter_checkpoint):
     return load_pretrained(adapter_checkpoint)
 
 
-@torch.no_grad()
-@torch.no_grad()
-def test_batched_calls_follow_a_changed_weight():
-    layer = Linear(8, 4)
-    layer.packs_batches = True
-    x = torch.randn(3, 1, 8)
-    assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-6)
-    layer.weight.mul_(2)  # in place: the packed copy is stale
-    assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-6)
-    layer.weight = torch.nn.Parameter(torch.randn(4, 8))  # replaced
-    assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-6)
-
-
 def test_rows_of_different_lengths_decode_together(loaded):
     """Two prompts prefilled alone and joined in one cache, then decoded in one batch, give the
     logits of a full recompute of each row."""
@@ -169,23 +153,6 @@ def test_each_row_runs_its_own_adapter(loaded):
     assert not torch.allclose(batch[0], model(ids[:1])[0], atol=1e-3)  # the adapter did change row 0
 
 
-@torch.no_grad()
-def test_decode_layout_changes_kernels_and_memory_order_not_results(loaded):
-    model, _ = loaded
-    twin = copy_of(model).use_decode_layout()
-    assert twin.lm_head.weight is twin.transformer.wte.weight  # still tied
-    assert twin.transformer.wte.weight.stride() == (1, model.config.vocab_size)
-    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
-    assert twin.lm_head._batched is None  # made on the first batched call, not before
-    assert (twin(ids) - model(ids)).abs().max() < 1e-5  # two rows: oneDNN on the packed weights
-    assert twin.lm_head._batched is not None and twin.transformer.h[0].mlp.c_fc._batched is not None
-    assert torch.equal(copy.deepcopy(twin)(ids), twin(ids))  # a model holding packed weights still copies
-    params = SamplingParams(temperature=0, max_new_tokens=20)
-    for prompts in ([ids[0].tolist()], [ids[0].tolist(), ids[1, :9].tolist()]):  # alone, and a batch
-        assert torch.equal(torch.stack(list(decode_tokens(twin, prompts, params, [0] * len(prompts)))),
-                           torch.stack(list(decode_tokens(model, prompts, params, [0] * len(prompts)))))
-
-
 # --- the scheduler ------------------------------------------------------------------------------
 
 # Eight requests that differ in everything a request can choose.
@@ -208,18 +175,14 @@ def tokens_alone(model, tokenizer, prompt, params, adapter) -> list[int]:
                                              adapter=adapter)]
 
 
-@pytest.fixture(scope="module", params=["fp32", "fp32 as the app serves it", "int8"])
+@pytest.fixture(scope="module", params=["fp32", "int8"])
 def loaded_any(request, adapter_checkpoint):
-    model, tokenizer = load_pretrained(adapter_checkpoint, quantize="int8" if request.param == "int8" else None)
-    if request.param == "fp32 as the app serves it":
-        model.use_decode_layout()  # one row on MKL, batches on oneDNN
-    return model, tokenizer
+    return load_pretrained(adapter_checkpoint, quantize="int8" if request.param == "int8" else None)
 
 
 def test_requests_decoded_together_equal_each_alone(loaded_any):
     """Six requests queued before the scheduler starts run as one batch from the first step; two
-    more join while it runs. Each gets exactly the tokens it gets alone, with int8 weights too
-    (whose inputs are rounded token by token, never with a scale shared across the batch)."""
+    more join while it runs. Each gets exactly the tokens it gets alone, with int8 weights too."""
     model, tokenizer = loaded_any
     scheduler = Scheduler(model, max_batch=8)
 

@@ -87,6 +87,4 @@ class ModelHost:
         except Exception as error:  # whatever goes wrong, the model being served must keep serving
             log.warning("could not load model %s: %s", name, error)
             raise ModelLoadError(f"could not load {name}: {error}") from error
-        if self.quantize is None:
-            model.use_decode_layout()  # this model only generates: faster matrix-vector products
         return LoadedModel(name, model, tokenizer, Scheduler(model), self.quantize)

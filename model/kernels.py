@@ -1,0 +1,63 @@
+"""The decode kernels: matrix-vector products for a few rows, fp32 or int8 weights, on a CPU.
+
+Decoding one token multiplies one row per sequence by every weight matrix, so its speed is how
+fast the weights stream from memory. MKL's product reads them at 8-10 GB/s on the 2-core AVX2
+machine of docs/performance.md; `kernels.cpp` (dot products of contiguous weight rows, up to four
+input rows sharing each read) reads fp32 weights at about 17 GB/s, and int8 weights, converted
+to float in registers and scaled per output channel afterwards, in a third of the fp32 time. The
+inputs stay fp32: int8 is weight-only, so nothing is rounded per call.
+
+Each input row is summed in the same order whatever the number of rows, so a request decodes to
+bit-identical results alone or in a batch of other users' requests.
+
+The C++ is compiled on first use by torch.utils.cpp_extension (about a minute; torch caches the
+build in ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR). Where that cannot happen (no
+AVX2, as on ARM; no C++ compiler; STUDIO_DECODE_KERNELS=0) everything runs on PyTorch's own
+products, with the same results up to the order of additions.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+KERNEL_ROWS = 48  # calls over more rows than this (long prompts) go to MKL, faster there (docs/performance.md)
+SOURCE = Path(__file__).with_name("kernels.cpp")
+
+_lock = threading.Lock()
+_compiled: list = []  # [module or None] once loading was tried
+
+
+def decode_kernels():
+    """The compiled module, built on the first call, or None where it cannot be (see above)."""
+    with _lock:
+        if not _compiled:
+            _compiled.append(_build())
+        return _compiled[0]
+
+
+def _build():
+    if os.environ.get("STUDIO_DECODE_KERNELS", "1") == "0":
+        return None
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return None
+    from torch.utils.cpp_extension import load  # imported here: it is slow to import, and rarely needed
+    try:
+        return load("studio_decode_kernels", [str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+                    extra_ldflags=["-fopenmp"])
+    except Exception as error:  # a missing compiler or ninja: slower, not broken
+        warnings.warn(f"the decode kernels could not be built, so decoding runs on PyTorch's products "
+                      f"(slower; results the same up to rounding): {error}")
+        return None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           scale: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x @ weight.T, times `scale` per output channel (int8 weights), plus bias; or None when the
+    kernels do not apply (many rows, gradients, another device, dtype or memory order, mismatched
+    shapes: kernels.cpp checks) and the caller should use PyTorch's product."""
+    kernels = _compiled[0] if _compiled else decode_kernels()  # no lock once loading was tried
+    return None if kernels is None else kernels.linear(x, weight, bias, scale, KERNEL_ROWS)

@@ -1,0 +1,85 @@
+"""The decode kernels (model/kernels.py): built where they can be, equal to PyTorch's products up
+to the order of additions, the same for a row alone or in a batch, and out of the way of
+gradients and large calls."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import kernels
+from model.gpt2 import Linear
+from model.quantize import Int8Linear
+
+# in_features 100 leaves a tail after the 16-wide steps; 768 is GPT-2's width.
+SHAPES = [(100, 36), (768, 300)]
+
+
+def test_the_kernels_are_built_on_an_avx2_cpu():
+    """Where the CPU has AVX2 (this machine and CI), a failed build must not pass unnoticed as a
+    slow fallback."""
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        assert kernels.decode_kernels() is not None
+    else:
+        assert kernels.decode_kernels() is None
+
+
+def layer(kind: str, in_features: int, out_features: int, bias: bool) -> torch.nn.Module:
+    torch.manual_seed(in_features + out_features + bias)
+    fp32 = Linear(in_features, out_features, bias=bias)
+    if bias:
+        torch.nn.init.normal_(fp32.bias)  # not the zeros of a fresh layer: the bias must show
+    return fp32 if kind == "fp32" else Int8Linear(fp32.weight, fp32.bias)
+
+
+def pytorch_product(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(module, Int8Linear):
+        y = F.linear(x, module.weight.float()) * module.scale
+        return y if module.bias is None else y + module.bias
+    return F.linear(x, module.weight, module.bias)
+
+
+@pytest.mark.parametrize("kind", ["fp32", "int8"])
+@pytest.mark.parametrize("in_features,out_features", SHAPES)
+@pytest.mark.parametrize("bias", [True, False])
+@torch.no_grad()
+def test_a_decode_step_runs_on_the_kernel_and_equals_pytorch(kind, in_features, out_features, bias):
+    module = layer(kind, in_features, out_features, bias)
+    x = torch.randn(kernels.KERNEL_ROWS, 1, in_features)  # a full batch of one token each
+    scale = module.scale if kind == "int8" else None
+    direct = kernels.linear(x, module.weight, module.bias, scale)
+    assert direct is not None and direct.shape == (kernels.KERNEL_ROWS, 1, out_features)
+    assert torch.equal(module(x), direct)  # the layer took the kernel
+    expected = pytorch_product(module, x)
+    assert (direct - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+@pytest.mark.parametrize("kind", ["fp32", "int8"])
+@torch.no_grad()
+def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kind):
+    module = layer(kind, 768, 300, bias=True)
+    x = torch.randn(kernels.KERNEL_ROWS, 768)
+    alone = torch.cat([module(x[row:row + 1]) for row in range(len(x))])
+    for rows in (2, 3, 5, 8, kernels.KERNEL_ROWS):
+        assert torch.equal(module(x[:rows]), alone[:rows])
+
+
+@torch.no_grad()
+def test_prompts_and_odd_inputs_go_to_pytorch():
+    weight, bias = torch.randn(300, 768), torch.randn(300)
+    assert kernels.linear(torch.randn(1, kernels.KERNEL_ROWS + 1, 768), weight, bias) is None  # a prompt
+    assert kernels.linear(torch.randn(2, 768, dtype=torch.float64), weight.double(), bias.double()) is None
+    assert kernels.linear(torch.randn(2, 768), weight.t().contiguous().t(), bias) is None  # not row-major
+    assert kernels.linear(torch.randn(2, 768), weight, bias[:10]) is None
+    assert kernels.linear(torch.randn(2, 768), weight.to(torch.int8), bias) is None  # int8 needs its scales
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):  # a shape mismatch is PyTorch's to name
+        Linear(768, 300)(torch.randn(2, 700))
+
+
+def test_gradients_go_through_pytorch():
+    module = Linear(64, 8)
+    x = torch.randn(2, 64)
+    module(x).sum().backward()
+    assert module.weight.grad is not None and module.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        assert kernels.linear(x, module.weight, module.bias) is not None
