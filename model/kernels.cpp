@@ -2,8 +2,8 @@
 //
 // A decode step multiplies a few rows (one token per sequence) by every weight matrix, so its
 // speed is how fast the weights stream from memory. Each output channel is one dot product of a
-// contiguous weight row with each input row, and up to four input rows share one pass over the
-// weight row. Every input row is summed in the same order whatever the number of rows, so a
+// contiguous weight row with each input row, and several input rows share one pass over the
+// weight row (struct Pass). Every input row is summed in the same order whatever the number of rows, so a
 // sequence gets bit-identical results alone or in a batch.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -13,9 +13,16 @@
 
 namespace {
 
-constexpr int kRowsPerPass = 4;  // input rows sharing one read of a weight row
-// Weight rows ahead to prefetch: the hardware prefetcher alone leaves gaps once a row takes
-// several passes (a batch), measured 20-30% slower at 8 rows.
+// How a pass over one weight row is laid out, by weight type: how many input rows share it, and
+// how many accumulators each row has. fp32 streams from memory, so more rows per pass pay (a
+// batch of 8 in one pass, 15% faster than two of 4). int8 spends its time converting weights
+// to float, so one row needs two independent sums to keep the FMA units busy (one is 2x slower).
+template <typename Weight> struct Pass;
+template <> struct Pass<float> { static constexpr int rows = 8, accumulators = 1; };
+template <> struct Pass<int8_t> { static constexpr int rows = 4, accumulators = 2; };
+
+// Weight rows ahead to prefetch: the hardware prefetcher alone leaves gaps once a pass does
+// more than stream (measured 20-30% slower for a batch of 8).
 constexpr int kPrefetchRows = 4;
 
 inline float horizontal_sum(__m256 v) {
@@ -25,61 +32,63 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Sixteen weights as two vectors of eight floats.
-inline void load16(const float* w, __m256& lo, __m256& hi) {
-  lo = _mm256_loadu_ps(w);
-  hi = _mm256_loadu_ps(w + 8);
-}
-inline void load16(const int8_t* w, __m256& lo, __m256& hi) {
-  __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
-  lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-  hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+// Eight weights as eight floats.
+inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
+inline __m256 load8(const int8_t* w) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w))));
 }
 
-// sums[k] = dot(w, x[k]) for the N rows of x; two accumulators per row, then the tail.
+// sums[k] = dot(w, x[k]) for the N rows of x (each `in` long), then the tail past the last
+// full step. A row's additions are the same whatever N is.
 template <int N, typename Weight>
 inline void dot_rows(const Weight* w, const float* x, int64_t in, float* sums) {
-  __m256 acc[N][2];
-  for (int k = 0; k < N; k++) acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+  constexpr int A = Pass<Weight>::accumulators;
+  __m256 acc[N][A];
+  for (int k = 0; k < N; k++)
+    for (int a = 0; a < A; a++) acc[k][a] = _mm256_setzero_ps();
   const char* ahead = reinterpret_cast<const char*>(w + kPrefetchRows * in);
   int64_t i = 0;
-  for (; i + 16 <= in; i += 16) {
-    if ((i * sizeof(Weight)) % 64 == 0) _mm_prefetch(ahead + i * sizeof(Weight), _MM_HINT_T0);  // once per cache line
-    __m256 lo, hi;
-    load16(w + i, lo, hi);
-    for (int k = 0; k < N; k++) {
-      acc[k][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + k * in + i), acc[k][0]);
-      acc[k][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + k * in + i + 8), acc[k][1]);
-    }
+  for (; i + 8 * A <= in; i += 8 * A) {
+    if ((i * sizeof(Weight)) % 64 == 0) _mm_prefetch(ahead + i * sizeof(Weight), _MM_HINT_T0);  // once per line
+    __m256 wv[A];
+    for (int a = 0; a < A; a++) wv[a] = load8(w + i + 8 * a);
+    for (int k = 0; k < N; k++)
+      for (int a = 0; a < A; a++)
+        acc[k][a] = _mm256_fmadd_ps(wv[a], _mm256_loadu_ps(x + k * in + i + 8 * a), acc[k][a]);
   }
   for (int k = 0; k < N; k++) {
-    float s = horizontal_sum(_mm256_add_ps(acc[k][0], acc[k][1]));
+    __m256 total = acc[k][0];
+    for (int a = 1; a < A; a++) total = _mm256_add_ps(total, acc[k][a]);
+    float s = horizontal_sum(total);
     for (int64_t j = i; j < in; j++) s += static_cast<float>(w[j]) * x[k * in + j];
     sums[k] = s;
   }
+}
+
+// dot_rows for n rows, 1 <= n <= N, with n known at compile time.
+template <int N, typename Weight>
+inline void dot_rows_upto(int64_t n, const Weight* w, const float* x, int64_t in, float* sums) {
+  if constexpr (N > 1) {
+    if (n < N) return dot_rows_upto<N - 1>(n, w, x, in, sums);
+  }
+  dot_rows<N>(w, x, in, sums);
 }
 
 // y[r, o] = dot(x[r], w[o]) * scale[o] + bias[o]; scale and bias may be null.
 template <typename Weight>
 torch::Tensor rows_times_weight(const torch::Tensor& x, const Weight* w, int64_t out_features,
                                 const float* scale, const float* bias) {
+  constexpr int R = Pass<Weight>::rows;
   const int64_t rows = x.size(0), in = x.size(1);
   torch::Tensor y = torch::empty({rows, out_features}, x.options());
   const float* xs = x.data_ptr<float>();
   float* ys = y.data_ptr<float>();
   at::parallel_for(0, out_features, 64, [&](int64_t begin, int64_t end) {
-    float sums[kRowsPerPass];
+    float sums[R];
     for (int64_t o = begin; o < end; o++) {
-      const Weight* row = w + o * in;
-      for (int64_t r = 0; r < rows; r += kRowsPerPass) {
-        const int64_t n = std::min<int64_t>(kRowsPerPass, rows - r);
-        const float* xr = xs + r * in;
-        switch (n) {
-          case 4: dot_rows<4>(row, xr, in, sums); break;
-          case 3: dot_rows<3>(row, xr, in, sums); break;
-          case 2: dot_rows<2>(row, xr, in, sums); break;
-          default: dot_rows<1>(row, xr, in, sums);
-        }
+      for (int64_t r = 0; r < rows; r += R) {
+        const int64_t n = std::min<int64_t>(R, rows - r);
+        dot_rows_upto<R>(n, w + o * in, xs + r * in, in, sums);
         for (int64_t k = 0; k < n; k++) {
           const float v = scale ? sums[k] * scale[o] : sums[k];
           ys[(r + k) * out_features + o] = bias ? v + bias[o] : v;

@@ -17,6 +17,7 @@ products, with the same results up to the order of additions.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import warnings
@@ -27,6 +28,7 @@ import torch
 KERNEL_ROWS = 48  # calls over more rows than this (long prompts) go to MKL, faster there (docs/performance.md)
 SOURCE = Path(__file__).with_name("kernels.cpp")
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _compiled: list = []  # [module or None] once loading was tried
 
@@ -45,6 +47,7 @@ def _build():
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return None
     from torch.utils.cpp_extension import load  # imported here: it is slow to import, and rarely needed
+    log.info("loading the decode kernels (compiled on first use, which takes about a minute)")
     try:
         return load("studio_decode_kernels", [str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
                     extra_ldflags=["-fopenmp"])

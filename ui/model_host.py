@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Sequence
 
-from model import GPT2, load_pretrained
+from model import GPT2, kernels, load_pretrained
 from model.adapters import adapter_names
 from model.scheduler import Scheduler
 from model.tokenizer import Tokenizer
@@ -87,4 +87,6 @@ class ModelHost:
         except Exception as error:  # whatever goes wrong, the model being served must keep serving
             log.warning("could not load model %s: %s", name, error)
             raise ModelLoadError(f"could not load {name}: {error}") from error
+        if model.device.type == "cpu":
+            kernels.decode_kernels()  # built now, at start-up, rather than in the first request
         return LoadedModel(name, model, tokenizer, Scheduler(model), self.quantize)
