@@ -2,7 +2,7 @@
 
 Decoding one token multiplies one row per sequence by every weight matrix, so its speed is how
 fast the weights stream from memory. MKL's product reads them at 8-10 GB/s on the 2-core AVX2
-machine of docs/performance.md; `kernels.cpp` (dot products of contiguous weight rows, up to four
+machine of docs/performance.md; `kernels.cpp` (dot products of contiguous weight rows, several
 input rows sharing each read) reads fp32 weights at about 17 GB/s, and int8 weights, converted
 to float in registers and scaled per output channel afterwards, in a third of the fp32 time. The
 inputs stay fp32: int8 is weight-only, so nothing is rounded per call.
