@@ -83,3 +83,8 @@ def test_gradients_go_through_pytorch():
     assert module.weight.grad is not None and module.weight.grad.abs().sum() > 0
     with torch.no_grad():
         assert kernels.linear(x, module.weight, module.bias) is not None
+
+
+def test_the_kernels_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("STUDIO_DECODE_KERNELS", "0")
+    assert kernels._build() is None
