@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,8 @@ from urllib.parse import urlparse
 import psutil
 from gradio_client import Client
 
+from app import VIEWS
+from model.generate import MAX_SEED
 from ui.running import MAX_CHARS, MAX_CHAT_TURNS, MAX_EXAMPLE_PAIRS, MAX_NEW_TOKENS
 from ui.views import ANT_AND_DOVE, FOX_AND_CROW
 
@@ -76,24 +79,61 @@ FRESH_TEXT = {"/generate": "Once upon a time, {marker} went to the market and",
               "/translate": "My friend {marker} is reading a book.",
               "/summarize": "{marker} found a small bird in the garden. It could not fly. She fed it every day, "
                             "and after a week it flew away singing."}
-# (endpoint, request, what the refusal must say)
-INVALID = [
-    ("/generate", dict(prompt="x" * (MAX_CHARS["prompt"] + 1)), "prompt is too long"),
+
+
+# What the app must refuse, and the message that must say why: (endpoint, request, message). The
+# wording is kept here alone: tests/test_hardening.py sends TOO_LONG and OUT_OF_RANGE as well.
+BASE = {"/generate": dict(prompt="Hello"), "/chat": dict(message="Hi"), "/translate": dict(text="Hello"),
+        "/summarize": dict(article="A story.")}
+
+
+def refused(field: str, value, message: str) -> tuple[str, dict, str]:
+    """The endpoint that takes `field`, a request to it that is good but for `field` = value, and
+    the message its refusal must say."""
+    api_name = next(f"/{view.api.name}" for view in VIEWS.values() if any(p.name == field for p in view.api.params))
+    return api_name, {**BASE[api_name], field: value}, message
+
+
+TURN = ["How are you?", "I am well, thank you."]
+TOO_LONG = [  # every input's limit: the message names the field and the limit
+    *(refused(field, "x" * (limit + 1), f"{field} is too long: {limit + 1:,} characters; the limit is {limit:,}")
+      for field, limit in MAX_CHARS.items() if field != "history"),
+    refused("history", [TURN] * (MAX_CHAT_TURNS + 1),
+            f"history is too long: {MAX_CHAT_TURNS + 1} turns; the limit is {MAX_CHAT_TURNS}"),
+    refused("history", [["x" * 2000, "y" * 2000]] * 26,
+            f"history is too long: 104,000 characters; the limit is {MAX_CHARS['history']:,}"),
+    refused("examples", "\n".join(["cat = chat"] * (MAX_EXAMPLE_PAIRS + 1)),
+            f"examples is too long: {MAX_EXAMPLE_PAIRS + 1} pairs; the limit is {MAX_EXAMPLE_PAIRS}"),
+]
+OUT_OF_RANGE = [  # settings: the message names the range and what came, cut short however big
+    ("/generate", dict(prompt="Hello", temperature=99), "temperature must be between 0.0 and 5.0, got 99"),
+    ("/generate", dict(prompt="Hello", temperature=1e-300),
+     "temperature must be 0 (greedy) or at least 0.01, got 1e-300"),
+    ("/generate", dict(prompt="Hello", max_new_tokens=MAX_NEW_TOKENS + 1),
+     f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {MAX_NEW_TOKENS + 1}"),
+    ("/generate", dict(prompt="Hello", max_new_tokens=10**30),
+     f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {10**30}"),
+    ("/generate", dict(prompt="Hello", top_p=-1.5), "top_p must be between 0.01 and 1.0, got -1.5"),
+    ("/generate", dict(prompt="Hello", top_k=-(10**400)),
+     "top_k must be between 0 and 1000, got an integer of 1329 bits"),
+    ("/generate", dict(prompt="Hello", repetition_penalty="x" * 100_000),
+     "repetition_penalty must be a number, got 'xxxx"),
+    ("/generate", dict(prompt="Hello", seed=MAX_SEED + 1),
+     f"seed must be between 0 and {MAX_SEED}, got {MAX_SEED + 1}"),
+    ("/generate", dict(prompt="Hello", adapter="yes"), "adapter must be true or false, got 'yes'"),
+    ("/chat", dict(message="Hi", top_k="many"), "top_k must be an integer, got 'many'"),
+    ("/summarize", dict(article="A story.", seed=-5), f"seed must be between 0 and {MAX_SEED}, got -5"),
+    ("/summarize", dict(article="A story.", no_repeat_ngram_size=2.5),
+     "no_repeat_ngram_size must be an integer, got 2.5"),
+]
+MALFORMED = [
     ("/generate", dict(prompt="   "), "prompt is empty"),
-    ("/generate", dict(prompt="Hello", temperature=99), "temperature must be between"),
-    ("/generate", dict(prompt="Hello", max_new_tokens=MAX_NEW_TOKENS + 1), "max_new_tokens must be between"),
-    ("/generate", dict(prompt="Hello", top_p=-1.5), "top_p must be between"),
-    ("/chat", dict(message="Hi", history=[["a", "b"]] * (MAX_CHAT_TURNS + 1)), "history is too long"),
     ("/chat", dict(message="Hi", history=[["only the user"]]), "history must be a list of [user, bot] pairs"),
-    ("/chat", dict(message="Hi", top_k="many"), "top_k must be an integer"),
-    ("/chat", dict(message="Hi", persona="p" * (MAX_CHARS["persona"] + 1)), "persona is too long"),
     ("/translate", dict(text="Hello", target="English"), "cannot translate English to English"),
-    ("/translate", dict(text="Hello", examples="a = b\n" * (MAX_EXAMPLE_PAIRS + 1)), "examples is too long"),
     ("/translate", dict(text="Hello", examples="no equals sign"), "examples line 1 is not"),
     ("/summarize", dict(article=42), "article must be text"),
-    ("/summarize", dict(article="A story.", seed=-5), "seed must be between"),
-    ("/summarize", dict(article="A story.", no_repeat_ngram_size=2.5), "no_repeat_ngram_size must be an integer"),
 ]
+INVALID = [*TOO_LONG, *OUT_OF_RANGE, *MALFORMED]
 MIX = {"replay": 0.35, "fresh": 0.3, "invalid": 0.2, "cancel": 0.15}
 CANCEL_WITHIN_S = 1.0  # a cancel comes this long at most after the submit, or after the first streamed text
 CANCELLED_WAITING, CANCELLED_STREAMING = "cancelled before its first text", "cancelled while streaming"
@@ -175,8 +215,8 @@ def valid_request(rng: random.Random, references: dict[int, Reference]) -> tuple
     return api_name, request, None, marker
 
 
-def check_answer(outcome: Outcome, answer: tuple, request: dict, reference: Reference | None,
-                 marker: str | None, texts: dict[str, int]) -> None:
+def check_answer(outcome: Outcome, answer: tuple, request: dict, replay: int | None, marker: str | None,
+                 references: dict[int, Reference]) -> None:
     """Whether the answer belongs to this request: a replay's text, prompt and seed are those it
     had alone; a fresh request's prompt has its marker and its status its seed."""
     text, status, prompt = answer
@@ -186,11 +226,12 @@ def check_answer(outcome: Outcome, answer: tuple, request: dict, reference: Refe
         return
     outcome.tokens, outcome.checked = int(found.group(3)), True
     seed = request.get("seed")
-    if reference is not None:
+    if replay is not None:
+        reference = references[replay]
         same = (text, prompt) == (reference.text, reference.prompt) and (seed is None or int(found.group(1)) == seed)
         if not same:
             outcome.crossed = True
-            other = texts.get(text)
+            other = next((i for i, r in references.items() if r.text == text), None)  # another replay's text?
             outcome.detail = f"replay gave {text[:60]!r}" + (f" (replay {other}'s text)" if other is not None else "")
     elif marker not in prompt or (seed is not None and int(found.group(1)) != seed):
         outcome.crossed, outcome.detail = True, f"fresh request {marker} got prompt {prompt[:60]!r}, {status[:30]}"
@@ -211,7 +252,7 @@ def refusal(client: Client, api_name: str, request: dict, expected: str) -> Outc
     return Outcome(api_name, f"answered although invalid ({expected})", explained=False)
 
 
-def answer(client: Client, rng: random.Random, references: dict[int, Reference], texts: dict[str, int],
+def answer(client: Client, rng: random.Random, references: dict[int, Reference],
            cancel: tuple[bool, float] | None) -> Outcome:
     """A valid request, cancelled as `watch` says; checked when it completes."""
     api_name, request, replay, marker = valid_request(rng, references)
@@ -228,14 +269,13 @@ def answer(client: Client, rng: random.Random, references: dict[int, Reference],
         kind = error_kind(error)
         return Outcome(api_name, kind, explained=kind == "queue full")
     outcome = Outcome(api_name, "completed", ttft_s=ttft_s)
-    check_answer(outcome, tuple(result), request, None if replay is None else references[replay], marker, texts)
+    check_answer(outcome, tuple(result), request, replay, marker, references)
     return outcome
 
 
 def user(client: Client, name: str, deadline: float, references: dict[int, Reference], run: Run) -> None:
     """One user: requests one after another until the deadline, its choices seeded by its name."""
     rng = random.Random(name)
-    texts = {reference.text: i for i, reference in references.items()}
     while time.monotonic() < deadline:
         roll = rng.random()
         try:
@@ -245,7 +285,7 @@ def user(client: Client, name: str, deadline: float, references: dict[int, Refer
             else:
                 cancels = roll < MIX["invalid"] + MIX["cancel"]
                 cancel = (rng.random() < 0.5, rng.uniform(0, CANCEL_WITHIN_S)) if cancels else None
-                run.add(answer(client, rng, references, texts, cancel))
+                run.add(answer(client, rng, references, cancel))
         except Exception as error:  # the client itself failed: connection refused, reset, ...
             run.add(Outcome("?", error_kind(error), explained=False))
 
@@ -291,17 +331,25 @@ def start_app(model: str, device: str, log_path: Path) -> tuple[subprocess.Popen
                                     "--host", "127.0.0.1", "--port", str(port)],
                                    cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 300
+    wait_for_app(process, url, log_path)
+    return process, url
+
+
+def wait_for_app(process: subprocess.Popen, url: str, log_path: Path, timeout_s: float = 300) -> None:
+    """Return once the app started as `process` serves its page at `url`. SystemExit with its log
+    when it stops first, or when it has not answered within timeout_s (it is stopped then)."""
+    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, whatever the environment says
+    deadline = time.monotonic() + timeout_s
     while True:
-        try:
-            Client(url, verbose=False)
-            return process, url
-        except Exception:
+        try:  # a plain GET: a gradio_client Client per try would fetch the whole API each time
+            no_proxy.open(url, timeout=10).close()
+            return
+        except OSError:  # refused while it starts; an HTTPError (an OSError too) is not serving either
             if process.poll() is not None:
                 raise SystemExit(f"the app stopped while starting:\n{log_path.read_text()}")
             if time.monotonic() > deadline:
                 process.terminate()
-                raise SystemExit(f"the app did not answer within 5 minutes:\n{log_path.read_text()}")
+                raise SystemExit(f"the app did not answer within {timeout_s:g} s:\n{log_path.read_text()}")
             time.sleep(0.5)
 
 
@@ -325,16 +373,20 @@ def percentile(values: list[float], q: int) -> float | None:
     return values[0] if len(values) == 1 else statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
+def counts(outcomes: list[Outcome]) -> dict:
+    """How many requests, how many failed unexplained, how many were checked and came back crossed."""
+    return {"requests": len(outcomes), "unexplained": sum(not o.explained for o in outcomes),
+            "checked": sum(o.checked for o in outcomes), "crossed": sum(o.crossed for o in outcomes)}
+
+
 def summarize(outcomes: list[Outcome], elapsed_s: float) -> dict:
     """The run's numbers, overall and by endpoint."""
     def numbers(group: list[Outcome]) -> dict:
         completed = [o for o in group if o.kind == "completed"]
-        ttft = sorted(o.ttft_s * 1000 for o in completed if o.ttft_s is not None)
-        return {"requests": len(group), "completed": len(completed),
+        ttft = [o.ttft_s * 1000 for o in completed if o.ttft_s is not None]
+        return {**counts(group), "completed": len(completed),
                 "refused": sum(o.kind.startswith("refused: ") for o in group),
                 "cancelled": sum(o.kind in (CANCELLED_WAITING, CANCELLED_STREAMING) for o in group),
-                "unexplained": sum(not o.explained for o in group),
-                "checked": sum(o.checked for o in group), "crossed": sum(o.crossed for o in group),
                 "ttft_p50_ms": percentile(ttft, 50), "ttft_p95_ms": percentile(ttft, 95),
                 "tokens": sum(o.tokens for o in completed)}
     by_endpoint = defaultdict(list)
@@ -439,12 +491,11 @@ def main(argv=None) -> None:
         if process is not None:
             process.terminate()
             process.wait(60)
-    warm = summarize(warm_up, args.warm_up)
     report = {"clients": args.clients, "seconds": args.seconds, "url": url,
               "model": args.model if process else "running app", "replays": len(references),
               **summarize(outcomes, elapsed), "rss_start_mb": rss_start, "rss_end_mb": rss_end,
               "rss_change_pct": None if rss_start is None else 100 * (rss_end / rss_start - 1),
-              "warm_up": {key: warm[key] for key in ("requests", "unexplained", "checked", "crossed")},
+              "warm_up": counts(warm_up),
               "server_log": server_log_faults(log_path)}
     print(table(report))
     if args.json:

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,7 +16,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import app
-from bench.load import free_port
+from bench.load import free_port, wait_for_app
 from ui.i18n import CHINESE, ENGLISH
 from ui.model_host import ModelHost
 
@@ -174,16 +173,9 @@ def test_python_app_py_serves_the_model_named_in_the_environment(app_models, tmp
         process = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=REPO, env=env,
                                    stdout=output, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-                break
-            except Exception:
-                assert process.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, "the app did not start within 2 minutes"
-                time.sleep(0.5)
-        _, status, _ = client.predict("Hello", max_new_tokens=4, api_name="/generate")
+        url = f"http://127.0.0.1:{port}/"
+        wait_for_app(process, url, log, timeout_s=120)  # SystemExit, which fails the test, with the app's log
+        _, status, _ = Client(url, verbose=False).predict("Hello", max_new_tokens=4, api_name="/generate")
         assert "4 generated tokens" in status
     finally:
         process.terminate()

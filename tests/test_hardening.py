@@ -26,6 +26,7 @@ from gradio_client.exceptions import AppError
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 import app
+from bench.load import OUT_OF_RANGE, TOO_LONG
 from model.checkpoint import BUNDLED_DIR
 from model.generate import MAX_SEED, SamplingParams, generate
 from model.scheduler import Scheduler
@@ -33,7 +34,7 @@ from model.tokenizer import load_tokenizer
 from tasks import LANGUAGES
 from ui import chat
 from ui.model_host import ModelHost, ModelLoadError
-from ui.running import MAX_CHARS, MAX_CHAT_TURNS, MAX_EXAMPLE_PAIRS, MAX_NEW_TOKENS
+from ui.running import MAX_CHARS, MAX_NEW_TOKENS
 
 from .conftest import REPO, copy_gpt2_tokenizer, serve_studio, wait_until
 
@@ -81,45 +82,15 @@ def error_of(client: Client, api_name: str, **request) -> str:
 
 # --- limits -------------------------------------------------------------------------------------
 
-def endpoint_with(field: str, value) -> tuple[str, dict]:
-    """The endpoint that takes `field`, and its good request with `field` set to value."""
-    api_name = next(name for name, api in APIS.items() if any(p.name == field for p in api.params))
-    return api_name, {**GOOD[api_name], field: value}
+# The cases, with the messages they must get, are bench.load's: the load run sends them too.
+@pytest.mark.parametrize("api_name, request_, message", TOO_LONG, ids=[m for _, _, m in TOO_LONG])
+def test_each_input_limit_names_the_field_and_the_limit(client, api_name, request_, message):
+    assert message in error_of(client, api_name, **request_, max_new_tokens=2)
 
 
-TURN = ["How are you?", "I am well, thank you."]
-LIMIT_CASES = [
-    *((field, "x" * (limit + 1), f"{field} is too long: {limit + 1:,} characters; the limit is {limit:,}")
-      for field, limit in MAX_CHARS.items() if field != "history"),
-    ("history", [TURN] * (MAX_CHAT_TURNS + 1), f"history is too long: {MAX_CHAT_TURNS + 1} turns; the limit is "
-                                              f"{MAX_CHAT_TURNS}"),
-    ("history", [["x" * 2000, "y" * 2000]] * 26, f"history is too long: 104,000 characters; the limit is "
-                                                 f"{MAX_CHARS['history']:,}"),
-    ("examples", "\n".join(["cat = chat"] * (MAX_EXAMPLE_PAIRS + 1)),
-     f"examples is too long: {MAX_EXAMPLE_PAIRS + 1} pairs; the limit is {MAX_EXAMPLE_PAIRS}"),
-]
-
-
-@pytest.mark.parametrize("field, value, message", LIMIT_CASES, ids=[m for _, _, m in LIMIT_CASES])
-def test_each_input_limit_names_the_field_and_the_limit(client, field, value, message):
-    api_name, request = endpoint_with(field, value)
-    assert message in error_of(client, api_name, **request, max_new_tokens=2)
-
-
-SETTING_CASES = [
-    (dict(max_new_tokens=MAX_NEW_TOKENS + 1), f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got 513"),
-    (dict(max_new_tokens=10**30), f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {10**30}"),
-    (dict(top_k=-(10**400)), "top_k must be between 0 and 1000, got an integer of 1329 bits"),
-    (dict(temperature=1e-300), "temperature must be 0 (greedy) or at least 0.01, got 1e-300"),
-    (dict(repetition_penalty="x" * 100_000), "repetition_penalty must be a number, got 'xxxx"),
-    (dict(seed=MAX_SEED + 1), f"seed must be between 0 and {MAX_SEED}, got {MAX_SEED + 1}"),
-    (dict(adapter="yes"), "adapter must be true or false, got 'yes'"),
-]
-
-
-@pytest.mark.parametrize("setting, message", SETTING_CASES, ids=[m for _, m in SETTING_CASES])
-def test_settings_out_of_range_are_refused_with_a_short_message(client, setting, message):
-    error = error_of(client, "/generate", prompt="Hello", **setting)
+@pytest.mark.parametrize("api_name, request_, message", OUT_OF_RANGE, ids=[m for _, _, m in OUT_OF_RANGE])
+def test_settings_out_of_range_are_refused_with_a_short_message(client, api_name, request_, message):
+    error = error_of(client, api_name, **request_)
     assert message in error and len(error) < 200
 
 
@@ -245,26 +216,27 @@ def test_fuzzed_calls_get_an_answer_or_a_clear_error_and_the_app_keeps_serving(c
 
 # --- files and models: only what the app serves -------------------------------------------------
 
-def private_files(app_models) -> list[str]:
-    return ["/etc/passwd", str(REPO / "app.py"), str(BUNDLED_DIR / "model.safetensors"),
-            str(Path(app_models[0]) / "config.json"), "app.py"]
-
-
-def test_gradio_serves_no_file_of_the_host(url, app_models):
-    for path in private_files(app_models):
-        assert httpx.get(f"{url}gradio_api/file={path}").status_code == 403, path
-
-
-def test_the_app_folder_and_model_directories_stay_blocked_when_allowed_paths_open_them(app_models, tmp_path,
-                                                                                          monkeypatch):
+def test_the_host_files_stay_blocked_even_where_allowed_paths_open_them(app_models, tmp_path, monkeypatch):
+    """Gradio's defaults alone serve none of these; what is tested is that the app's own blocking
+    holds where `allowed_paths` opens their folders, as GRADIO_ALLOWED_PATHS can on a deployment."""
     (tmp_path / "shared.txt").write_text("for everyone")
     (tmp_path / "operator").mkdir()
     (tmp_path / "operator" / "secret.txt").write_text("blocked by the operator")
     monkeypatch.setenv("GRADIO_BLOCKED_PATHS", str(tmp_path / "operator"))  # kept beside the app's own
+    # The Hugging Face cache, where hub models are downloaded to: a stand-in, as the app takes it.
+    hf_cache = tmp_path / "hf-cache"
+    cached = hf_cache / "models--gpt2" / "snapshots" / ("0" * 40) / "config.json"
+    cached.parent.mkdir(parents=True)
+    cached.write_text("{}")
+    monkeypatch.setattr(app, "HF_HUB_CACHE", str(hf_cache))
     opened = [str(tmp_path), str(REPO), str(Path(app_models[0]).parent)]
     with serve_studio(app_models[:1], allowed_paths=opened) as url:
+        # Served: a folder opened and not blocked, so the refusals below are the blocking's.
         assert httpx.get(f"{url}gradio_api/file={tmp_path / 'shared.txt'}").text == "for everyone"
-        for path in [*private_files(app_models)[1:], tmp_path / "operator" / "secret.txt"]:
+        private = [REPO / "app.py", "app.py", BUNDLED_DIR / "model.safetensors", Path(app_models[0]) / "config.json",
+                   tmp_path / "operator" / "secret.txt", cached,
+                   "/etc/passwd"]  # in no folder opened: Gradio's own refusal, checked all the same
+        for path in private:
             assert httpx.get(f"{url}gradio_api/file={path}").status_code == 403, path
 
 
