@@ -101,24 +101,22 @@ torch::Tensor rows_times_weight(const torch::Tensor& x, const Weight* w, int64_t
 
 bool is_cpu_float(const torch::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == torch::kFloat; }
 
-// x @ weight.T (* scale) + bias over x's last dimension, or None where the kernels do not apply:
-// more than max_rows rows (a long prompt: MKL is faster there), gradients to record, another
-// device, dtype or memory order, or mismatched shapes (left to PyTorch, which names them).
+// x @ weight.T (* scale) + bias over x's last dimension, or None where the kernels cannot take
+// the call: another device, dtype or memory order, or mismatched shapes (left to PyTorch, which
+// names them). kernels.py has already decided the call is theirs to take (few rows, no autograd).
 // Checked here rather than in Python: a decode step makes about fifty of these calls.
 c10::optional<torch::Tensor> linear(const torch::Tensor& x, const torch::Tensor& weight,
                                     const c10::optional<torch::Tensor>& bias,
-                                    const c10::optional<torch::Tensor>& scale, int64_t max_rows) {
+                                    const c10::optional<torch::Tensor>& scale) {
   if (x.dim() < 1 || weight.dim() != 2 || !is_cpu_float(x) || !weight.device().is_cpu() || !weight.is_contiguous())
     return c10::nullopt;
   const int64_t out_features = weight.size(0), in = weight.size(1);
-  if (in == 0 || x.size(-1) != in || x.numel() == 0 || x.numel() > max_rows * in) return c10::nullopt;
+  if (in == 0 || x.size(-1) != in || x.numel() == 0) return c10::nullopt;
   if (weight.scalar_type() != (scale ? torch::kChar : torch::kFloat)) return c10::nullopt;
   for (const auto* extra : {&bias, &scale})
     if (extra->has_value() && (!is_cpu_float(**extra) || (*extra)->dim() != 1 || (*extra)->size(0) != out_features
                                || !(*extra)->is_contiguous()))
       return c10::nullopt;
-  if (at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() || (bias && bias->requires_grad())))
-    return c10::nullopt;  // no backward pass here
   const torch::Tensor rows = x.reshape({-1, in}).contiguous();
   const float* bias_data = bias ? bias->data_ptr<float>() : nullptr;
   torch::Tensor y = scale ? rows_times_weight<int8_t>(rows, weight.data_ptr<int8_t>(), out_features,

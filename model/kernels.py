@@ -35,10 +35,11 @@ _compiled: list = []  # [module or None] once loading was tried
 
 def decode_kernels():
     """The compiled module, built on the first call, or None where it cannot be (see above)."""
-    with _lock:
-        if not _compiled:
-            _compiled.append(_build())
-        return _compiled[0]
+    if not _compiled:  # the lock only until loading was tried: a decode step calls this fifty times
+        with _lock:
+            if not _compiled:
+                _compiled.append(_build())
+    return _compiled[0]
 
 
 def _build():
@@ -60,7 +61,15 @@ def _build():
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            scale: torch.Tensor | None = None) -> torch.Tensor | None:
     """x @ weight.T, times `scale` per output channel (int8 weights), plus bias; or None when the
-    kernels do not apply (many rows, gradients, another device, dtype or memory order, mismatched
-    shapes: kernels.cpp checks) and the caller should use PyTorch's product."""
-    kernels = _compiled[0] if _compiled else decode_kernels()  # no lock once loading was tried
-    return None if kernels is None else kernels.linear(x, weight, bias, scale, KERNEL_ROWS)
+    caller should use PyTorch's product.
+
+    Here: what the kernels are for, decided before they are ever built (a training step or a GPU
+    model never builds them): CPU inputs, at most KERNEL_ROWS rows, nothing for autograd to record.
+    kernels.cpp: what they can take (dtypes, memory order, shapes; a mismatch is PyTorch's to name).
+    """
+    if not x.is_cpu or x.numel() > KERNEL_ROWS * weight.shape[-1] or (
+            torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                         or (bias is not None and bias.requires_grad))):
+        return None
+    kernels = decode_kernels()
+    return None if kernels is None else kernels.linear(x, weight, bias, scale)

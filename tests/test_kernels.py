@@ -3,6 +3,9 @@ to the order of additions, the same for a row alone or in a batch, and out of th
 gradients and large calls."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +13,8 @@ import torch.nn.functional as F
 from model import kernels
 from model.gpt2 import Linear
 from model.quantize import Int8Linear
+
+from .conftest import REPO
 
 # in_features 100 leaves a tail after the 16-wide steps; 768 is GPT-2's width.
 SHAPES = [(100, 36), (768, 300)]
@@ -88,3 +93,20 @@ def test_gradients_go_through_pytorch():
 def test_the_kernels_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("STUDIO_DECODE_KERNELS", "0")
     assert kernels._build() is None
+
+
+def test_training_and_long_prompts_never_build_the_kernels():
+    """They are built only for calls they would take: a training run must not wait a minute for
+    them. A fresh interpreter, since this one has built them already."""
+    code = """
+import torch
+from model import GPT2, GPT2Config, kernels
+model = GPT2(GPT2Config(vocab_size=64, n_positions=128, n_embd=32, n_layer=1, n_head=2))
+ids = torch.randint(0, 64, (2, 40))
+model(ids).sum().backward()  # gradients
+with torch.no_grad():
+    model(ids)  # 80 rows: a long prompt
+assert kernels._compiled == [], kernels._compiled
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
