@@ -57,14 +57,14 @@ def messages_from_pairs(pairs: list[list[str]]) -> list[dict[str, str]]:
 
 def history_pairs(history: Any) -> list[tuple[str, str]]:
     """The API's history, checked: a list of [user, bot] pairs of text, within the limits."""
-    if isinstance(history, (list, tuple)):
+    is_list = isinstance(history, (list, tuple))
+    if is_list:
         too_long("history", len(history), MAX_CHAT_TURNS, "turns")  # before its turns are walked
-        if all(isinstance(turn, (list, tuple)) and len(turn) == 2 and all(isinstance(said, str) for said in turn)
-               for turn in history):
-            characters = sum(len(user) + len(bot) for user, bot in history)
-            too_long("history", characters, MAX_CHARS["history"], "characters")
-            return [(user, bot) for user, bot in history]
-    raise ValueError("history must be a list of [user, bot] pairs of text")
+    if not is_list or not all(isinstance(turn, (list, tuple)) and len(turn) == 2
+                              and all(isinstance(said, str) for said in turn) for turn in history):
+        raise ValueError("history must be a list of [user, bot] pairs of text")
+    too_long("history", sum(len(user) + len(bot) for user, bot in history), MAX_CHARS["history"], "characters")
+    return [(user, bot) for user, bot in history]
 
 
 def chat_widgets() -> Widgets:
