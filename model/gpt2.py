@@ -154,9 +154,11 @@ class Attention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if cache is not None:
             k, v = cache.write(layer, k, v)
-        # mask=None means plain causal attention over a prompt with no padding and no cache.
-        is_causal = mask is None and k.shape[2] == T and T > 1
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+        y = kernels.decode_attention(q, k, v, mask)
+        if y is None:
+            # mask=None means plain causal attention over a prompt with no padding and no cache.
+            is_causal = mask is None and k.shape[2] == T and T > 1
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 

@@ -1,4 +1,5 @@
-// Matrix-vector products for decoding on an x86 CPU with AVX2 (see model/kernels.py).
+// Decode kernels for an x86 CPU with AVX2 (see model/kernels.py): matrix-vector products, and
+// attention for one new token per sequence.
 //
 // A decode step multiplies a few rows (one token per sequence) by every weight matrix, so its
 // speed is how fast the weights stream from memory. Each output channel is one dot product of a
@@ -10,6 +11,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
 
 namespace {
 
@@ -127,9 +131,102 @@ c10::optional<torch::Tensor> linear(const torch::Tensor& x, const torch::Tensor&
   return y.view(shape);
 }
 
+
+// exp(x) for x <= 0 (softmax after subtracting the maximum), to about 2 ulp: exp(x) = 2^n exp(r)
+// with n = round(x / ln 2) and |r| <= ln 2 / 2, exp(r) by its Taylor polynomial (Cephes' expf).
+// A scalar expf per score made PyTorch's attention the largest cost of a decode step after the
+// products (docs/performance.md).
+inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // below, 2^n is no longer a normal float
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln 2 in two parts, so r stays exact
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i two_to_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(two_to_n));
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {  // n a multiple of 8
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  return horizontal_sum(acc);
+}
+
+// Softmax attention of one query over the slots of one (row, head): out = sum_s p[s] v[s] / sum_s p[s],
+// p[s] = exp(q.k[s] / sqrt(dim) - max) over the slots `seen` marks (all when null). `scores`
+// has room for the slots rounded up to 8. Slot s always falls in lane s % 8 and masked slots
+// add exact zeros, so a row's result does not depend on how many slots other rows have.
+void attend(const float* q, const float* k, const float* v, int64_t slot_stride, int64_t slots, int64_t dim,
+            const bool* seen, float* scores, float* out) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  const int64_t padded = (slots + 7) / 8 * 8;
+  float top = minus_inf;
+  for (int64_t s = 0; s < padded; s++) {
+    scores[s] = s < slots && (!seen || seen[s]) ? dot(q, k + s * slot_stride, dim) * scale : minus_inf;
+    top = std::max(top, scores[s]);
+  }
+  __m256 total = _mm256_setzero_ps();
+  for (int64_t s = 0; s < padded; s += 8) {
+    const __m256 x = _mm256_loadu_ps(scores + s);
+    const __m256 p = _mm256_and_ps(exp_nonpositive(_mm256_sub_ps(x, _mm256_set1_ps(top))),
+                                   _mm256_cmp_ps(x, _mm256_set1_ps(minus_inf), _CMP_NEQ_OQ));  // masked: 0
+    _mm256_storeu_ps(scores + s, p);
+    total = _mm256_add_ps(total, p);
+  }
+  // out accumulates in place, one slot at a time: its dim / 8 sums are independent, so the
+  // multiply-adds overlap.
+  std::fill(out, out + dim, 0.0f);
+  for (int64_t s = 0; s < slots; s++) {
+    if (scores[s] == 0.0f) continue;  // masked
+    const __m256 p = _mm256_set1_ps(scores[s]);
+    for (int64_t d = 0; d < dim; d += 8)
+      _mm256_storeu_ps(out + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(v + s * slot_stride + d), _mm256_loadu_ps(out + d)));
+  }
+  const __m256 norm = _mm256_set1_ps(1.0f / horizontal_sum(total));
+  for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), norm));
+}
+
+// Attention of one new token per row: q (rows, heads, 1, dim), keys and values (rows, heads,
+// slots, dim) as views of the KV cache, `seen` an optional (rows, slots) mask (the query's own
+// row of the causal-padding mask). Returns (rows, heads, 1, dim) as a view of (rows, 1, heads,
+// dim), so the caller's merge of the heads is free. None where the kernel cannot take the call.
+c10::optional<torch::Tensor> decode_attention(const torch::Tensor& q, const torch::Tensor& keys,
+                                              const torch::Tensor& values, const c10::optional<torch::Tensor>& seen) {
+  for (const auto* t : {&q, &keys, &values})
+    if (t->dim() != 4 || !is_cpu_float(*t) || t->stride(3) != 1) return c10::nullopt;
+  const int64_t rows = q.size(0), heads = q.size(1), slots = keys.size(2), dim = q.size(3);
+  if (q.size(2) != 1 || dim % 8 != 0 || slots == 0 || keys.sizes() != values.sizes() || keys.strides() != values.strides()
+      || keys.size(0) != rows || keys.size(1) != heads || keys.size(3) != dim)
+    return c10::nullopt;
+  if (seen && (seen->scalar_type() != torch::kBool || seen->dim() != 2 || seen->size(0) != rows
+               || seen->size(1) != slots || seen->stride(1) != 1 || !seen->device().is_cpu()))
+    return c10::nullopt;
+  torch::Tensor out = torch::empty({rows, 1, heads, dim}, q.options());
+  const float *qs = q.data_ptr<float>(), *ks = keys.data_ptr<float>(), *vs = values.data_ptr<float>();
+  const bool* seen_data = seen ? seen->data_ptr<bool>() : nullptr;
+  float* outs = out.data_ptr<float>();
+  const int64_t work = std::max<int64_t>(1, 16384 / (slots * dim));  // (row, head) pairs per thread at least
+  at::parallel_for(0, rows * heads, work, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores((slots + 7) / 8 * 8);
+    for (int64_t i = begin; i < end; i++) {
+      const int64_t r = i / heads, h = i % heads;
+      attend(qs + r * q.stride(0) + h * q.stride(1), ks + r * keys.stride(0) + h * keys.stride(1),
+             vs + r * values.stride(0) + h * values.stride(1), keys.stride(2), slots, dim,
+             seen_data ? seen_data + r * seen->stride(0) : nullptr, scores.data(), outs + (r * heads + h) * dim);
+    }
+  });
+  return out.transpose(1, 2);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Without the GIL: the scheduler decodes on its own thread while the app's threads serve.
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
+  m.def("decode_attention", &decode_attention, py::call_guard<py::gil_scoped_release>());
 }

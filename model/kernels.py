@@ -1,4 +1,5 @@
-"""The decode kernels: matrix-vector products for a few rows, fp32 or int8 weights, on a CPU.
+"""The decode kernels: matrix-vector products for a few rows, fp32 or int8 weights, and attention
+for one new token per row, on a CPU.
 
 Decoding one token multiplies one row per sequence by every weight matrix, so its speed is how
 fast the weights stream from memory. MKL's product reads them at 8-10 GB/s on the 2-core AVX2
@@ -7,8 +8,13 @@ input rows sharing each read) reads fp32 weights at about 17 GB/s, and int8 weig
 to float in registers and scaled per output channel afterwards, in a third of the fp32 time. The
 inputs stay fp32: int8 is weight-only, so nothing is rounded per call.
 
-Each input row is summed in the same order whatever the number of rows, so a request decodes to
-bit-identical results alone or in a batch of other users' requests.
+The attention kernel does what PyTorch's scaled_dot_product_attention does for a query of one
+token, with an AVX2 exponential where PyTorch's CPU kernel spends most of its time on per-call
+set-up and scalar exponentials (docs/performance.md).
+
+Each input row is summed in the same order whatever the number of rows, and a row's attention
+whatever the other rows' lengths, so a request decodes to bit-identical results alone or in a
+batch of other users' requests.
 
 The C++ is compiled on first use by torch.utils.cpp_extension (about a minute; torch caches the
 build in ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR). Where that cannot happen (no
@@ -73,3 +79,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         return None
     kernels = decode_kernels()
     return None if kernels is None else kernels.linear(x, weight, bias, scale)
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     mask: torch.Tensor | None) -> torch.Tensor | None:
+    """softmax(q k^T / sqrt(dim), masked) v for one query token per row, or None when the caller
+    should use PyTorch's attention.
+
+    q (rows, heads, 1, dim); keys and values (rows, heads, slots, dim), views of the KV cache;
+    mask None or (rows, 1, 1, slots), True where the query may look. As for `linear`, this
+    decides which calls are the kernel's (CPU, one query token, nothing for autograd); the C++
+    checks what it can take.
+    """
+    if q.shape[2] != 1 or not q.is_cpu or (torch.is_grad_enabled() and (q.requires_grad or keys.requires_grad
+                                                                       or values.requires_grad)):
+        return None
+    kernels = decode_kernels()
+    return None if kernels is None else kernels.decode_attention(q, keys, values,
+                                                                 None if mask is None else mask[:, 0, 0])

@@ -1,5 +1,5 @@
-"""The decode kernels (model/kernels.py): built where they can be, equal to PyTorch's products up
-to the order of additions, the same for a row alone or in a batch, and out of the way of
+"""The decode kernels (model/kernels.py): built where they can be, equal to PyTorch's products and
+attention up to rounding, the same for a row alone or in a batch, and out of the way of
 gradients and large calls."""
 from __future__ import annotations
 
@@ -88,6 +88,54 @@ def test_gradients_go_through_pytorch():
     assert module.weight.grad is not None and module.weight.grad.abs().sum() > 0
     with torch.no_grad():
         assert kernels.linear(x, module.weight, module.bias) is not None
+
+
+def cache_views(rows: int, slots: int, heads: int = 3, dim: int = 16, room: int = 50):
+    """A query (rows, heads, 1, dim) laid out as the model makes it (a transposed view), and keys
+    and values (rows, heads, slots, dim) as views of a longer cache, as the KV cache hands them."""
+    keys, values = torch.randn(2, rows, heads, room, dim).unbind(0)
+    q = torch.randn(rows, 1, heads, dim).transpose(1, 2)
+    return q, keys[:, :, :slots], values[:, :, :slots]
+
+
+@pytest.mark.parametrize("slots", [1, 5, 8, 37])
+@pytest.mark.parametrize("masked", [False, True])
+@torch.no_grad()
+def test_decode_attention_equals_pytorch(slots, masked):
+    torch.manual_seed(slots)
+    q, k, v = cache_views(rows=4, slots=slots)
+    mask = None
+    if masked:  # padding and other rows' slots, as causal_padding_mask makes them; the query sees itself
+        mask = torch.rand(4, 1, 1, slots) > 0.4
+        mask[..., -1] = True
+    got = kernels.decode_attention(q, k, v, mask)
+    assert got is not None and got.shape == (4, 3, 1, 16)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+@torch.no_grad()
+def test_attention_of_a_row_gives_the_same_bits_beside_longer_rows():
+    """In the scheduler's batch a row sits beside rows with more slots, which it must not see."""
+    q, k, v = cache_views(rows=3, slots=40)
+    mask = torch.ones(3, 1, 1, 40, dtype=torch.bool)
+    mask[0, ..., 13:] = False  # row 0 has 13 slots, the others 40
+    together = kernels.decode_attention(q, k, v, mask)
+    alone = kernels.decode_attention(q[:1], k[:1, :, :13], v[:1, :, :13], None)
+    assert torch.equal(together[:1], alone)
+
+
+@torch.no_grad()
+def test_prompts_and_odd_attention_inputs_go_to_pytorch():
+    q, k, v = cache_views(rows=2, slots=9)
+    assert kernels.decode_attention(torch.randn(2, 3, 4, 16), k, v, None) is None  # a prompt's queries
+    assert kernels.decode_attention(q.double(), k.double(), v.double(), None) is None
+    q12, k12, v12 = cache_views(rows=2, slots=9, dim=12)  # dim not a multiple of 8
+    assert kernels.decode_attention(q12, k12, v12, None) is None
+    assert kernels.decode_attention(q, k, v[:, :, :8], None) is None
+    leaf = q.clone().requires_grad_()
+    with torch.enable_grad():
+        assert kernels.decode_attention(leaf, k, v, None) is None
 
 
 def test_the_kernels_can_be_turned_off(monkeypatch):
