@@ -17,13 +17,24 @@
 
 namespace {
 
-// How a pass over one weight row is laid out, by weight type: how many input rows share it, and
-// how many accumulators each row has. fp32 streams from memory, so more rows per pass pay (a
-// batch of 8 in one pass, 15% faster than two of 4). int8 spends its time converting weights
-// to float, so one row needs two independent sums to keep the FMA units busy (one is 2x slower).
+// How the products are blocked, by weight type.
+// - `rows`: a call with up to this many rows (a decode step) takes one weight row at a time and
+//   runs all its rows over it. Memory sets the speed there, and one stream of weights reads
+//   fastest (two or three weight rows at once measured 10-30% slower). fp32: a batch of 8 in one
+//   pass is 15% faster than two of 4.
+// - `block_weights` x `block_rows`: a call with more rows (a short prompt) takes blocks of that
+//   many weight rows and input rows. Arithmetic sets the speed there, and each weight vector
+//   loaded then serves several input rows and each input vector several weight rows (fp32, 32
+//   rows: 20-25% faster than passes of 8).
+// - `accumulators` per sum: int8 spends its time converting weights to float, so one sum needs
+//   two independent accumulators to keep the FMA units busy (one is 2x slower).
 template <typename Weight> struct Pass;
-template <> struct Pass<float> { static constexpr int rows = 8, accumulators = 1; };
-template <> struct Pass<int8_t> { static constexpr int rows = 4, accumulators = 2; };
+template <> struct Pass<float> {
+  static constexpr int rows = 8, block_weights = 3, block_rows = 4, accumulators = 1;
+};
+template <> struct Pass<int8_t> {
+  static constexpr int rows = 4, block_weights = 2, block_rows = 3, accumulators = 2;
+};
 
 // Weight rows ahead to prefetch: the hardware prefetcher alone leaves gaps once a pass does
 // more than stream (measured 20-30% slower for a batch of 8).
@@ -42,63 +53,88 @@ inline __m256 load8(const int8_t* w) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w))));
 }
 
-// sums[k] = dot(w, x[k]) for the N rows of x (each `in` long), then the tail past the last
-// full step. A row's additions are the same whatever N is.
-template <int N, typename Weight>
-inline void dot_rows(const Weight* w, const float* x, int64_t in, float* sums) {
+// Where a block's sums go: y[r, o] = sum * scale[o] + bias[o]; scale and bias may be null.
+struct Output {
+  float* y;
+  int64_t out_features;
+  const float *scale, *bias;
+  void put(int64_t r, int64_t o, float sum) const {
+    const float v = scale ? sum * scale[o] : sum;
+    y[r * out_features + o] = bias ? v + bias[o] : v;
+  }
+};
+
+// y[r + k, o + j] for WR weight rows from w (output channels o...) and N input rows from x
+// (rows r...), each `in` long: one dot product each, the tail past the last full step added
+// last. Every dot product takes the same additions in the same order whatever WR and N are, so
+// a row's result does not depend on the call's other rows.
+template <int WR, int N, typename Weight>
+inline void dot_block(const Weight* w, const float* x, int64_t in, int64_t o, int64_t r, const Output& out) {
   constexpr int A = Pass<Weight>::accumulators;
-  __m256 acc[N][A];
-  for (int k = 0; k < N; k++)
-    for (int a = 0; a < A; a++) acc[k][a] = _mm256_setzero_ps();
+  __m256 acc[WR][N][A];
+  for (int j = 0; j < WR; j++)
+    for (int k = 0; k < N; k++)
+      for (int a = 0; a < A; a++) acc[j][k][a] = _mm256_setzero_ps();
   const char* ahead = reinterpret_cast<const char*>(w + kPrefetchRows * in);
   int64_t i = 0;
   for (; i + 8 * A <= in; i += 8 * A) {
-    if ((i * sizeof(Weight)) % 64 == 0) _mm_prefetch(ahead + i * sizeof(Weight), _MM_HINT_T0);  // once per line
-    __m256 wv[A];
-    for (int a = 0; a < A; a++) wv[a] = load8(w + i + 8 * a);
+    if ((i * sizeof(Weight)) % 64 == 0)  // once per line
+      for (int j = 0; j < WR; j++) _mm_prefetch(ahead + (j * in + i) * sizeof(Weight), _MM_HINT_T0);
+    __m256 wv[WR][A];
+    for (int j = 0; j < WR; j++)
+      for (int a = 0; a < A; a++) wv[j][a] = load8(w + j * in + i + 8 * a);
     for (int k = 0; k < N; k++)
-      for (int a = 0; a < A; a++)
-        acc[k][a] = _mm256_fmadd_ps(wv[a], _mm256_loadu_ps(x + k * in + i + 8 * a), acc[k][a]);
+      for (int a = 0; a < A; a++) {
+        const __m256 xv = _mm256_loadu_ps(x + k * in + i + 8 * a);
+        for (int j = 0; j < WR; j++) acc[j][k][a] = _mm256_fmadd_ps(wv[j][a], xv, acc[j][k][a]);
+      }
   }
-  for (int k = 0; k < N; k++) {
-    __m256 total = acc[k][0];
-    for (int a = 1; a < A; a++) total = _mm256_add_ps(total, acc[k][a]);
-    float s = horizontal_sum(total);
-    for (int64_t j = i; j < in; j++) s += static_cast<float>(w[j]) * x[k * in + j];
-    sums[k] = s;
-  }
+  for (int j = 0; j < WR; j++)
+    for (int k = 0; k < N; k++) {
+      __m256 total = acc[j][k][0];
+      for (int a = 1; a < A; a++) total = _mm256_add_ps(total, acc[j][k][a]);
+      float s = horizontal_sum(total);
+      for (int64_t t = i; t < in; t++) s += static_cast<float>(w[j * in + t]) * x[k * in + t];
+      out.put(r + k, o + j, s);
+    }
 }
 
-// dot_rows for n rows, 1 <= n <= N, with n known at compile time.
-template <int N, typename Weight>
-inline void dot_rows_upto(int64_t n, const Weight* w, const float* x, int64_t in, float* sums) {
+// dot_block for wr <= WR weight rows and n <= N input rows, with both known at compile time.
+template <int WR, int N, typename Weight>
+inline void dot_block_upto(int64_t wr, int64_t n, const Weight* w, const float* x, int64_t in, int64_t o, int64_t r,
+                           const Output& out) {
+  if constexpr (WR > 1) {
+    if (wr < WR) return dot_block_upto<WR - 1, N>(wr, n, w, x, in, o, r, out);
+  }
   if constexpr (N > 1) {
-    if (n < N) return dot_rows_upto<N - 1>(n, w, x, in, sums);
+    if (n < N) return dot_block_upto<WR, N - 1>(wr, n, w, x, in, o, r, out);
   }
-  dot_rows<N>(w, x, in, sums);
+  dot_block<WR, N>(w, x, in, o, r, out);
 }
 
-// y[r, o] = dot(x[r], w[o]) * scale[o] + bias[o]; scale and bias may be null.
+// Blocks of WR weight rows x N input rows over output channels [begin, end) and every row.
+template <int WR, int N, typename Weight>
+void blocks(const Weight* w, const float* x, int64_t rows, int64_t in, int64_t begin, int64_t end, const Output& out) {
+  for (int64_t o = begin; o < end; o += WR)
+    for (int64_t r = 0; r < rows; r += N)
+      dot_block_upto<WR, N>(std::min<int64_t>(WR, end - o), std::min<int64_t>(N, rows - r), w + o * in, x + r * in,
+                            in, o, r, out);
+}
+
+// y = x @ w.T * scale + bias; scale and bias may be null.
 template <typename Weight>
 torch::Tensor rows_times_weight(const torch::Tensor& x, const Weight* w, int64_t out_features,
                                 const float* scale, const float* bias) {
-  constexpr int R = Pass<Weight>::rows;
+  using P = Pass<Weight>;
   const int64_t rows = x.size(0), in = x.size(1);
   torch::Tensor y = torch::empty({rows, out_features}, x.options());
   const float* xs = x.data_ptr<float>();
-  float* ys = y.data_ptr<float>();
+  const Output out{y.data_ptr<float>(), out_features, scale, bias};
   at::parallel_for(0, out_features, 64, [&](int64_t begin, int64_t end) {
-    float sums[R];
-    for (int64_t o = begin; o < end; o++) {
-      for (int64_t r = 0; r < rows; r += R) {
-        const int64_t n = std::min<int64_t>(R, rows - r);
-        dot_rows_upto<R>(n, w + o * in, xs + r * in, in, sums);
-        for (int64_t k = 0; k < n; k++) {
-          const float v = scale ? sums[k] * scale[o] : sums[k];
-          ys[(r + k) * out_features + o] = bias ? v + bias[o] : v;
-        }
-      }
-    }
+    if (rows <= P::rows)
+      blocks<1, P::rows>(w, xs, rows, in, begin, end, out);
+    else
+      blocks<P::block_weights, P::block_rows>(w, xs, rows, in, begin, end, out);
   });
   return y;
 }
