@@ -75,6 +75,26 @@ def weight_bytes_per_token(model: nn.Module) -> int:
                if isinstance(m, (nn.Linear, Int8Linear)))
 
 
+@torch.inference_mode()
+def roofline_breakdown(model: GPT2, prompt: torch.Tensor) -> dict[str, float]:
+    """Where batch-1 decoding stands against the roofline, on the model's own weights, best of 5
+    each: summing its weight matrices one by one in decode order (the best any reading of them
+    does: the roofline's sum reads one large tensor), our batch-1 products over the same matrices,
+    and a whole decode step after the prompt."""
+    device = prompt.device
+    layers = [m for m in model.modules() if isinstance(m, (nn.Linear, Int8Linear))]
+    dtype = model.transformer.wte.weight.dtype
+    inputs = [torch.randn(1, 1, m.in_features, device=device, dtype=dtype) for m in layers]
+    sum_s = min(seconds(lambda: [m.weight.sum() for m in layers], device) for _ in range(5))
+    products_s = min(seconds(lambda: [m(x) for m, x in zip(layers, inputs)], device) for _ in range(5))
+    cache = model.new_cache(1, prompt.shape[1] + 6)
+    model(prompt, cache=cache, last_only=True)
+    step_s = min(seconds(lambda: model(prompt[:, -1:], cache=cache), device) for _ in range(5))
+    weight_bytes = weight_bytes_per_token(model)
+    return {"weights_sum_gb_s": weight_bytes / sum_s / 1e9, "products_gb_s": weight_bytes / products_s / 1e9,
+            "products_ms": 1000 * products_s, "decode_step_ms": 1000 * step_s}
+
+
 def random_ids(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
@@ -233,6 +253,12 @@ def table(n: dict, device: torch.device, dtype: torch.dtype, new_tokens: int, re
         ("memory read bandwidth (GB/s)", f"{n['bandwidth_gb_s']:.1f}", "", ""),
         ("roofline, fp32 / int8 (tokens/s)", f"{n['roofline_fp32_tok_s']:.1f} / {n['roofline_int8_tok_s']:.1f}", "",
          f"fp32 at {ratio:.0%} · int8 at {n['ours_int8_tok_s'] / n['roofline_int8_tok_s']:.0%}"),
+        ("fp32 weights summed matrix by matrix (GB/s)", f"{n['weights_sum_gb_s']:.1f}", "",
+         f"{n['weights_sum_gb_s'] / n['bandwidth_gb_s']:.0%} of the bandwidth"),
+        ("our batch-1 products over them (GB/s; ms per token)", f"{n['products_gb_s']:.1f}; {n['products_ms']:.1f}",
+         "", f"{n['products_gb_s'] / n['bandwidth_gb_s']:.0%} of the bandwidth"),
+        ("one batch-1 decode step (ms)", f"{n['decode_step_ms']:.1f}", "",
+         f"{1000 / (n['roofline_fp32_tok_s'] * n['decode_step_ms']):.0%} of the roofline"),
         ("peak resident memory of this process (MB)", f"{n['peak_rss_mb']:.0f}", "", "both models loaded"),
         ("bundled model: load time (s)", opt(n["bundled_load_s"], "{:.2f}"), "", ""),
         ("bundled model: int8 / fp32 validation perplexity", opt(n["bundled_int8_ppl_ratio"], "{:.4f}"), "", ""),
@@ -270,6 +296,7 @@ def main(argv=None) -> None:
     ours, int8, hf = build_models(device, dtype)
     vocab = ours.config.vocab_size
     prompt = random_ids(vocab, 1, PROMPT_TOKENS, seed=1).to(device)
+    breakdown = roofline_breakdown(ours, prompt)
     batch = random_ids(vocab, BATCH, PROMPT_TOKENS, seed=2).to(device)
     long_prompt = random_ids(vocab, 1, PREFILL_TOKENS, seed=3).to(device)
     first_token_s: list[float] = []
@@ -295,6 +322,7 @@ def main(argv=None) -> None:
     n["bandwidth_gb_s"] = bandwidth / 1e9
     n["roofline_fp32_tok_s"] = bandwidth / weight_bytes_per_token(ours)
     n["roofline_int8_tok_s"] = bandwidth / weight_bytes_per_token(int8)
+    n.update(breakdown)
     del hf, ours, int8
     n.update(bundled_checks(args.bundled, device, args.new_tokens, args.reps))
     n["peak_rss_mb"] = peak_rss_mb()
