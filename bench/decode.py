@@ -78,9 +78,9 @@ def weight_bytes_per_token(model: nn.Module) -> int:
 @torch.inference_mode()
 def roofline_breakdown(model: GPT2, prompt: torch.Tensor) -> dict[str, float]:
     """Where batch-1 decoding stands against the roofline, on the model's own weights, best of 5
-    each: summing its weight matrices one by one in decode order (the best any reading of them
-    does: the roofline's sum reads one large tensor), our batch-1 products over the same matrices,
-    and a whole decode step after the prompt."""
+    each: PyTorch summing its weight matrices one by one in decode order (a plain read of the
+    same bytes in the same pieces; the roofline's sum reads one large tensor), the model's
+    batch-1 products over the same matrices, and a whole decode step after the prompt."""
     device = prompt.device
     layers = [m for m in model.modules() if isinstance(m, (nn.Linear, Int8Linear))]
     dtype = model.transformer.wte.weight.dtype
@@ -253,9 +253,9 @@ def table(n: dict, device: torch.device, dtype: torch.dtype, new_tokens: int, re
         ("memory read bandwidth (GB/s)", f"{n['bandwidth_gb_s']:.1f}", "", ""),
         ("roofline, fp32 / int8 (tokens/s)", f"{n['roofline_fp32_tok_s']:.1f} / {n['roofline_int8_tok_s']:.1f}", "",
          f"fp32 at {ratio:.0%} · int8 at {n['ours_int8_tok_s'] / n['roofline_int8_tok_s']:.0%}"),
-        ("fp32 weights summed matrix by matrix (GB/s)", f"{n['weights_sum_gb_s']:.1f}", "",
+        ("the weights, summed matrix by matrix (GB/s)", f"{n['weights_sum_gb_s']:.1f}", "",
          f"{n['weights_sum_gb_s'] / n['bandwidth_gb_s']:.0%} of the bandwidth"),
-        ("our batch-1 products over them (GB/s; ms per token)", f"{n['products_gb_s']:.1f}; {n['products_ms']:.1f}",
+        ("our batch-1 products over the same matrices (GB/s; ms per token)", f"{n['products_gb_s']:.1f}; {n['products_ms']:.1f}",
          "", f"{n['products_gb_s'] / n['bandwidth_gb_s']:.0%} of the bandwidth"),
         ("one batch-1 decode step (ms)", f"{n['decode_step_ms']:.1f}", "",
          f"{1000 / (n['roofline_fp32_tok_s'] * n['decode_step_ms']):.0%} of the roofline"),

@@ -9,12 +9,11 @@ to float in registers and scaled per output channel afterwards, in a third of th
 inputs stay fp32: int8 is weight-only, so nothing is rounded per call.
 
 The attention kernel does what PyTorch's scaled_dot_product_attention does for a query of one
-token, with an AVX2 exponential where PyTorch's CPU kernel spends most of its time on per-call
-set-up and scalar exponentials (docs/performance.md).
+token, in half its time or less at the lengths of a chat (measured in docs/performance.md).
 
 Each input row is summed in the same order whatever the number of rows, and a row's attention
-whatever the other rows' lengths, so a request decodes to bit-identical results alone or in a
-batch of other users' requests.
+whatever the other rows' lengths (its tokens keeping their cache slots, as the scheduler's do),
+so a request decodes to bit-identical results alone or in a batch of other users' requests.
 
 The C++ is compiled on first use by torch.utils.cpp_extension (about a minute; torch caches the
 build in ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR). Where that cannot happen (no
@@ -56,8 +55,9 @@ def _build():
     from torch.utils.cpp_extension import load  # imported here: it is slow to import, and rarely needed
     log.info("loading the decode kernels (compiled on first use, which takes about a minute)")
     try:
-        return load("studio_decode_kernels", [str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
-                    extra_ldflags=["-fopenmp"])
+        # -ffp-contract=off: the same rounding in every template copy (the FMAs meant are intrinsics).
+        return load("studio_decode_kernels", [str(SOURCE)],
+                    extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"], extra_ldflags=["-fopenmp"])
     except Exception as error:  # a missing compiler or ninja: slower, not broken
         warnings.warn(f"the decode kernels could not be built, so decoding runs on PyTorch's products "
                       f"(slower; results the same up to rounding): {error}")
@@ -94,6 +94,8 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     if q.shape[2] != 1 or not q.is_cpu or (torch.is_grad_enabled() and (q.requires_grad or keys.requires_grad
                                                                        or values.requires_grad)):
         return None
+    if mask is not None and (mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1):
+        return None  # a mask per head, or one broadcast over the rows: PyTorch's
     kernels = decode_kernels()
     return None if kernels is None else kernels.decode_attention(q, keys, values,
                                                                  None if mask is None else mask[:, 0, 0])

@@ -8,8 +8,9 @@ through the model at once. Decoding is bound by reading the weights, and one ste
 once for all rows, so eight requests cost little more than one.
 
 A request samples with its own `Sampler` (its settings and its own random generator), so a
-seeded request gives the same tokens alone or in a crowd (in fp32 up to the summation order of
-the matrix kernels, which may differ with the number of rows). A prefill or a sampling that
+seeded request gives the same tokens alone or in a crowd (on a CPU with the decode kernels of
+model/kernels.py bit for bit; on PyTorch's products up to their order of additions, which may
+differ with the number of rows). A prefill or a sampling that
 fails ends its own request; a decode step that fails ends the requests in it, and the waiting
 ones go on. Callers use the scheduler through
 `model.generate.stream(scheduler, ...)`, which turns its tokens into text, stop strings and a

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import kernels
+from model import GPT2, GPT2Config, gpt2, kernels
 from model.gpt2 import Linear
 from model.quantize import Int8Linear
 
@@ -61,10 +61,11 @@ def test_a_decode_step_runs_on_the_kernel_and_equals_pytorch(kind, in_features, 
 
 
 @pytest.mark.parametrize("kind", ["fp32", "int8"])
+@pytest.mark.parametrize("in_features", [100, 768])  # with and without a tail past the 16-wide steps
 @torch.no_grad()
-def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kind):
-    module = layer(kind, 768, 301, bias=True)  # 301: blocks of weight rows do not divide it
-    x = torch.randn(kernels.KERNEL_ROWS, 768)
+def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kind, in_features):
+    module = layer(kind, in_features, 301, bias=True)  # 301: blocks of weight rows do not divide it
+    x = torch.randn(kernels.KERNEL_ROWS, in_features)
     alone = torch.cat([module(x[row:row + 1]) for row in range(len(x))])
     for rows in (2, 3, 5, 8, 13, kernels.KERNEL_ROWS):  # decode passes, and blocks for prompts
         assert torch.equal(module(x[:rows]), alone[:rows])
@@ -99,18 +100,27 @@ def cache_views(rows: int, slots: int, heads: int = 3, dim: int = 16, room: int 
     return q, keys[:, :, :slots], values[:, :, :slots]
 
 
+def projection_views(rows: int, slots: int, heads: int = 2, dim: int = 64):
+    """Keys and values straight from a projection (rows, slots, heads * dim), split into heads by
+    a transposed view, as a forward call without a cache hands them."""
+    q = torch.randn(rows, 1, heads, dim).transpose(1, 2)
+    k, v = (torch.randn(rows, slots, heads, dim).transpose(1, 2) for _ in range(2))
+    return q, k, v
+
+
 @pytest.mark.parametrize("slots", [1, 5, 8, 37])
 @pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("views", [cache_views, projection_views])
 @torch.no_grad()
-def test_decode_attention_equals_pytorch(slots, masked):
+def test_decode_attention_equals_pytorch(slots, masked, views):
     torch.manual_seed(slots)
-    q, k, v = cache_views(rows=4, slots=slots)
+    q, k, v = views(rows=4, slots=slots)
     mask = None
     if masked:  # padding and other rows' slots, as causal_padding_mask makes them; the query sees itself
         mask = torch.rand(4, 1, 1, slots) > 0.4
         mask[..., -1] = True
     got = kernels.decode_attention(q, k, v, mask)
-    assert got is not None and got.shape == (4, 3, 1, 16)
+    assert got is not None and got.shape == q.shape
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
 
@@ -134,9 +144,41 @@ def test_prompts_and_odd_attention_inputs_go_to_pytorch():
     q12, k12, v12 = cache_views(rows=2, slots=9, dim=12)  # dim not a multiple of 8
     assert kernels.decode_attention(q12, k12, v12, None) is None
     assert kernels.decode_attention(q, k, v[:, :, :8], None) is None
+    assert kernels.decode_attention(q, k, v, torch.ones(2, 3, 1, 9, dtype=torch.bool)) is None  # a mask per head
     leaf = q.clone().requires_grad_()
     with torch.enable_grad():
         assert kernels.decode_attention(leaf, k, v, None) is None
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@torch.no_grad()
+def test_decode_steps_take_the_attention_kernel(monkeypatch, padded):
+    """Decode steps over the KV cache run on the kernel, with no mask (rows of one length) and
+    with one (left-padded rows), and give PyTorch's logits."""
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(vocab_size=64, n_positions=32, n_embd=64, n_layer=2, n_head=2)).eval()
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12]] if not padded else [[5, 6, 7, 8], [9, 10]]
+    tokens = torch.tensor([[t, t + 1, t + 2] for t in (20, 30)])
+
+    def decode_steps() -> torch.Tensor:
+        width = max(map(len, prompts))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+        real = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        cache = model.new_cache(2, width + tokens.shape[1])
+        model(ids, attention_mask=real, cache=cache)
+        assert cache.has_padding == padded
+        return torch.cat([model(tokens[:, i:i + 1], cache=cache) for i in range(tokens.shape[1])], dim=1)
+
+    pytorch_calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(gpt2.F, "scaled_dot_product_attention", lambda *a, **kw: pytorch_calls.append(1) or sdpa(*a, **kw))
+    with_kernel = decode_steps()
+    prefill_calls = model.config.n_layer
+    assert len(pytorch_calls) == prefill_calls  # the prompt's; none for the steps
+    monkeypatch.setattr(kernels, "decode_attention", lambda *args: None)
+    expected = decode_steps()
+    assert len(pytorch_calls) == 2 * prefill_calls + tokens.numel() // 2 * model.config.n_layer
+    assert (with_kernel - expected).abs().max() <= 1e-5 * expected.abs().max()
 
 
 def test_the_kernels_can_be_turned_off(monkeypatch):
