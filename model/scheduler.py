@@ -4,7 +4,9 @@ Requests arrive from many threads (the app's workers) at any time, each with its
 sampling settings, seed and adapter. Between two decode steps the scheduler retires the
 requests that are done or cancelled and admits waiting ones (each prompt is prefilled alone,
 then copied into a free row of the batch's KV cache); each step then runs every active row
-through the model at once. Decoding is bound by reading the weights, and one step reads them
+through the model at once. A long prompt is prefilled a chunk at a time (PREFILL_CHUNK tokens),
+with the running rows' steps in between, so a newcomer stalls the others' streams for one chunk
+at a time, not for its whole prompt. Decoding is bound by reading the weights, and one step reads them
 once for all rows, so eight requests cost little more than one.
 
 A request samples with its own `Sampler` (its settings and its own random generator), so a
@@ -29,7 +31,8 @@ import torch
 
 from .adapters import active_adapter, check_adapter
 from .config import GPT2Config
-from .generate import Sampler, SamplingParams, check_prompt_fits, new_token_budget, pick_tokens
+from .generate import (PREFILL_CHUNK, Sampler, SamplingParams, check_prompt_fits, new_token_budget, pick_tokens,
+                       prefill_chunk)
 from .gpt2 import GPT2, KVCache
 
 DONE = None  # what a request's queue receives after its last token
@@ -47,6 +50,8 @@ class Request:
     out: queue.SimpleQueue  # its sampled tokens, then DONE (or the exception that stopped it)
     cancelled: bool = False  # set by its caller's thread; the scheduler retires it before the next step
     failed: bool = False  # its own prefill or sampling raised; the scheduler retires it, the others go on
+    prefilled: int = 0  # prompt tokens in its prompt_cache so far
+    prompt_cache: KVCache | None = None  # while its prompt is being prefilled
 
     @property
     def done(self) -> bool:
@@ -80,6 +85,7 @@ class Scheduler:
         self.rows_in_use = 0  # requests decoding now: shows that a finished or cancelled one let go of its row
         self._lock = threading.Lock()  # guards _waiting and _worker
         self._waiting: deque[Request] = deque()
+        self._newcomer: Request | None = None  # the one whose prompt is part prefilled (the worker's own)
         self._worker: threading.Thread | None = None
         self._closed = False
         OPEN.add(self)
@@ -160,34 +166,55 @@ class Scheduler:
         with self._lock:
             stranded, self._worker = list(self._waiting), None
             self._waiting.clear()
+        if self._newcomer is not None:
+            stranded.append(self._newcomer)
+            self._newcomer = None
         self._fail(active + stranded, error)
 
     def _admit(self, active: list[Request], cache: KVCache) -> bool:
         """Retire finished rows and fill free ones from the queue; False (and the worker ends)
-        when nothing is left to run or the scheduler was closed."""
+        when nothing is left to run or the scheduler was closed.
+
+        Newcomers' prompts go in chunk by chunk, about one chunk's worth of tokens before each
+        step (several short prompts, or one chunk of a long one), so that the running rows
+        are never stalled for long.
+        """
         for row in reversed(range(len(active))):
             if active[row].done:
                 self._retire(active, cache, row)
-        while len(active) < self.max_batch and not self._closed:
-            with self._lock:
-                if not self._waiting:
-                    if not active:
-                        self._worker = None
-                        self.rows_in_use = 0
-                        return False
-                    break
-                request = self._waiting.popleft()
+        fed = 0  # prompt tokens prefilled before this step
+        while len(active) < self.max_batch and fed < PREFILL_CHUNK and not self._closed:
+            request, self._newcomer = self._newcomer, None
+            if request is None:
+                with self._lock:
+                    if not self._waiting:
+                        if not active:
+                            self._worker = None
+                            self.rows_in_use = 0
+                            return False
+                        break
+                    request = self._waiting.popleft()
             if request.cancelled:
+                request.prompt_cache = None
                 continue
             try:
-                prompt_cache = self.model.new_cache(1, request.length)
+                if request.prompt_cache is None:
+                    request.prompt_cache = self.model.new_cache(1, request.length)
+                start = request.prefilled
                 with active_adapter(request.adapter):
-                    logits = self.model(request.history, cache=prompt_cache, last_only=True)[:, -1]
+                    request.prefilled, logits = prefill_chunk(self.model, request.history, request.prompt_cache, start)
+                fed += request.prefilled - start
+                if request.prefilled < request.length:
+                    self._newcomer = request  # its next chunk comes after a step
+                    continue
                 cache.grow(cache_length(request.budget))
-                cache.copy_row(len(active), prompt_cache)
+                cache.copy_row(len(active), request.prompt_cache)
             except Exception as error:  # e.g. out of memory for this one prompt: the batch goes on without it
                 request.fail(error)
                 continue
+            finally:
+                if self._newcomer is not request:
+                    request.prompt_cache = None  # copied into the batch, or failed: freed now
             active.append(request)
             request.take(pick_tokens([request.sampler], logits, [request.history])[0])
         if self._closed:  # checked before each prefill too, so that close() waits for one at most
@@ -207,8 +234,8 @@ class Scheduler:
 
     def _step(self, active: list[Request], cache: KVCache) -> None:
         """One decode step for every active row."""
-        if self._closed or any(request.done for request in active):
-            return  # a newcomer's first token finished it, a caller left, or closing: _admit first
+        if not active or self._closed or any(request.done for request in active):
+            return  # a newcomer's prompt still going in, its first token finished it, a caller left, or closing
         self.largest_batch = max(self.largest_batch, len(active))
         last_tokens = torch.cat([request.tokens[:, request.length - 1] for request in active])[:, None]
         with active_adapter([request.adapter for request in active]):

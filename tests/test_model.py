@@ -7,6 +7,7 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from model import GPT2, GPT2Config, load_pretrained, save_pretrained
+from model import generate
 from model.generate import SamplingParams, decode_tokens
 
 from .conftest import make_hf_checkpoint
@@ -66,7 +67,28 @@ def test_kv_cache_steps_equal_full_recompute(pair):
 
 
 @torch.no_grad()
-def test_left_padded_batch_gives_each_row_its_own_tokens(tiny_checkpoint):
+def test_a_prompt_in_chunks_gives_the_logits_of_one_call(pair, monkeypatch):
+    """Prompts go in by chunks (generate.prefill_chunk); with left padding that fills a whole
+    chunk of one row, the logits and the cache equal one call's."""
+    monkeypatch.setattr(generate, "PREFILL_CHUNK", 4)
+    ours, _ = pair
+    ids = prompt_ids(ours, 11, batch=2)
+    real = torch.ones_like(ids)
+    real[0, :9] = 0  # row 0: two real tokens after a whole chunk and more of padding
+    whole_cache, chunks_cache = ours.new_cache(2, 12), ours.new_cache(2, 12)
+    whole = ours(ids, attention_mask=real, cache=whole_cache, last_only=True)[:, -1]
+    done = 0
+    while done < ids.shape[1]:
+        done, chunked = generate.prefill_chunk(ours, ids, chunks_cache, done, attention_mask=real)
+    assert (chunked - whole).abs().max() < 1e-5
+    step = prompt_ids(ours, 1, batch=2, seed=9)
+    assert (ours(step, cache=chunks_cache) - ours(step, cache=whole_cache)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("chunk", [generate.PREFILL_CHUNK, 4])  # one call, or chunks with padding across them
+@torch.no_grad()
+def test_left_padded_batch_gives_each_row_its_own_tokens(tiny_checkpoint, monkeypatch, chunk):
+    monkeypatch.setattr(generate, "PREFILL_CHUNK", chunk)
     model, _ = load_pretrained(tiny_checkpoint)
     prompts = [prompt_ids(model, n, seed=n)[0].tolist() for n in (3, 11, 7)]
     for params in (SamplingParams(temperature=0, max_new_tokens=12),

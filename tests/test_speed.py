@@ -13,6 +13,7 @@ from model import GPT2, GPT2Config, load_pretrained
 from model.adapters import active_adapter
 from model.generate import Chunk, Result, Sampler, SamplingParams, decode_tokens, generate, pick_tokens, stream
 from model.quantize import Int8Linear, quantize_weights
+from model import generate as generate_module
 from model import scheduler as scheduler_module
 from model.scheduler import Scheduler
 from model.train import TrainSettings, mean_loss, random_windows, train
@@ -272,6 +273,51 @@ def test_the_batch_cache_grows_as_requests_join(loaded, monkeypatch):
     assert [int(t[0]) for t in first] == tokens_alone(model, tokenizer, "Once upon a time", short, None)
     assert [int(t[0]) for t in second] == tokens_alone(model, tokenizer, "The cat sat", long, None)
     assert scheduler.largest_batch == 2
+
+
+def test_a_long_prompt_goes_in_by_chunks_between_the_others_steps(loaded, monkeypatch):
+    """A newcomer's long prompt is prefilled a chunk at a time with the running request's decode
+    steps in between, not all at once while the running request waits; both get the tokens they
+    get alone (where the prompt goes in by the same chunks), and a request cancelled halfway
+    through its prompt never takes a row."""
+    chunk = 4
+    monkeypatch.setattr(generate_module, "PREFILL_CHUNK", chunk)
+    monkeypatch.setattr(scheduler_module, "PREFILL_CHUNK", chunk)
+    model, tokenizer = loaded
+    running_params, long_params = SamplingParams(temperature=0, max_new_tokens=40), SamplingParams(max_new_tokens=5, seed=3)
+    running_prompt, long_prompt = tokenizer.encode("Once upon a time"), tokenizer.encode(" the cat sat on the mat" * 4)
+    newcomer_chunks = -(-len(long_prompt) // chunk)
+    assert len(running_prompt) <= chunk and newcomer_chunks > 4
+    scheduler = Scheduler(model)
+    calls = []  # (rows, tokens) of each forward call, in order
+    queued = threading.Event()
+
+    def record(module, args):
+        calls.append(tuple(args[0].shape))
+        if sum(tokens > 1 for _, tokens in calls) == 2 + newcomer_chunks:  # the third prompt's first chunk
+            queued.wait(10)
+            cancelled.close()
+
+    handle = model.register_forward_pre_hook(record)
+    try:
+        running = scheduler.decode(running_prompt, running_params, 0)
+        output = [int(next(running)[0]) for _ in range(3)]
+        newcomer = scheduler.decode(long_prompt, long_params, 3)
+        cancelled = scheduler.decode(long_prompt, long_params, 4)
+        queued.set()
+        newcomer_output = [int(t[0]) for t in newcomer]
+        output += [int(t[0]) for t in running]
+    finally:
+        handle.remove()
+    prefills = [i for i, (_, tokens) in enumerate(calls) if tokens > 1]
+    steps = [i for i, (_, tokens) in enumerate(calls) if tokens == 1]
+    assert len(prefills) == 2 + newcomer_chunks  # the cancelled prompt went no further than its first chunk
+    newcomer_calls = prefills[1:1 + newcomer_chunks]
+    assert all(any(a < step < b for step in steps) for a, b in zip(newcomer_calls, newcomer_calls[1:]))
+    alone = [int(t[0]) for t in decode_tokens(model, [long_prompt], long_params, [3])]
+    assert newcomer_output == alone
+    assert output == [int(t[0]) for t in decode_tokens(model, [running_prompt], running_params, [0])]
+    assert scheduler.largest_batch == 2 and scheduler._newcomer is None
 
 
 def test_closing_the_scheduler_ends_its_requests_and_its_worker(loaded):
