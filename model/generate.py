@@ -42,11 +42,13 @@ MAX_STOP_STRINGS, MAX_STOP_LENGTH = 8, 100
 # Between 0 (greedy) and this, sampling is greedy in all but name, and far below it the scores
 # divided by the temperature overflow to infinity, which no sampler can draw from.
 MIN_TEMPERATURE = 0.01
-# Prompt tokens per forward call (prefill_chunk): the most a newcomer's prompt stalls the other
-# requests' streams at once. A 1,000-token prompt of GPT-2 small on the 2-core machine of
-# docs/performance.md: one call 2.1-2.2 s; chunks of 256, at most 0.6 s each and 2.2-2.3 s in
-# all; chunks of 128, 0.35 s each but 2.5-2.6 s in all.
-PREFILL_CHUNK = 256
+# Prompt tokens per forward call (prefill_chunk), about the most a newcomer's prompt stalls the
+# other requests' streams between two steps. Measured for GPT-2 small on the 2-core machine of
+# docs/performance.md: a 1,000-token prompt takes 2.1-2.2 s in one call, stalling every stream
+# that long; in chunks of 512, at most 1.2 s at a time. Smaller chunks stall less but prefill
+# more slowly (chunks of 256: a 512-token prompt 1,117 ms against 1,005 in one call), and prompts
+# up to this length go in one call, as fast as before.
+PREFILL_CHUNK = 512
 
 
 class ContextLengthError(ValueError):
@@ -148,8 +150,9 @@ def prefill_chunk(model: GPT2, ids: torch.Tensor, cache: KVCache, start: int,
     where the next chunk starts and the logits (rows, vocab) of this chunk's last position.
 
     Prompts go in chunks so that the scheduler can run the other requests' decode steps between
-    a long prompt's chunks rather than stall them for the whole prompt. `decode_tokens` cuts
-    prompts at the same places, so a prompt gives the same numbers on either path.
+    a long prompt's chunks rather than stall them for the whole prompt. `decode_tokens` cuts a
+    prompt of its own at the same places, so it gives the same numbers on either path (a
+    left-padded batch is cut at the same places of the padded width).
     """
     end = min(start + PREFILL_CHUNK, ids.shape[1])
     mask = None if attention_mask is None else attention_mask[:, start:end]

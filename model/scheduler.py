@@ -31,8 +31,8 @@ import torch
 
 from .adapters import active_adapter, check_adapter
 from .config import GPT2Config
-from .generate import (PREFILL_CHUNK, Sampler, SamplingParams, check_prompt_fits, new_token_budget, pick_tokens,
-                       prefill_chunk)
+from . import generate as generation
+from .generate import Sampler, SamplingParams, check_prompt_fits, new_token_budget, pick_tokens, prefill_chunk
 from .gpt2 import GPT2, KVCache
 
 DONE = None  # what a request's queue receives after its last token
@@ -85,7 +85,9 @@ class Scheduler:
         self.rows_in_use = 0  # requests decoding now: shows that a finished or cancelled one let go of its row
         self._lock = threading.Lock()  # guards _waiting and _worker
         self._waiting: deque[Request] = deque()
-        self._newcomer: Request | None = None  # the one whose prompt is part prefilled (the worker's own)
+        # The request whose prompt is going in: set and cleared by the worker, read by close()
+        # when no worker runs.
+        self._newcomer: Request | None = None
         self._worker: threading.Thread | None = None
         self._closed = False
         OPEN.add(self)
@@ -149,7 +151,7 @@ class Scheduler:
             except Exception as error:  # a failed step: its rows hear of it; the queue goes on, on a fresh cache
                 self._fail(active, error)
                 with self._lock:
-                    if not self._waiting:
+                    if not self._waiting and self._newcomer is None:
                         self._worker = None
                         return
             except BaseException as error:  # the interpreter is stopping: every caller hears of it
@@ -166,26 +168,26 @@ class Scheduler:
         with self._lock:
             stranded, self._worker = list(self._waiting), None
             self._waiting.clear()
-        if self._newcomer is not None:
-            stranded.append(self._newcomer)
-            self._newcomer = None
+        newcomer, self._newcomer = self._newcomer, None
+        if newcomer is not None:
+            newcomer.prompt_cache = None
+            stranded.append(newcomer)
         self._fail(active + stranded, error)
 
     def _admit(self, active: list[Request], cache: KVCache) -> bool:
         """Retire finished rows and fill free ones from the queue; False (and the worker ends)
         when nothing is left to run or the scheduler was closed.
 
-        Newcomers' prompts go in chunk by chunk, about one chunk's worth of tokens before each
-        step (several short prompts, or one chunk of a long one), so that the running rows
-        are never stalled for long.
+        Newcomers' prompts go in chunk by chunk, at most PREFILL_CHUNK tokens before each step
+        (several short prompts, or one chunk of a long one), so that the running rows are never
+        stalled for long.
         """
         for row in reversed(range(len(active))):
             if active[row].done:
                 self._retire(active, cache, row)
         fed = 0  # prompt tokens prefilled before this step
-        while len(active) < self.max_batch and fed < PREFILL_CHUNK and not self._closed:
-            request, self._newcomer = self._newcomer, None
-            if request is None:
+        while len(active) < self.max_batch and not self._closed:
+            if self._newcomer is None:
                 with self._lock:
                     if not self._waiting:
                         if not active:
@@ -193,28 +195,30 @@ class Scheduler:
                             self.rows_in_use = 0
                             return False
                         break
-                    request = self._waiting.popleft()
+                    self._newcomer = self._waiting.popleft()
+            request = self._newcomer
             if request.cancelled:
-                request.prompt_cache = None
+                self._newcomer = request.prompt_cache = None
                 continue
+            chunk = min(generation.PREFILL_CHUNK, request.length - request.prefilled)
+            if fed and fed + chunk > generation.PREFILL_CHUNK:
+                break  # after the step
             try:
                 if request.prompt_cache is None:
                     request.prompt_cache = self.model.new_cache(1, request.length)
-                start = request.prefilled
                 with active_adapter(request.adapter):
-                    request.prefilled, logits = prefill_chunk(self.model, request.history, request.prompt_cache, start)
-                fed += request.prefilled - start
+                    request.prefilled, logits = prefill_chunk(self.model, request.history, request.prompt_cache,
+                                                              request.prefilled)
+                fed += chunk
                 if request.prefilled < request.length:
-                    self._newcomer = request  # its next chunk comes after a step
                     continue
                 cache.grow(cache_length(request.budget))
                 cache.copy_row(len(active), request.prompt_cache)
             except Exception as error:  # e.g. out of memory for this one prompt: the batch goes on without it
+                self._newcomer = request.prompt_cache = None
                 request.fail(error)
                 continue
-            finally:
-                if self._newcomer is not request:
-                    request.prompt_cache = None  # copied into the batch, or failed: freed now
+            self._newcomer = request.prompt_cache = None  # it is in the batch's cache now
             active.append(request)
             request.take(pick_tokens([request.sampler], logits, [request.history])[0])
         if self._closed:  # checked before each prefill too, so that close() waits for one at most

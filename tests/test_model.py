@@ -66,15 +66,17 @@ def test_kv_cache_steps_equal_full_recompute(pair):
     assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("padded", [False, True])
 @torch.no_grad()
-def test_a_prompt_in_chunks_gives_the_logits_of_one_call(pair, monkeypatch):
-    """Prompts go in by chunks (generate.prefill_chunk); with left padding that fills a whole
-    chunk of one row, the logits and the cache equal one call's."""
+def test_a_prompt_in_chunks_gives_the_logits_of_one_call(pair, monkeypatch, padded):
+    """Prompts go in by chunks (generate.prefill_chunk); with or without left padding (that
+    fills a whole chunk of one row), the logits and the cache equal one call's."""
     monkeypatch.setattr(generate, "PREFILL_CHUNK", 4)
     ours, _ = pair
     ids = prompt_ids(ours, 11, batch=2)
     real = torch.ones_like(ids)
-    real[0, :9] = 0  # row 0: two real tokens after a whole chunk and more of padding
+    if padded:
+        real[0, :9] = 0  # row 0: two real tokens after a whole chunk and more of padding
     whole_cache, chunks_cache = ours.new_cache(2, 12), ours.new_cache(2, 12)
     whole = ours(ids, attention_mask=real, cache=whole_cache, last_only=True)[:, -1]
     done = 0

@@ -282,7 +282,6 @@ def test_a_long_prompt_goes_in_by_chunks_between_the_others_steps(loaded, monkey
     through its prompt never takes a row."""
     chunk = 4
     monkeypatch.setattr(generate_module, "PREFILL_CHUNK", chunk)
-    monkeypatch.setattr(scheduler_module, "PREFILL_CHUNK", chunk)
     model, tokenizer = loaded
     running_params, long_params = SamplingParams(temperature=0, max_new_tokens=40), SamplingParams(max_new_tokens=5, seed=3)
     running_prompt, long_prompt = tokenizer.encode("Once upon a time"), tokenizer.encode(" the cat sat on the mat" * 4)
@@ -293,15 +292,16 @@ def test_a_long_prompt_goes_in_by_chunks_between_the_others_steps(loaded, monkey
     queued = threading.Event()
 
     def record(module, args):
+        if args[0].shape[1] == 1:
+            queued.wait(10)  # the running request's steps wait until both long prompts are queued
         calls.append(tuple(args[0].shape))
         if sum(tokens > 1 for _, tokens in calls) == 2 + newcomer_chunks:  # the third prompt's first chunk
-            queued.wait(10)
             cancelled.close()
 
     handle = model.register_forward_pre_hook(record)
     try:
         running = scheduler.decode(running_prompt, running_params, 0)
-        output = [int(next(running)[0]) for _ in range(3)]
+        output = [int(next(running)[0])]  # from its prompt; its first step waits
         newcomer = scheduler.decode(long_prompt, long_params, 3)
         cancelled = scheduler.decode(long_prompt, long_params, 4)
         queued.set()
@@ -314,8 +314,7 @@ def test_a_long_prompt_goes_in_by_chunks_between_the_others_steps(loaded, monkey
     assert len(prefills) == 2 + newcomer_chunks  # the cancelled prompt went no further than its first chunk
     newcomer_calls = prefills[1:1 + newcomer_chunks]
     assert all(any(a < step < b for step in steps) for a, b in zip(newcomer_calls, newcomer_calls[1:]))
-    alone = [int(t[0]) for t in decode_tokens(model, [long_prompt], long_params, [3])]
-    assert newcomer_output == alone
+    assert newcomer_output == [int(t[0]) for t in decode_tokens(model, [long_prompt], long_params, [3])]
     assert output == [int(t[0]) for t in decode_tokens(model, [running_prompt], running_params, [0])]
     assert scheduler.largest_batch == 2 and scheduler._newcomer is None
 
@@ -371,27 +370,39 @@ def test_a_request_closed_before_its_first_token_never_decodes(loaded):
     assert next(left, None) is None
 
 
-def test_a_failed_decode_step_fails_its_rows_and_the_queue_goes_on(loaded):
+@pytest.mark.parametrize("part_prefilled", [False, True])
+def test_a_failed_decode_step_fails_its_rows_and_the_queue_goes_on(loaded, monkeypatch, part_prefilled):
     """A decode step that raises (say, out of memory) ends the requests in that step with an
-    error; a request still waiting is then decoded, on a fresh cache, exactly as alone."""
+    error; a request still waiting, or with its prompt part prefilled, is then decoded, on a
+    fresh cache, exactly as alone."""
+    monkeypatch.setattr(generate_module, "PREFILL_CHUNK", 4)
     model, tokenizer = loaded
-    scheduler = Scheduler(model, max_batch=1)  # one row: the second request waits
+    # One row: the second request waits. Two rows: its long prompt goes in between the first's steps.
+    scheduler = Scheduler(model, max_batch=2 if part_prefilled else 1)
     params = SamplingParams(max_new_tokens=6, temperature=0)
-    failures = []
+    second = tokenizer.encode(" the cat sat on the mat" * 2 if part_prefilled else "The cat")
+    steps, failed_with = [], []
 
-    def fail_first_decode_step(module, args):
-        if args[0].shape[1] == 1 and not failures:  # one new token per row: a decode step, not a prefill
-            failures.append(True)
-            raise MemoryError("no memory for this step")
+    def fail_a_decode_step(module, args):
+        if args[0].shape[1] == 1:  # one new token per row: a decode step, not a prefill
+            steps.append(True)
+            if len(steps) == (2 if part_prefilled else 1):  # two rows: after the second prompt's first chunk
+                newcomer = scheduler._newcomer
+                failed_with.append(None if newcomer is None else newcomer.prefilled)
+                raise MemoryError("no memory for this step")
 
-    handle = model.register_forward_pre_hook(fail_first_decode_step)
+    handle = model.register_forward_pre_hook(fail_a_decode_step)
     try:
         first = scheduler.decode(tokenizer.encode("Once upon"), params, 0)
-        waiting = scheduler.decode(tokenizer.encode("The cat"), params, 0)
+        waiting = scheduler.decode(second, params, 0)
+        tokens = []  # its caller waits for them from the start, as the app's do
+        reader = threading.Thread(target=lambda: tokens.extend(int(t[0]) for t in waiting), daemon=True)
+        reader.start()
         with pytest.raises(RuntimeError, match="decoding failed .MemoryError: no memory for this step"):
             list(first)
-        tokens = [int(t[0]) for t in waiting]
+        reader.join(30)
     finally:
         handle.remove()
-    assert failures and tokens == tokens_alone(model, tokenizer, "The cat", params, None)
+    assert failed_with == ([4] if part_prefilled else [None])
+    assert tokens == [int(t[0]) for t in decode_tokens(model, [second], params, [0])]
     assert wait_until(lambda: scheduler.rows_in_use == 0)
