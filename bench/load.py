@@ -87,10 +87,13 @@ BASE = {"/generate": dict(prompt="Hello"), "/chat": dict(message="Hi"), "/transl
         "/summarize": dict(article="A story.")}
 
 
+APIS = {f"/{view.api.name}": view.api for view in VIEWS.values()}  # each endpoint's parameters
+
+
 def refused(field: str, value, message: str) -> tuple[str, dict, str]:
     """The endpoint that takes `field`, a request to it that is good but for `field` = value, and
     the message its refusal must say."""
-    api_name = next(f"/{view.api.name}" for view in VIEWS.values() if any(p.name == field for p in view.api.params))
+    api_name = next(name for name, api in APIS.items() if any(p.name == field for p in api.params))
     return api_name, {**BASE[api_name], field: value}, message
 
 

@@ -26,7 +26,7 @@ from gradio_client.exceptions import AppError
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 import app
-from bench.load import OUT_OF_RANGE, TOO_LONG
+from bench.load import APIS, OUT_OF_RANGE, TOO_LONG
 from model.checkpoint import BUNDLED_DIR
 from model.generate import MAX_SEED, SamplingParams, generate
 from model.scheduler import Scheduler
@@ -38,13 +38,6 @@ from ui.running import MAX_CHARS, MAX_NEW_TOKENS
 
 from .conftest import REPO, copy_gpt2_tokenizer, serve_studio, wait_until
 
-GOOD = {  # a request each endpoint answers
-    "/generate": dict(prompt="Once upon a time"),
-    "/chat": dict(message="How are you?", history=[["Hello", "Hi there!"]], persona="Bot is friendly."),
-    "/translate": dict(text="The dog is happy."),
-    "/summarize": dict(article="The sun rose over the hill. A little bird began to sing."),
-}
-APIS = {f"/{view.api.name}": view.api for view in app.VIEWS.values()}
 GENERIC_ERROR = "has not enabled verbose error reporting"  # Gradio's answer to an exception it was not told about
 FUZZ_EXAMPLES = int(os.environ.get("HARDENING_FUZZ_EXAMPLES", "25"))
 
@@ -186,7 +179,7 @@ def call_rest(url: str, api_name: str, payload: dict) -> tuple[tuple | None, str
     return (tuple(data), None) if kind == "event: complete" else (None, data and data["error"])
 
 
-@pytest.mark.parametrize("api_name", GOOD)
+@pytest.mark.parametrize("api_name", APIS)
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
@@ -392,6 +385,6 @@ def test_bench_load_runs_users_across_every_endpoint_and_finds_no_unexplained_fa
     assert report["unexplained"] == 0 and report["crossed"] == 0, report
     assert report["warm_up"]["unexplained"] == 0 and report["warm_up"]["crossed"] == 0
     assert report["server_log"]["generation_failed"] == 0 and report["server_log"]["tracebacks"] == 0
-    assert set(report["by_endpoint"]) == set(GOOD)
+    assert set(report["by_endpoint"]) == set(APIS)
     assert report["rss_start_mb"] > 0 and math.isfinite(report["tokens_per_s"])
     assert "| requests done |" in run.stdout
