@@ -68,11 +68,15 @@ def memory_read_bandwidth(device: torch.device) -> float:
     return x.numel() * x.element_size() / min(seconds(x.sum, device) for _ in range(5))
 
 
+def projections(model: nn.Module) -> list[nn.Module]:
+    """Every projection and the head: the weights a decode step reads."""
+    return [m for m in model.modules() if isinstance(m, (nn.Linear, Int8Linear))]
+
+
 def weight_bytes_per_token(model: nn.Module) -> int:
     """Bytes a batch-1 decode step must read: every projection and the head (the embedding
     lookup reads one row; biases and LayerNorms are too small to count)."""
-    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
-               if isinstance(m, (nn.Linear, Int8Linear)))
+    return sum(m.weight.numel() * m.weight.element_size() for m in projections(model))
 
 
 @torch.inference_mode()
@@ -82,7 +86,7 @@ def roofline_breakdown(model: GPT2, prompt: torch.Tensor) -> dict[str, float]:
     same bytes in the same pieces; the roofline's sum reads one large tensor), the model's
     batch-1 products over the same matrices, and a whole decode step after the prompt."""
     device = prompt.device
-    layers = [m for m in model.modules() if isinstance(m, (nn.Linear, Int8Linear))]
+    layers = projections(model)
     dtype = model.transformer.wte.weight.dtype
     inputs = [torch.randn(1, 1, m.in_features, device=device, dtype=dtype) for m in layers]
     sum_s = min(seconds(lambda: [m.weight.sum() for m in layers], device) for _ in range(5))
