@@ -171,8 +171,9 @@ REQUESTS = [
 ]
 
 
-def tokens_alone(model, tokenizer, prompt, params, adapter) -> list[int]:
-    return [int(t[0]) for t in decode_tokens(model, [tokenizer.encode(prompt)], params, [params.seed or 0],
+def tokens_alone(model, tokenizer, prompt: str | list[int], params, adapter) -> list[int]:
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+    return [int(t[0]) for t in decode_tokens(model, [ids], params, [params.seed or 0],
                                              adapter=adapter)]
 
 
@@ -314,8 +315,8 @@ def test_a_long_prompt_goes_in_by_chunks_between_the_others_steps(loaded, monkey
     assert len(prefills) == 2 + newcomer_chunks  # the cancelled prompt went no further than its first chunk
     newcomer_calls = prefills[1:1 + newcomer_chunks]
     assert all(any(a < step < b for step in steps) for a, b in zip(newcomer_calls, newcomer_calls[1:]))
-    assert newcomer_output == [int(t[0]) for t in decode_tokens(model, [long_prompt], long_params, [3])]
-    assert output == [int(t[0]) for t in decode_tokens(model, [running_prompt], running_params, [0])]
+    assert newcomer_output == tokens_alone(model, tokenizer, long_prompt, long_params, None)
+    assert output == tokens_alone(model, tokenizer, running_prompt, running_params, None)
     assert scheduler.largest_batch == 2 and scheduler._newcomer is None
 
 
@@ -404,5 +405,5 @@ def test_a_failed_decode_step_fails_its_rows_and_the_queue_goes_on(loaded, monke
     finally:
         handle.remove()
     assert failed_with == ([4] if part_prefilled else [None])
-    assert tokens == [int(t[0]) for t in decode_tokens(model, [second], params, [0])]
+    assert tokens == tokens_alone(model, tokenizer, second, params, None)
     assert wait_until(lambda: scheduler.rows_in_use == 0)
