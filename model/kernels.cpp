@@ -20,7 +20,7 @@ namespace {
 // How the products are blocked, by weight type.
 // - `rows`: a call with up to this many rows (a decode step) takes one weight row at a time and
 //   runs all its rows over it. Memory sets the speed there, and one stream of weights reads
-//   fastest (two or three weight rows at once measured 10-30% slower). fp32: a batch of 8 in one
+//   fastest (two to four weight rows at once measured 20-40% slower). fp32: a batch of 8 in one
 //   pass is 15% faster than two of 4.
 // - `block_weights` x `block_rows`: a call with more rows (a short prompt; for int8 also a decode
 //   batch of 5-8) takes blocks of that many weight rows and input rows. Arithmetic sets the speed
