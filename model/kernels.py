@@ -18,7 +18,7 @@ so a request decodes to bit-identical results alone or in a batch of other users
 The C++ is compiled on first use by torch.utils.cpp_extension (about a minute; torch caches the
 build in ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR). Where that cannot happen (no
 AVX2, as on ARM; no C++ compiler; STUDIO_DECODE_KERNELS=0) everything runs on PyTorch's own
-products, with the same results up to the order of additions.
+products and attention, with the same results up to rounding.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _build():
         return load("studio_decode_kernels", [str(SOURCE)],
                     extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"], extra_ldflags=["-fopenmp"])
     except Exception as error:  # a missing compiler or ninja: slower, not broken
-        warnings.warn(f"the decode kernels could not be built, so decoding runs on PyTorch's products "
+        warnings.warn(f"the decode kernels could not be built, so decoding runs on PyTorch's products and attention "
                       f"(slower; results the same up to rounding): {error}")
         return None
 
