@@ -182,9 +182,7 @@ class Scheduler:
         (several short prompts, or one chunk of a long one), so that the running rows are never
         stalled for long.
         """
-        for row in reversed(range(len(active))):
-            if active[row].done:
-                self._retire(active, cache, row)
+        self._retire_done(active, cache)
         fed = 0  # prompt tokens prefilled before this step
         while len(active) < self.max_batch and not self._closed:
             if self._newcomer is None:
@@ -227,19 +225,27 @@ class Scheduler:
         self.rows_in_use = len(active)
         return True
 
-    def _retire(self, active: list[Request], cache: KVCache, row: int) -> None:
-        """Drop a row; the last row moves into its place, so the active rows stay the first ones."""
-        active[row].out.put(DONE)
-        last = len(active) - 1
-        if row != last:
-            cache.copy_row(row, cache, last)
-            active[row] = active[last]
-        active.pop()
+    def _retire_done(self, active: list[Request], cache: KVCache) -> None:
+        """Drop the rows that are done; the last row moves into each one's place, so the active
+        rows stay the first ones."""
+        for row in reversed(range(len(active))):
+            if active[row].done:
+                active[row].out.put(DONE)
+                last = len(active) - 1
+                if row != last:
+                    cache.copy_row(row, cache, last)
+                    active[row] = active[last]
+                active.pop()
 
     def _step(self, active: list[Request], cache: KVCache) -> None:
-        """One decode step for every active row."""
-        if not active or self._closed or any(request.done for request in active):
-            return  # a newcomer's prompt still going in, its first token finished it, a caller left, or closing
+        """One decode step for every active row.
+
+        Rows done since _admit (a newcomer's first token finished it, a caller left) leave first,
+        and the others still step: skipping the step would let the next newcomer's prompt go in
+        right after this one's, stalling the running rows longer than one chunk."""
+        self._retire_done(active, cache)
+        if not active or self._closed:
+            return  # only a newcomer's prompt going in, or closing
         self.largest_batch = max(self.largest_batch, len(active))
         last_tokens = torch.cat([request.tokens[:, request.length - 1] for request in active])[:, None]
         with active_adapter([request.adapter for request in active]):

@@ -320,6 +320,46 @@ def test_a_long_prompt_goes_in_by_chunks_between_the_others_steps(loaded, monkey
     assert scheduler.largest_batch == 2 and scheduler._newcomer is None
 
 
+def test_a_request_done_at_its_first_token_still_leaves_a_step_between_two_prompts(loaded, monkeypatch):
+    """A newcomer whose first token ends it leaves the batch before the next step, and that step
+    still runs for the others: no more than PREFILL_CHUNK prompt tokens go in between two steps
+    of the running request, even when the next newcomer's prompt follows at once."""
+    chunk = 4
+    monkeypatch.setattr(generate_module, "PREFILL_CHUNK", chunk)
+    model, tokenizer = loaded
+    running_params = SamplingParams(temperature=0, max_new_tokens=20)
+    one_token, long_params = SamplingParams(temperature=0, max_new_tokens=1), SamplingParams(max_new_tokens=3, seed=3)
+    running_prompt, short_prompt = tokenizer.encode("Once upon a time"), tokenizer.encode("The cat")
+    long_prompt = tokenizer.encode(" the cat sat on the mat" * 2)
+    assert len(running_prompt) <= chunk and len(short_prompt) <= chunk < len(long_prompt)
+    scheduler = Scheduler(model)
+    calls = []  # tokens of each forward call, in order
+    queued = threading.Event()
+
+    def record(module, args):
+        if args[0].shape[1] == 1:
+            queued.wait(10)  # the running request's first step waits until both newcomers are queued
+        calls.append(args[0].shape[1])
+
+    handle = model.register_forward_pre_hook(record)
+    try:
+        running = scheduler.decode(running_prompt, running_params, 0)
+        output = [int(next(running)[0])]
+        short = scheduler.decode(short_prompt, one_token, 0)
+        long = scheduler.decode(long_prompt, long_params, 3)
+        queued.set()
+        short_output, long_output = [int(t[0]) for t in short], [int(t[0]) for t in long]
+        output += [int(t[0]) for t in running]
+    finally:
+        handle.remove()
+    between_steps = "".join("|" if tokens == 1 else "p" for tokens in calls[1:]).split("|")
+    # Each stretch between two steps holds one prompt's chunk, or several prompts of one chunk in all.
+    assert all(len(stretch) <= 1 for stretch in between_steps), calls
+    assert short_output == tokens_alone(model, tokenizer, short_prompt, one_token, None)
+    assert long_output == tokens_alone(model, tokenizer, long_prompt, long_params, None)
+    assert output == tokens_alone(model, tokenizer, running_prompt, running_params, None)
+
+
 def test_closing_the_scheduler_ends_its_requests_and_its_worker(loaded):
     model, tokenizer = loaded
     scheduler = Scheduler(model)
