@@ -141,7 +141,7 @@ def check_setting(name: str, value, low, high, integer: bool = False):
         raise ValueError(f"{name} must be between {low} and {high}, got {brief(value)}")
     if integer and value != int(value):
         raise ValueError(f"{name} must be an integer, got {value!r}")
-    return int(value) if integer else value
+    return int(value) if integer else float(value)  # float: transformers' processors refuse an int temperature
 
 
 def prefill_chunk(model: GPT2, ids: torch.Tensor, cache: KVCache, start: int,

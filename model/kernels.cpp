@@ -189,6 +189,9 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(two_to_n));
 }
 
+// Slots rounded up to whole vectors of 8 scores: the length of attend's score buffer.
+inline int64_t padded_slots(int64_t slots) { return (slots + 7) / 8 * 8; }
+
 inline float dot(const float* a, const float* b, int64_t n) {  // n a multiple of 8
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
@@ -197,7 +200,7 @@ inline float dot(const float* a, const float* b, int64_t n) {  // n a multiple o
 
 // Softmax attention of one query over the slots of one (row, head): out = sum_s p[s] v[s] / sum_s p[s],
 // p[s] = exp(q.k[s] / sqrt(dim) - max) over the slots `seen` marks (all when null; the caller
-// lets every query see at least its own slot). `scores` has room for the slots rounded up to 8.
+// lets every query see at least its own slot). `scores` has room for padded_slots(slots).
 // Slot s always falls in lane s % 8 and masked slots add exact zeros, so a row's result does not
 // depend on how many slots other rows have, as long as its tokens keep their slot numbers (the
 // scheduler's rows do: each prompt is prefilled alone from slot 0 and copied slot for slot). A NaN
@@ -206,7 +209,7 @@ void attend(const float* q, const float* k, const float* v, int64_t slot_stride,
             const bool* seen, float* scores, float* out) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
   const float minus_inf = -std::numeric_limits<float>::infinity();
-  const int64_t padded = (slots + 7) / 8 * 8;
+  const int64_t padded = padded_slots(slots);
   float top = minus_inf;
   for (int64_t s = 0; s < padded; s++) {
     scores[s] = s < slots && (!seen || seen[s]) ? dot(q, k + s * slot_stride, dim) * scale : minus_inf;
@@ -254,7 +257,7 @@ c10::optional<torch::Tensor> decode_attention(const torch::Tensor& q, const torc
   float* outs = out.data_ptr<float>();
   const int64_t work = std::max<int64_t>(1, 16384 / (slots * dim));  // (row, head) pairs per thread at least
   at::parallel_for(0, rows * heads, work, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores((slots + 7) / 8 * 8);
+    std::vector<float> scores(padded_slots(slots));
     for (int64_t i = begin; i < end; i++) {
       const int64_t r = i / heads, h = i % heads;
       attend(qs + r * q.stride(0) + h * q.stride(1), ks + r * keys.stride(0) + h * keys.stride(1),

@@ -168,11 +168,11 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
     if not isinstance(inputs, task.inputs):
         raise TypeError(f"the {task.name} task takes {task.inputs.__name__}, got {type(inputs).__name__}")
     n_ctx = model.config.n_positions
-    max_prompt_tokens = n_ctx - params.max_new_tokens
-    if max_prompt_tokens < 1:
-        raise ValueError(f"max_new_tokens ({params.max_new_tokens}) leaves no room for a prompt "
-                         f"in the {n_ctx}-token context window")
-    prompt = task.build_prompt(inputs, tokenizer, max_prompt_tokens, adapter_on)
+    # The prompt is fitted next to max_new_tokens, but keeps at least half the context whatever
+    # max_new_tokens is (the sliders reach 512, the bundled model's whole context): a longer
+    # generation stops when the context is full, and says so ("context_full").
+    room_to_generate = min(params.max_new_tokens, n_ctx // 2)
+    prompt = task.build_prompt(inputs, tokenizer, n_ctx - room_to_generate, adapter_on)
     stops = task.defaults.stop + ((ADAPTER_END,) if adapter_on else ()) + params.stop
     params = replace(params, stop=tuple(dict.fromkeys(stops)))
 

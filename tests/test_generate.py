@@ -64,6 +64,16 @@ def test_integer_settings_reject_fractions_and_stop_strings_are_checked():
     assert SamplingParams(top_k=3.0, seed=None).top_k == 3
 
 
+def test_whole_number_float_settings_sample_like_their_floats(loaded):
+    """A slider or an API client sends temperature 2, not 2.0: transformers' processors refuse
+    ints, so the settings are floats by the time they reach them."""
+    whole = SamplingParams(temperature=2, repetition_penalty=2, top_p=1, max_new_tokens=8, seed=5)
+    assert isinstance(whole.temperature, float) and isinstance(whole.repetition_penalty, float)
+    _, result = run(loaded, params=whole)
+    _, floats = run(loaded, params=SamplingParams(temperature=2.0, repetition_penalty=2.0, max_new_tokens=8, seed=5))
+    assert result.token_ids == floats.token_ids and len(result.token_ids) == 8
+
+
 def test_stop_string_spanning_tokens_is_cut(loaded):
     model, tokenizer = loaded
     params = SamplingParams(temperature=0, max_new_tokens=24)

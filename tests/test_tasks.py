@@ -203,9 +203,16 @@ def test_unsupported_language_pair_is_refused(tokenizer):
         build("translate", TranslateInputs("Hello.", target="Klingon"), tokenizer)
 
 
-def test_max_new_tokens_that_fill_the_context_are_refused(model, tokenizer):
-    with pytest.raises(ValueError, match="leaves no room for a prompt"):
-        run(model, tokenizer, "generate", GenerateInputs("Hello"), max_new_tokens=N_CTX)
+def test_max_new_tokens_as_long_as_the_context_leave_the_prompt_half_of_it(model, tokenizer):
+    """Every max_new_tokens the app offers runs: the prompt keeps half the context, and the
+    generation stops when the context is full, saying so."""
+    half = "Hello" + " world" * (N_CTX // 2 - 1)
+    assert len(tokenizer.encode(half)) == N_CTX // 2
+    done = run(model, tokenizer, "generate", GenerateInputs(half), max_new_tokens=N_CTX, temperature=0)[-1]
+    assert done.result.stop_reason == "context_full"
+    assert done.result.prompt_tokens + done.result.generated_tokens == N_CTX
+    with pytest.raises(ContextLengthError, match=f"only {N_CTX // 2} fit in the context next to max_new_tokens"):
+        run(model, tokenizer, "generate", GenerateInputs(half + " world"), max_new_tokens=N_CTX)
 
 
 def test_inputs_of_another_task_are_refused(model, tokenizer):
