@@ -93,6 +93,24 @@ def test_each_tab_streams_its_text_and_shows_the_seed(page, task):
     screenshot(page, task)
 
 
+def test_opening_the_settings_keeps_the_seed_random(page):
+    """The seed box says random until the user types a seed, also once its accordion is open:
+    each run then draws a new seed and reports it."""
+    page.locator("#generate-prompt textarea").fill("Once upon a time")
+    set_setting(page, "generate", "max_new_tokens", 4)  # opens the accordion
+    seed_box = page.locator("#generate-seed input[type=number]")
+    assert seed_box.input_value() in ("", "-1")
+    lines = []
+    for _ in range(2):
+        page.locator("#generate-run").click()
+        # A finished run's line, not the one before (its speed differs, even were the seed the same).
+        not_before = "".join(f"(?!{re.escape(line)})" for line in lines)
+        expect(page.locator("#generate-status")).to_have_text(re.compile(f"{not_before}seed \\d+ · .*stopped:"))
+        lines.append(status(page, "generate"))
+    seeds = [re.match(r"seed (\d+) · ", line).group(1) for line in lines]
+    assert seeds[0] != seeds[1] and seed_box.input_value() in ("", "-1")
+
+
 def test_generate_shows_the_text_as_it_arrives(page):
     page.locator("#generate-prompt textarea").fill("The king called his sons")
     set_setting(page, "generate", "max_new_tokens", 200)

@@ -12,7 +12,7 @@ from tasks import Task
 
 from .i18n import i18n
 from .model_host import LoadedModel, ModelHost
-from .running import SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI, run
+from .running import RANDOM_SEED, SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI, run
 
 GENERATION = "generation"  # the concurrency group of every request that runs the model
 STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
@@ -104,7 +104,8 @@ def settings_widgets(task: Task) -> dict[str, gr.Component]:
         widgets[name] = gr.Slider(low, high, value=getattr(task.defaults, name), label=i18n(name),
                                   step=1 if kind is int else SLIDER_STEPS[name], elem_id=f"{task.name}-{name}",
                                   info=i18n(f"{name}_info") if name in SETTINGS_WITH_INFO else None)
-    widgets["seed"] = gr.Number(value=None, precision=0, label=i18n("seed"), info=i18n("seed_info"),
+    # -1, not None: gradio draws an empty box as 0 once its accordion opens, and 0 is a fixed seed.
+    widgets["seed"] = gr.Number(value=RANDOM_SEED, precision=0, label=i18n("seed"), info=i18n("seed_info"),
                                 elem_id=f"{task.name}-seed")
     return widgets
 
