@@ -254,6 +254,35 @@ def test_the_interface_follows_the_browser_language(browser, studio_url):
         page.context.close()
 
 
+def test_translate_swaps_a_repeated_language_and_keeps_the_users_example_pairs(page):
+    """Picking the target language as the source swaps the pair; the built-in example pairs
+    follow the pair, and pairs the user wrote survive a change of language."""
+    from tasks import DEFAULT_EXAMPLES
+    from ui.views import example_lines
+
+    page.get_by_role("tab", name="Translate").click()
+    source, target = page.locator("#translate-source input"), page.locator("#translate-target input")
+    examples = page.locator("#translate-examples textarea")
+    source.click()
+    page.get_by_role("option", name="French", exact=True).click()
+    expect(target).to_have_value("English")
+    expect(examples).to_have_value(example_lines(DEFAULT_EXAMPLES["French", "English"]))
+    own = "chat = cat\nchien = dog"
+    examples.fill(own)
+    target.click()
+    page.get_by_role("option", name="German", exact=True).click()
+    expect(source).to_have_value("French")
+    page.wait_for_timeout(500)  # time for a refill, were there one
+    expect(examples).to_have_value(own)
+    examples.fill("")
+    target.click()
+    page.get_by_role("option", name="French", exact=True).click()  # the source's: they swap
+    expect(source).to_have_value("German")
+    expect(examples).to_have_value(example_lines(DEFAULT_EXAMPLES["German", "French"]))
+    page.get_by_text("English → German: I like to read books in the evening.").click()  # an example sets both
+    expect(examples).to_have_value(example_lines(DEFAULT_EXAMPLES["English", "German"]))
+
+
 def choose_model(page: Page, name: str) -> None:
     page.locator("#model-choice input").click()
     page.get_by_role("option", name=re.compile(re.escape(name))).click()

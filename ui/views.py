@@ -74,17 +74,28 @@ def translate_widgets() -> Widgets:
     return Widgets(inputs, output_box("translation", 2, "translate"))
 
 
-def refill_examples(source: str, target: str):
-    """The built-in example pairs of a newly chosen language pair (nothing to fill for a pair the
-    task does not support: running it says so)."""
+BUILT_IN_EXAMPLES = {example_lines(pairs) for pairs in DEFAULT_EXAMPLES.values()}
+
+
+def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], examples: str):
+    """A language picked in one dropdown. Picking the other side's language swaps the two (as
+    translation apps do) rather than leaving a pair that cannot run; the example pairs follow
+    the new pair unless the user has written their own, which are kept."""
+    if source == target:
+        source, target = (source, last[0]) if changed == "source" else (last[1], target)
     pairs = DEFAULT_EXAMPLES.get((source, target))
-    return gr.update() if pairs is None else example_lines(pairs)
+    keep = pairs is None or (examples.strip() and examples not in BUILT_IN_EXAMPLES)
+    return source, target, (source, target), gr.update() if keep else example_lines(pairs)
 
 
 def translate_extras(tab: Tab) -> None:
     inputs = tab.widgets.inputs
-    gr.on([inputs["source"].change, inputs["target"].change], refill_examples, [inputs["source"], inputs["target"]],
-          inputs["examples"], queue=False, api_visibility="private")
+    source, target, examples = inputs["source"], inputs["target"], inputs["examples"]
+    last_pair = gr.State((source.value, target.value))
+    for changed, dropdown in (("source", source), ("target", target)):
+        dropdown.change(lambda *values, changed=changed: choose_pair(changed, *values),
+                        [source, target, last_pair, examples], [source, target, last_pair, examples],
+                        queue=False, api_visibility="private")
 
 
 TRANSLATE = TaskView(
