@@ -111,6 +111,20 @@ def test_opening_the_settings_keeps_the_seed_random(page):
     assert seeds[0] != seeds[1] and seed_box.input_value() in ("", "-1")
 
 
+def test_a_refused_run_says_why_in_the_status_line_and_keeps_the_last_output(page):
+    page.locator("#generate-prompt textarea").fill("Once upon a time")
+    set_setting(page, "generate", "max_new_tokens", 4)
+    set_setting(page, "generate", "seed", 13)
+    page.locator("#generate-run").click()
+    wait_for_run(page, "generate", 13)
+    output = page.locator("#generate-output textarea").input_value()
+    page.locator("#generate-prompt textarea").fill("")
+    page.locator("#generate-run").click()
+    expect(page.locator("#generate-status")).to_contain_text("prompt is empty")
+    expect(page.locator("#generate-status")).not_to_contain_text("seed 13")
+    assert page.locator("#generate-output textarea").input_value() == output
+
+
 def test_generate_shows_the_text_as_it_arrives(page):
     page.locator("#generate-prompt textarea").fill("The king called his sons")
     set_setting(page, "generate", "max_new_tokens", 200)

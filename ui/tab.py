@@ -76,10 +76,17 @@ class Tab:
         outputs = [self.widgets.output, self.status, self.prompt_sent, *self.widgets.cleared]
 
         def run_in_tab(data: dict[gr.Component, Any], request: gr.Request):
-            values = prepare(view.from_ui({name: data[component] for name, component in named_inputs.items()}))
-            with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
-                for text, status, prompt in run(view.api, self.host, values, cancel):
-                    yield [view.present(values, text), status or GENERATING, prompt, *[""] * len(self.widgets.cleared)]
+            try:
+                values = prepare(view.from_ui({name: data[component] for name, component in named_inputs.items()}))
+                with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
+                    for text, status, prompt in run(view.api, self.host, values, cancel):
+                        yield [view.present(values, text), status or GENERATING, prompt,
+                               *[""] * len(self.widgets.cleared)]
+            except gr.Error as error:
+                # The status line says what went wrong too, rather than keep the last run's line
+                # beside the error; what the user typed and the last output stay.
+                yield [gr.skip(), f"⚠️ {error.message}", gr.skip(), *[gr.skip()] * len(self.widgets.cleared)]
+                raise
 
         self.run_events.append(gr.on(triggers, run_in_tab, inputs=set(named_inputs.values()), outputs=outputs,
                                      show_progress="minimal", api_visibility="private", concurrency_id=GENERATION))
