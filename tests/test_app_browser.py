@@ -228,11 +228,14 @@ def test_stop_ends_a_long_generation_and_keeps_its_text(page):
 
 
 def test_bad_input_shows_why_and_the_tab_keeps_working(page):
+    toasts = page.get_by_test_id("toast-text")
     page.locator("#generate-run").click()  # no prompt
-    expect(page.get_by_text("prompt is empty")).to_be_visible()
+    expect(toasts.filter(has_text="prompt is empty")).to_be_visible()
     page.locator("#generate-prompt textarea").fill("word " * 5000)
     page.locator("#generate-run").click()
-    expect(page.get_by_text("prompt is too long: 25,000 characters; the limit is 20,000")).to_be_visible()
+    too_long = "prompt is too long: 25,000 characters; the limit is 20,000"
+    expect(toasts.filter(has_text=too_long)).to_be_visible()
+    expect(page.locator("#generate-status")).to_contain_text(too_long)
     page.locator("#generate-prompt textarea").fill("Hello")
     set_setting(page, "generate", "seed", 41)
     page.locator("#generate-run").click()
