@@ -18,21 +18,22 @@
 namespace {
 
 // How the products are blocked, by weight type.
-// - `rows`: a call with up to this many rows (a decode step) takes one weight row at a time and
-//   runs all its rows over it. Memory sets the speed there, and one stream of weights reads
-//   fastest (two to four weight rows at once measured 20-40% slower). fp32: a batch of 8 in one
-//   pass is 15% faster than two of 4.
-// - `block_weights` x `block_rows`: a call with more rows (a short prompt; for int8 also a decode
-//   batch of 5-8) takes blocks of that many weight rows and input rows. Arithmetic sets the speed
-//   there, and each weight vector loaded then serves several input rows and each input vector
-//   several weight rows. fp32, 32 rows: 20-25% faster than passes of 8; int8, the 12 layers of
-//   GPT-2 small: 5 rows 19 ms against 22 in passes of 4, 8 rows 33.5 against 34, 16 rows 67
-//   against 74.
+// - `rows`: a call with up to this many rows (a small decode batch) takes one weight row at a
+//   time and runs all its rows over it. Memory sets the speed there, and one stream of weights
+//   reads fastest for a few rows (passes of two to four weight rows over all 8 rows of a batch
+//   measured 20-40% slower than one; the blocks below are what pays at 5-8 rows).
+// - `block_weights` x `block_rows`: a call with more rows (a decode batch of 5-8, a short prompt)
+//   takes blocks of that many weight rows and input rows. Arithmetic sets the speed there, and
+//   each weight vector loaded then serves several input rows and each input vector several
+//   weight rows. fp32, decode steps of GPT-2 small (medians of 8-10 interleaved rounds): 8 rows
+//   46.1 ms against 50.1 in one pass of 8, 5-6 rows 2-3% faster, 4 rows the same; 32 rows 20-25%
+//   faster than passes of 8. int8, its 12 layers: 5 rows 19 ms against 22 in passes of 4, 8 rows
+//   33.5 against 34, 16 rows 67 against 74.
 // - `accumulators` per sum: int8 spends its time converting weights to float, so one sum needs
 //   two independent accumulators to keep the FMA units busy (one is 2x slower).
 template <typename Weight> struct Pass;
 template <> struct Pass<float> {
-  static constexpr int rows = 8, block_weights = 3, block_rows = 4, accumulators = 1;
+  static constexpr int rows = 4, block_weights = 3, block_rows = 4, accumulators = 1;
 };
 template <> struct Pass<int8_t> {
   static constexpr int rows = 4, block_weights = 2, block_rows = 3, accumulators = 2;
