@@ -158,6 +158,14 @@ class TaskStop(threading.Event):
         return self.task_done or (self.cancel is not None and self.cancel.is_set())
 
 
+def room_to_generate(n_ctx: int, max_new_tokens: int) -> int:
+    """The context tokens a task's prompt leaves for generation: max_new_tokens, but at most half
+    the context, so that any max_new_tokens (the sliders reach 512, the bundled model's whole
+    context) leaves the prompt room; a longer generation stops when the context is full, and
+    says so ("context_full")."""
+    return min(max_new_tokens, n_ctx // 2)
+
+
 def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: SamplingParams,
              adapter_on: bool = False, cancel: threading.Event | None = None) -> Iterator[TaskUpdate | TaskDone]:
     """Build the task's prompt, generate with its stop strings, and stream the post-processed text:
@@ -168,11 +176,7 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
     if not isinstance(inputs, task.inputs):
         raise TypeError(f"the {task.name} task takes {task.inputs.__name__}, got {type(inputs).__name__}")
     n_ctx = model.config.n_positions
-    # The prompt is fitted next to max_new_tokens, but keeps at least half the context whatever
-    # max_new_tokens is (the sliders reach 512, the bundled model's whole context): a longer
-    # generation stops when the context is full, and says so ("context_full").
-    room_to_generate = min(params.max_new_tokens, n_ctx // 2)
-    prompt = task.build_prompt(inputs, tokenizer, n_ctx - room_to_generate, adapter_on)
+    prompt = task.build_prompt(inputs, tokenizer, n_ctx - room_to_generate(n_ctx, params.max_new_tokens), adapter_on)
     stops = task.defaults.stop + ((ADAPTER_END,) if adapter_on else ()) + params.stop
     params = replace(params, stop=tuple(dict.fromkeys(stops)))
 

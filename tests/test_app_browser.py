@@ -251,6 +251,8 @@ def test_summarise_shows_the_article_length_and_when_it_will_be_cut(page):
     article.fill(FABLE * 30)
     expect(length).to_contain_text("924 of 1024 context tokens in the prompt")  # all the room there is
     expect(length).to_contain_text("article cut from")
+    article.fill("word " * 10_001)  # past what the app takes: the line says what a run would
+    expect(length).to_have_text("article is too long: 50,005 characters; the limit is 50,000")
 
 
 def test_the_architecture_tab_shows_both_blocks_with_the_final_layernorm(page):

@@ -109,10 +109,10 @@ def look_inside(host: ModelHost):
 
 def measurement(image: str, caption: str) -> None:
     path = IMAGES / image
+    gr.Markdown(i18n(caption))  # above the figure: as the image's label it covered the plot's title
     if path.is_file():
-        gr.Image(str(path), label=i18n(caption), interactive=False, buttons=["fullscreen"])
+        gr.Image(str(path), label=i18n(caption), show_label=False, interactive=False, buttons=["fullscreen"])
     else:
-        gr.Markdown(i18n(caption))
         gr.Markdown(i18n("not_measured"))
 
 

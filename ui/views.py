@@ -7,7 +7,7 @@ from typing import Callable
 import gradio as gr
 
 from model.generate import brief
-from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeInputs, TranslateInputs
+from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeInputs, TranslateInputs, room_to_generate
 
 from .i18n import i18n
 from .model_host import ModelHost
@@ -134,13 +134,14 @@ def article_length(host: ModelHost) -> Callable[[str, float, bool], str]:
         if not article.strip():
             return ""
         loaded = host.current
+        room = room_to_generate(loaded.context, int(max_new_tokens))
         try:
-            prompt = TASKS["summarize"].build_prompt(SummarizeInputs(article), loaded.tokenizer,
-                                                     loaded.context - int(max_new_tokens), adapter)
-        except ValueError as error:
+            prompt = TASKS["summarize"].build_prompt(SummarizeInputs(checked_text("article", article)),
+                                                     loaded.tokenizer, loaded.context - room, adapter)
+        except ValueError as error:  # too long to send, say: what a run would answer
             return str(error)
         return " · ".join([f"{len(prompt.ids)} of {loaded.context} context tokens in the prompt, "
-                           f"{int(max_new_tokens)} left for the summary", *prompt.notes])
+                           f"{room} left for the summary", *prompt.notes])
     return length_line
 
 
