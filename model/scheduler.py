@@ -236,6 +236,7 @@ class Scheduler:
                     cache.copy_row(row, cache, last)
                     active[row] = active[last]
                 active.pop()
+        self.rows_in_use = len(active)
 
     def _step(self, active: list[Request], cache: KVCache) -> None:
         """One decode step for every active row.

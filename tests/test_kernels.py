@@ -67,7 +67,7 @@ def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kind, in_features):
     module = layer(kind, in_features, 301, bias=True)  # 301: blocks of weight rows do not divide it
     x = torch.randn(kernels.KERNEL_ROWS, in_features)
     alone = torch.cat([module(x[row:row + 1]) for row in range(len(x))])
-    for rows in (2, 3, 5, 8, 13, kernels.KERNEL_ROWS):  # decode passes, and blocks for prompts
+    for rows in (2, 3, 5, 8, 13, kernels.KERNEL_ROWS):  # passes (up to 4 rows), and blocks
         assert torch.equal(module(x[:rows]), alone[:rows])
 
 

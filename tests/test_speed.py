@@ -352,9 +352,14 @@ def test_a_request_done_at_its_first_token_still_leaves_a_step_between_two_promp
         output += [int(t[0]) for t in running]
     finally:
         handle.remove()
-    between_steps = "".join("|" if tokens == 1 else "p" for tokens in calls[1:]).split("|")
-    # Each stretch between two steps holds one prompt's chunk, or several prompts of one chunk in all.
-    assert all(len(stretch) <= 1 for stretch in between_steps), calls
+    stretches, fed = [], 0  # prompt tokens fed between two steps of the running request
+    for tokens in calls[1:]:
+        if tokens == 1:
+            stretches.append(fed)
+            fed = 0
+        else:
+            fed += tokens
+    assert max(stretches) <= chunk, calls
     assert short_output == tokens_alone(model, tokenizer, short_prompt, one_token, None)
     assert long_output == tokens_alone(model, tokenizer, long_prompt, long_params, None)
     assert output == tokens_alone(model, tokenizer, running_prompt, running_params, None)

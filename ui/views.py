@@ -81,11 +81,15 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
     """A language picked in one dropdown. Picking the other side's language swaps the two (as
     translation apps do) rather than leaving a pair that cannot run; the example pairs follow
     the new pair unless the user has written their own, which are kept."""
+    picked = source, target
     if source == target:
         source, target = (source, last[0]) if changed == "source" else (last[1], target)
     pairs = DEFAULT_EXAMPLES.get((source, target))
-    keep = pairs is None or (examples.strip() and examples not in BUILT_IN_EXAMPLES)
-    return source, target, (source, target), gr.update() if keep else example_lines(pairs)
+    keep = pairs is None or (examples.strip() and examples not in BUILT_IN_EXAMPLES) or example_lines(pairs) == examples
+    # Only what changes goes back: the swapped dropdown fires its own change, and an answer that
+    # repeated every value could arrive after the user typed into a box, and undo it.
+    return (*(gr.update() if new == old else new for new, old in zip((source, target), picked)), (source, target),
+            gr.update() if keep else example_lines(pairs))
 
 
 def translate_extras(tab: Tab) -> None:
@@ -140,8 +144,9 @@ def article_length(host: ModelHost) -> Callable[[str, float, bool], str]:
                                                      loaded.tokenizer, loaded.context - room, adapter)
         except ValueError as error:  # too long to send, say: what a run would answer
             return str(error)
+        left = min(int(max_new_tokens), loaded.context - len(prompt.ids))  # what a run may generate
         return " · ".join([f"{len(prompt.ids)} of {loaded.context} context tokens in the prompt, "
-                           f"{room} left for the summary", *prompt.notes])
+                           f"{left} left for the summary", *prompt.notes])
     return length_line
 
 
