@@ -159,9 +159,9 @@ def prefill_chunk(model: GPT2, ids: torch.Tensor, cache: KVCache, start: int,
     return end, model(ids[:, start:end], attention_mask=mask, cache=cache, last_only=True)[:, -1]
 
 
-def new_token_budget(params: SamplingParams, prompt_length: int, n_positions: int) -> int:
+def new_token_budget(max_new_tokens: int, prompt_length: int, n_positions: int) -> int:
     """How many tokens a prompt of this length gets: max_new_tokens, or what the context has left."""
-    return min(params.max_new_tokens, n_positions - prompt_length)
+    return min(max_new_tokens, n_positions - prompt_length)
 
 
 def resolve_seed(seed: int | None) -> int:
@@ -269,7 +269,7 @@ def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams,
     for p in prompts:
         check_prompt_fits(model, len(p))
     width = max(len(p) for p in prompts)
-    budget = new_token_budget(params, width, model.config.n_positions)
+    budget = new_token_budget(params.max_new_tokens, width, model.config.n_positions)
     # Every row's prompt and generated tokens, allocated once: a row's history is a view of it.
     tokens = torch.full((len(prompts), width + budget), pad_id, dtype=torch.long, device=device)
     starts = [width - len(p) for p in prompts]  # where each row's own tokens begin, after its padding
@@ -310,7 +310,7 @@ def stream(model: GPT2 | Scheduler, tokenizer: Tokenizer, prompt: str | list[int
     seed = resolve_seed(params.seed)
     decoder = tokenizer.stream_decoder()
     text, shown, generated = "", 0, []
-    budget = new_token_budget(params, len(prompt_ids), model.config.n_positions)
+    budget = new_token_budget(params.max_new_tokens, len(prompt_ids), model.config.n_positions)
     stop_reason = "context_full" if budget < params.max_new_tokens else "max_tokens"
     start = time.perf_counter()
     if isinstance(model, GPT2):

@@ -120,7 +120,7 @@ class Scheduler:
         check_adapter(self.model, adapter)
         check_prompt_fits(self.model, len(prompt))
         device = self.model.device
-        budget = len(prompt) + new_token_budget(params, len(prompt), self.config.n_positions)
+        budget = len(prompt) + new_token_budget(params.max_new_tokens, len(prompt), self.config.n_positions)
         tokens = torch.empty(1, budget, dtype=torch.long, device=device)
         tokens[0, :len(prompt)] = torch.tensor(prompt)
         request = Request(Sampler(params, seed, device), adapter, tokens, len(prompt), budget, queue.SimpleQueue())

@@ -130,8 +130,8 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches) -> Ta
         with gr.Accordion(i18n("settings"), open=False):
             settings = settings_widgets(task)
         with gr.Accordion(i18n("prompt_sent"), open=False):
-            prompt_sent = gr.Textbox(label=i18n("prompt_sent"), show_label=False, lines=4, max_lines=12, interactive=False, buttons=["copy"],
-                                     elem_id=f"{task.name}-prompt-sent")
+            prompt_sent = gr.Textbox(label=i18n("prompt_sent"), show_label=False, lines=4, max_lines=12,
+                                     interactive=False, buttons=["copy"], elem_id=f"{task.name}-prompt-sent")
         gr.Examples(view.examples, [widgets.inputs[name] for name in view.example_inputs], label=i18n("examples"),
                     example_labels=view.example_labels, cache_examples=False, api_visibility="private")
     tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_button, stop_button, status, prompt_sent)

@@ -6,7 +6,7 @@ from typing import Callable
 
 import gradio as gr
 
-from model.generate import brief
+from model.generate import brief, new_token_budget
 from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeInputs, TranslateInputs, room_to_generate
 
 from .i18n import i18n
@@ -144,7 +144,7 @@ def article_length(host: ModelHost) -> Callable[[str, float, bool], str]:
                                                      loaded.tokenizer, loaded.context - room, adapter)
         except ValueError as error:  # too long to send, say: what a run would answer
             return str(error)
-        left = min(int(max_new_tokens), loaded.context - len(prompt.ids))  # what a run may generate
+        left = new_token_budget(int(max_new_tokens), len(prompt.ids), loaded.context)  # what a run may generate
         return " · ".join([f"{len(prompt.ids)} of {loaded.context} context tokens in the prompt, "
                            f"{left} left for the summary", *prompt.notes])
     return length_line
