@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import threading
+from contextlib import contextmanager
 from dataclasses import replace
+from typing import Iterator
 
 import pytest
 import torch
@@ -276,6 +278,26 @@ def test_the_batch_cache_grows_as_requests_join(loaded, monkeypatch):
     assert scheduler.largest_batch == 2
 
 
+@contextmanager
+def forward_calls(model: GPT2, release: threading.Event, on_call=lambda calls: None) -> Iterator[list[int]]:
+    """The tokens per row of each forward call of `model`, in order, as they happen; every
+    decode step (one token per row) first waits for `release`, so that the test can queue
+    requests, or close the scheduler, while a step is held. on_call(calls) runs after each."""
+    calls: list[int] = []
+
+    def record(module, args):
+        if args[0].shape[1] == 1:
+            release.wait(10)
+        calls.append(args[0].shape[1])
+        on_call(calls)
+
+    handle = model.register_forward_pre_hook(record)
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
 def test_a_long_prompt_goes_in_by_chunks_between_the_others_steps(loaded, monkeypatch):
     """A newcomer's long prompt is prefilled a chunk at a time with the running request's decode
     steps in between, not all at once while the running request waits; both get the tokens they
@@ -289,18 +311,13 @@ def test_a_long_prompt_goes_in_by_chunks_between_the_others_steps(loaded, monkey
     newcomer_chunks = -(-len(long_prompt) // chunk)
     assert len(running_prompt) <= chunk and newcomer_chunks > 4
     scheduler = Scheduler(model)
-    calls = []  # (rows, tokens) of each forward call, in order
-    queued = threading.Event()
+    queued = threading.Event()  # the running request's steps wait until both long prompts are queued
 
-    def record(module, args):
-        if args[0].shape[1] == 1:
-            queued.wait(10)  # the running request's steps wait until both long prompts are queued
-        calls.append(tuple(args[0].shape))
-        if sum(tokens > 1 for _, tokens in calls) == 2 + newcomer_chunks:  # the third prompt's first chunk
+    def cancel_at_the_third_prompt(calls):
+        if sum(tokens > 1 for tokens in calls) == 2 + newcomer_chunks:  # the third prompt's first chunk
             cancelled.close()
 
-    handle = model.register_forward_pre_hook(record)
-    try:
+    with forward_calls(model, queued, cancel_at_the_third_prompt) as calls:
         running = scheduler.decode(running_prompt, running_params, 0)
         output = [int(next(running)[0])]  # from its prompt; its first step waits
         newcomer = scheduler.decode(long_prompt, long_params, 3)
@@ -308,10 +325,8 @@ def test_a_long_prompt_goes_in_by_chunks_between_the_others_steps(loaded, monkey
         queued.set()
         newcomer_output = [int(t[0]) for t in newcomer]
         output += [int(t[0]) for t in running]
-    finally:
-        handle.remove()
-    prefills = [i for i, (_, tokens) in enumerate(calls) if tokens > 1]
-    steps = [i for i, (_, tokens) in enumerate(calls) if tokens == 1]
+    prefills = [i for i, tokens in enumerate(calls) if tokens > 1]
+    steps = [i for i, tokens in enumerate(calls) if tokens == 1]
     assert len(prefills) == 2 + newcomer_chunks  # the cancelled prompt went no further than its first chunk
     newcomer_calls = prefills[1:1 + newcomer_chunks]
     assert all(any(a < step < b for step in steps) for a, b in zip(newcomer_calls, newcomer_calls[1:]))
@@ -333,16 +348,8 @@ def test_a_request_done_at_its_first_token_still_leaves_a_step_between_two_promp
     long_prompt = tokenizer.encode(" the cat sat on the mat" * 2)
     assert len(running_prompt) <= chunk and len(short_prompt) <= chunk < len(long_prompt)
     scheduler = Scheduler(model)
-    calls = []  # tokens of each forward call, in order
-    queued = threading.Event()
-
-    def record(module, args):
-        if args[0].shape[1] == 1:
-            queued.wait(10)  # the running request's first step waits until both newcomers are queued
-        calls.append(args[0].shape[1])
-
-    handle = model.register_forward_pre_hook(record)
-    try:
+    queued = threading.Event()  # the running request's first step waits until both newcomers are queued
+    with forward_calls(model, queued) as calls:
         running = scheduler.decode(running_prompt, running_params, 0)
         output = [int(next(running)[0])]
         short = scheduler.decode(short_prompt, one_token, 0)
@@ -350,8 +357,6 @@ def test_a_request_done_at_its_first_token_still_leaves_a_step_between_two_promp
         queued.set()
         short_output, long_output = [int(t[0]) for t in short], [int(t[0]) for t in long]
         output += [int(t[0]) for t in running]
-    finally:
-        handle.remove()
     stretches, fed = [], 0  # prompt tokens fed between two steps of the running request
     for tokens in calls[1:]:
         if tokens == 1:
@@ -370,13 +375,7 @@ def test_closing_the_scheduler_ends_its_requests_and_its_worker(loaded):
     scheduler = Scheduler(model)
     params = SamplingParams(temperature=0, max_new_tokens=50)
     gate = threading.Event()
-
-    def hold_decode_steps(module, args):
-        if args[0].shape[1] == 1:  # one new token per row: a decode step waits for the test
-            gate.wait(10)
-
-    handle = model.register_forward_pre_hook(hold_decode_steps)
-    try:
+    with forward_calls(model, gate):
         tokens = scheduler.decode(tokenizer.encode("Once upon"), params, 0)
         next(tokens)  # the token from the prompt; the first decode step is now held
         worker = scheduler._worker
@@ -385,8 +384,6 @@ def test_closing_the_scheduler_ends_its_requests_and_its_worker(loaded):
         assert wait_until(lambda: scheduler._closed)
         gate.set()
         closer.join(10)
-    finally:
-        handle.remove()
     assert not worker.is_alive() and scheduler.rows_in_use == 0
     with pytest.raises(RuntimeError, match="decoding failed .RuntimeError: the scheduler was closed"):
         list(tokens)
