@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from .adapters import load_adapters
 from .config import GPT2Config
 from .gpt2 import GPT2
+from .kernels import weights_on_huge_pages
 from .quantize import quantize_weights
 from .tokenizer import Tokenizer, load_tokenizer
 
@@ -50,6 +51,7 @@ def load_pretrained(name_or_path: str | os.PathLike | None = None, device: str |
     model.to(device=device, dtype=dtype).eval()
     if quantize is not None:
         quantize_weights(model, quantize)  # before the adapters, whose hooks go on the quantized layers
+    weights_on_huge_pages(model)  # a CPU model's decode steps read them faster there
     load_adapters(model, directory / ADAPTERS_DIR)  # after the move: adapters follow the base's device and dtype
     return model, load_tokenizer(directory)
 

@@ -144,6 +144,19 @@ torch::Tensor rows_times_weight(const torch::Tensor& x, const Weight* w, int64_t
 
 bool is_cpu_float(const torch::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == torch::kFloat; }
 
+// Whether the products can take this weight (int8 with a scale, or fp32), bias and scale.
+bool takes_weight(const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias,
+                  const c10::optional<torch::Tensor>& scale) {
+  if (weight.dim() != 2 || !weight.device().is_cpu() || !weight.is_contiguous() || weight.size(1) == 0
+      || weight.scalar_type() != (scale ? torch::kChar : torch::kFloat))
+    return false;
+  for (const auto* extra : {&bias, &scale})
+    if (extra->has_value() && (!is_cpu_float(**extra) || (*extra)->dim() != 1 || (*extra)->size(0) != weight.size(0)
+                               || !(*extra)->is_contiguous()))
+      return false;
+  return true;
+}
+
 // x @ weight.T (* scale) + bias over x's last dimension, or None where the kernels cannot take
 // the call: another device, dtype or memory order, or mismatched shapes (left to PyTorch, which
 // names them). kernels.py has already decided the call is theirs to take (few rows, no autograd).
@@ -151,15 +164,9 @@ bool is_cpu_float(const torch::Tensor& t) { return t.device().is_cpu() && t.scal
 c10::optional<torch::Tensor> linear(const torch::Tensor& x, const torch::Tensor& weight,
                                     const c10::optional<torch::Tensor>& bias,
                                     const c10::optional<torch::Tensor>& scale) {
-  if (x.dim() < 1 || weight.dim() != 2 || !is_cpu_float(x) || !weight.device().is_cpu() || !weight.is_contiguous())
-    return c10::nullopt;
+  if (x.dim() < 1 || !is_cpu_float(x) || !takes_weight(weight, bias, scale)) return c10::nullopt;
   const int64_t out_features = weight.size(0), in = weight.size(1);
-  if (in == 0 || x.size(-1) != in || x.numel() == 0) return c10::nullopt;
-  if (weight.scalar_type() != (scale ? torch::kChar : torch::kFloat)) return c10::nullopt;
-  for (const auto* extra : {&bias, &scale})
-    if (extra->has_value() && (!is_cpu_float(**extra) || (*extra)->dim() != 1 || (*extra)->size(0) != out_features
-                               || !(*extra)->is_contiguous()))
-      return c10::nullopt;
+  if (x.size(-1) != in || x.numel() == 0) return c10::nullopt;
   const torch::Tensor rows = x.reshape({-1, in}).contiguous();
   const float* bias_data = bias ? bias->data_ptr<float>() : nullptr;
   torch::Tensor y = scale ? rows_times_weight<int8_t>(rows, weight.data_ptr<int8_t>(), out_features,
@@ -237,6 +244,12 @@ void attend(const float* q, const float* k, const float* v, int64_t slot_stride,
   for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), norm));
 }
 
+// Whether decode_attention can take this mask for rows x slots (no mask: yes).
+bool takes_mask(const c10::optional<torch::Tensor>& seen, int64_t rows, int64_t slots) {
+  return !seen || (seen->scalar_type() == torch::kBool && seen->dim() == 2 && seen->size(0) == rows
+                   && seen->size(1) == slots && seen->stride(1) == 1 && seen->device().is_cpu());
+}
+
 // Attention of one new token per row: q (rows, heads, 1, dim), keys and values (rows, heads,
 // slots, dim) as views of the KV cache, `seen` an optional (rows, slots) mask (the query's own
 // row of the causal-padding mask). Returns (rows, heads, 1, dim) as a view of (rows, 1, heads,
@@ -249,9 +262,7 @@ c10::optional<torch::Tensor> decode_attention(const torch::Tensor& q, const torc
   if (q.size(2) != 1 || dim == 0 || dim % 8 != 0 || slots == 0 || keys.sizes() != values.sizes() || keys.strides() != values.strides()
       || keys.size(0) != rows || keys.size(1) != heads || keys.size(3) != dim)
     return c10::nullopt;
-  if (seen && (seen->scalar_type() != torch::kBool || seen->dim() != 2 || seen->size(0) != rows
-               || seen->size(1) != slots || seen->stride(1) != 1 || !seen->device().is_cpu()))
-    return c10::nullopt;
+  if (!takes_mask(seen, rows, slots)) return c10::nullopt;
   torch::Tensor out = torch::empty({rows, 1, heads, dim}, q.options());
   const float *qs = q.data_ptr<float>(), *ks = keys.data_ptr<float>(), *vs = values.data_ptr<float>();
   const bool* seen_data = seen ? seen->data_ptr<bool>() : nullptr;
@@ -269,10 +280,76 @@ c10::optional<torch::Tensor> decode_attention(const torch::Tensor& q, const torc
   return out.transpose(1, 2);
 }
 
+// The parameters decode_blocks takes for each block, in this order; a bias or scale that is
+// absent (no bias; fp32 weights, which have no scale) is an empty tensor.
+enum BlockParam {
+  kNorm1Weight, kNorm1Bias, kQkvWeight, kQkvBias, kQkvScale, kOutWeight, kOutBias, kOutScale,
+  kNorm2Weight, kNorm2Bias, kUpWeight, kUpBias, kUpScale, kDownWeight, kDownBias, kDownScale, kParamsPerBlock
+};
+
+// One decode step (one new token per row) through every block of a Pre-LN GPT-2, in one call:
+//   h = h + c_proj(attention(c_attn(ln_1(h)), cache)); h = h + mlp.c_proj(gelu(c_fc(ln_2(h))))
+// It calls the very operations the modules of model/gpt2.py call, in the same order (PyTorch's
+// layer_norm, gelu and add; the products and attention above), so it returns the same bits; what
+// it saves is Python's part of a step, about 150 module calls and tensor views (measured in
+// docs/performance.md). h (rows, 1, width); keys and values the whole KV cache (layers, cache
+// rows, heads, slots, dim), row r's new key and value going to slot slots[r], after which the
+// first `end` slots are attended; `seen` as for decode_attention. None, before anything is
+// done, where the modules would not take the kernels' products and attention throughout.
+c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<torch::Tensor>& params, double eps,
+                                           int64_t heads, const torch::Tensor& keys, const torch::Tensor& values,
+                                           const std::vector<int64_t>& slots, int64_t end,
+                                           const c10::optional<torch::Tensor>& seen) {
+  TORCH_CHECK(h.dim() == 3 && h.size(1) == 1 && keys.dim() == 5 && heads > 0 && h.size(2) % heads == 0
+              && params.size() == static_cast<size_t>(kParamsPerBlock * keys.size(0))
+              && static_cast<int64_t>(slots.size()) == h.size(0) && keys.size(1) >= h.size(0)
+              && keys.size(4) == h.size(2) / heads && 0 < end && end <= keys.size(3),
+              "decode_blocks: arguments that do not fit together");
+  const int64_t rows = h.size(0), width = h.size(2), dim = width / heads;
+  const auto given = [](const torch::Tensor& t) { return t.numel() ? c10::optional<torch::Tensor>(t) : c10::nullopt; };
+  if (!is_cpu_float(h) || !is_cpu_float(keys) || keys.sizes() != values.sizes() || keys.strides() != values.strides()
+      || keys.stride(4) != 1 || dim % 8 != 0 || !takes_mask(seen, rows, end))
+    return c10::nullopt;
+  for (size_t i = 0; i < params.size(); i += kParamsPerBlock) {
+    for (int norm : {kNorm1Weight, kNorm1Bias, kNorm2Weight, kNorm2Bias})
+      if (params[i + norm].numel() != width) return c10::nullopt;
+    for (int w : {kQkvWeight, kOutWeight, kUpWeight, kDownWeight})
+      if (!takes_weight(params[i + w], given(params[i + w + 1]), given(params[i + w + 2]))) return c10::nullopt;
+  }
+  const auto project = [&](const torch::Tensor& x, const torch::Tensor* p) {  // p: weight, bias, scale
+    c10::optional<torch::Tensor> y = linear(x, p[0], given(p[1]), given(p[2]));
+    TORCH_CHECK(y, "decode_blocks: a projection the decode kernels cannot take");
+    return *y;
+  };
+  for (int64_t layer = 0; layer < keys.size(0); layer++) {
+    const torch::Tensor* p = params.data() + layer * kParamsPerBlock;
+    const torch::Tensor qkv = project(at::layer_norm(h, {width}, p[kNorm1Weight], p[kNorm1Bias], eps), p + kQkvWeight);
+    torch::Tensor layer_keys = keys.select(0, layer), layer_values = values.select(0, layer);
+    const float* new_kv = qkv.data_ptr<float>();  // (rows, 1, q k v), contiguous: the product's own output
+    float *ks = layer_keys.data_ptr<float>(), *vs = layer_values.data_ptr<float>();
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t head = 0; head < heads; head++) {
+        const int64_t to = r * layer_keys.stride(0) + head * layer_keys.stride(1) + slots[r] * layer_keys.stride(2);
+        const float* from = new_kv + r * 3 * width + head * dim;
+        std::copy(from + width, from + width + dim, ks + to);
+        std::copy(from + 2 * width, from + 2 * width + dim, vs + to);
+      }
+    const torch::Tensor q = qkv.narrow(2, 0, width).view({rows, 1, heads, dim}).transpose(1, 2);
+    c10::optional<torch::Tensor> y = decode_attention(q, layer_keys.narrow(0, 0, rows).narrow(2, 0, end),
+                                                      layer_values.narrow(0, 0, rows).narrow(2, 0, end), seen);
+    TORCH_CHECK(y, "decode_blocks: attention the decode kernel cannot take");
+    h = h + project(y->transpose(1, 2).reshape({rows, 1, width}), p + kOutWeight);
+    const torch::Tensor up = project(at::layer_norm(h, {width}, p[kNorm2Weight], p[kNorm2Bias], eps), p + kUpWeight);
+    h = h + project(at::gelu(up, "tanh"), p + kDownWeight);
+  }
+  return h;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Without the GIL: the scheduler decodes on its own thread while the app's threads serve.
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
   m.def("decode_attention", &decode_attention, py::call_guard<py::gil_scoped_release>());
+  m.def("decode_blocks", &decode_blocks, py::call_guard<py::gil_scoped_release>());
 }

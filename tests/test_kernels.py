@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from model import GPT2, GPT2Config, gpt2, kernels
 from model.gpt2 import Linear
-from model.quantize import Int8Linear
+from model.quantize import Int8Linear, quantize_weights
 
 from .conftest import REPO
 
@@ -176,9 +176,106 @@ def test_decode_steps_take_the_attention_kernel(monkeypatch, padded):
     prefill_calls = model.config.n_layer
     assert len(pytorch_calls) == prefill_calls  # the prompt's; none for the steps
     monkeypatch.setattr(kernels, "decode_attention", lambda *args: None)
+    monkeypatch.setattr(kernels, "decode_blocks", lambda *args: None)  # the steps' blocks through the modules
     expected = decode_steps()
     assert len(pytorch_calls) == 2 * prefill_calls + tokens.numel() // 2 * model.config.n_layer
     assert (with_kernel - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def scheduler_like_cache(model: GPT2, prompts: list[list[int]], room: int):
+    """A batch cache whose rows were each prefilled alone and copied in, so they stand at
+    different lengths, as the scheduler's rows do."""
+    cache = model.new_cache(len(prompts) + 1, max(map(len, prompts)) + room)  # a spare row, as the scheduler has
+    for row, prompt in enumerate(prompts):
+        alone = model.new_cache(1, len(prompt))
+        model(torch.tensor([prompt]), cache=alone)
+        cache.copy_row(row, alone)
+    return cache
+
+
+@pytest.mark.parametrize("kind", ["fp32", "int8"])
+@pytest.mark.parametrize("rows", ["one length", "left-padded", "different lengths"])
+@torch.inference_mode()
+def test_a_decode_step_in_one_call_gives_the_modules_bits(monkeypatch, kind, rows):
+    """kernels.decode_blocks runs all the blocks of a decode step in one call; the logits are
+    bit for bit those of the blocks' modules, over several steps."""
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(vocab_size=64, n_positions=32, n_embd=64, n_layer=3, n_head=2)).eval()
+    if kind == "int8":
+        model = quantize_weights(model)
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]] if rows != "one length" else [[5, 6, 7], [10, 11, 12]]
+    steps = torch.tensor([[t, t + 1, t + 2, t + 3] for t in (20, 30)])
+
+    def decode_steps() -> torch.Tensor:
+        if rows == "different lengths":
+            cache = scheduler_like_cache(model, prompts, steps.shape[1])
+        else:
+            width = max(map(len, prompts))
+            cache = model.new_cache(2, width + steps.shape[1])
+            model(torch.tensor([[0] * (width - len(p)) + p for p in prompts]), cache=cache,
+                  attention_mask=torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts]))
+        return torch.cat([model(steps[:, i:i + 1], cache=cache) for i in range(steps.shape[1])], dim=1)
+
+    calls = []
+    one_call = kernels.decode_blocks
+    monkeypatch.setattr(kernels, "decode_blocks", lambda *args: calls.append(1) or one_call(*args))
+    fused = decode_steps()
+    assert len(calls) == steps.shape[1]  # every step took the one call, and it ran (None would fall back)
+    monkeypatch.setattr(GPT2, "fused_decode", lambda self, h: False)
+    assert torch.equal(fused, decode_steps())
+    assert len(calls) == steps.shape[1]
+
+
+@torch.inference_mode()
+def test_heads_the_attention_kernel_cannot_take_decode_on_the_modules(monkeypatch):
+    """Heads 12 wide (not a multiple of 8): the one call declines before it does anything, and
+    the modules decode as they would without it."""
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(vocab_size=64, n_positions=32, n_embd=24, n_layer=2, n_head=2)).eval()
+    answers = []
+    one_call = kernels.decode_blocks
+    monkeypatch.setattr(kernels, "decode_blocks", lambda *args: answers.append(one_call(*args)) or answers[-1])
+
+    def decode_steps() -> torch.Tensor:
+        cache = model.new_cache(1, 8)
+        model(torch.tensor([[1, 2, 3]]), cache=cache)
+        return torch.cat([model(torch.tensor([[t]]), cache=cache) for t in (4, 5, 6)], dim=1)
+
+    declined = decode_steps()
+    assert answers == [None] * 3
+    monkeypatch.setattr(GPT2, "fused_decode", lambda self, h: False)
+    assert torch.equal(declined, decode_steps())
+
+
+def test_hooks_adapters_and_gradients_keep_decode_steps_on_the_modules(tmp_path):
+    """The one-call step skips the modules, so it runs only where nothing would miss their calls:
+    not with an adapter on (with adapters loaded but off, it does), not under a hook, not for autograd."""
+    from model.adapters import active_adapter, load_adapter
+
+    from .conftest import make_lora_adapter
+
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(vocab_size=64, n_positions=32, n_embd=64, n_layer=2, n_head=2)).eval()
+    load_adapter(model, make_lora_adapter(model, tmp_path / "chat"), "chat")
+    h = torch.zeros(2, 1, 64)
+    with torch.no_grad():
+        assert model.fused_decode(h)
+        with active_adapter("chat"):
+            assert not model.fused_decode(h)
+        with active_adapter([None, "chat"]):
+            assert not model.fused_decode(h)
+        assert not model.fused_decode(h.double())
+        assert not model.fused_decode(torch.zeros(kernels.KERNEL_ROWS + 1, 1, 64))
+        seen = []
+        handle = model.transformer.h[1].mlp.register_forward_hook(lambda *args: seen.append(1))
+        assert not model.fused_decode(h)
+        cache = model.new_cache(1, 4)
+        model(torch.tensor([[1, 2]]), cache=cache)
+        model(torch.tensor([[3]]), cache=cache)
+        assert len(seen) == 2  # the prompt's call and the step's
+        handle.remove()
+        assert model.fused_decode(h)
+    assert not model.fused_decode(h)  # gradients on
 
 
 def test_the_kernels_can_be_turned_off(monkeypatch):

@@ -2,6 +2,8 @@
 test_huggingface_import.py): same logits, same greedy continuation, same cache behaviour."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import GPT2LMHeadModel
@@ -115,6 +117,41 @@ def test_our_save_pretrained_loads_in_transformers(tmp_path):
     assert (hf(ids).logits - ours(ids)).abs().max() < 1e-5
     assert torch.equal(reloaded(ids), ours(ids))
     assert reloaded_tokenizer.encode("Hello there") == tokenizer.encode("Hello there")
+
+
+def huge_page_kib(address: int) -> int:
+    """The KiB of 2 MiB pages in this process's memory mapping that holds `address`."""
+    mapping = None
+    for line in open("/proc/self/smaps"):
+        first = line.split()[0]
+        if "-" in first and not first.endswith(":"):  # a mapping's header: start-end perms ...
+            start, end = (int(x, 16) for x in first.split("-"))
+            mapping = start <= address < end
+        elif mapping and first == "AnonHugePages:":
+            return int(line.split()[1])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@torch.no_grad()
+def test_a_loaded_model_keeps_its_weights_in_one_block_on_huge_pages(tmp_path):
+    """load_pretrained moves the weight matrices into one block of memory on 2 MiB pages
+    (model.kernels.weights_on_huge_pages): the same values, the head still tied, and the model
+    saves and loads back as before."""
+    directory = make_hf_checkpoint(tmp_path / "src", n_positions=64, n_embd=64, n_layer=2, n_head=2)
+    model, tokenizer = load_pretrained(directory)
+    matrices = [p for p in model.parameters() if p.dim() == 2]
+    assert len(matrices) == 2 + 4 * 2  # wte (the head too), wpe, four per block
+    assert len({p.untyped_storage().data_ptr() for p in matrices}) == 1
+    assert model.lm_head.weight is model.transformer.wte.weight
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.is_file() and "[never]" not in thp.read_text():
+        assert huge_page_kib(model.transformer.wte.weight.data_ptr()) >= 2048  # wte alone is 12.9 MB
+    hf = GPT2LMHeadModel.from_pretrained(directory).eval()
+    ids = prompt_ids(model, 16, batch=2)
+    assert (hf(ids).logits - model(ids)).abs().max() < 1e-5
+    save_pretrained(model, tokenizer, tmp_path / "saved")
+    reloaded, _ = load_pretrained(tmp_path / "saved")
+    assert torch.equal(reloaded(ids), model(ids))
 
 
 @torch.no_grad()
