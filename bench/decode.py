@@ -9,10 +9,15 @@ sdpa, transformers eager, ours batch 8, prefills) and each number is the median 
 so a slow moment of the machine hits every variant alike. Decode speed is greedy, from a 32-token
 prompt, prefill included, for ours and for `GPT2LMHeadModel.generate` alike.
 
-Also measured: the memory read bandwidth, and from it the roofline (bandwidth / weight bytes read
-per token: at batch 1 every weight is read once per token); peak resident memory; and, on the
+Also measured: the memory read bandwidth, in every round like the rest, and from it the roofline
+(bandwidth / weight bytes read per token: at batch 1 every weight is read once per token); peak
+resident memory; and, on the
 bundled model (assets/, when it has been trained), its load time, its int8 perplexity against
 fp32, and 8 concurrent clients of the continuous-batching scheduler against one.
+
+Each ratio the targets of issue 5 are judged on is also given round by round (both sides of it
+measured seconds apart), as the median of the rounds' ratios: the machine's speed drifts during
+a run (docs/performance.md).
 
 Prints a Markdown table; --json writes the numbers (see KEYS).
 """
@@ -37,13 +42,14 @@ from bench import cpu_name
 from model import GPT2, GPT2Config, load_pretrained
 from model.checkpoint import BUNDLED_DIR, WEIGHT_FILES, to_our_layout
 from model.generate import SamplingParams, decode_tokens, generate
+from model.kernels import weights_on_huge_pages
 from model.quantize import Int8Linear, quantize_weights
 from model.scheduler import Scheduler
 
 PROMPT_TOKENS, PREFILL_TOKENS, BATCH, CLIENTS = 32, 512, 8, 8
 # What bundled_checks measures (None for each when the bundled model has not been trained).
 BUNDLED_KEYS = ("bundled_load_s", "bundled_int8_ppl_ratio", "clients1_tok_s", "clients8_tok_s", "clients1_int8_tok_s",
-                "clients8_int8_tok_s")
+                "clients8_int8_tok_s", "clients8_per_round", "clients8_int8_per_round")
 KEYS = ("ours_fp32_tok_s", "ours_int8_tok_s", "hf_sdpa_tok_s", "hf_eager_tok_s", "ours_batch8_tok_s",
         "prefill512_ours_ms", "prefill512_hf_ms", "ttft_ms", "peak_rss_mb", "roofline_fp32_tok_s")
 
@@ -61,11 +67,17 @@ def seconds(run: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def memory_read_bandwidth(device: torch.device) -> float:
-    """Bytes per second that summing a 256 MiB tensor (far larger than any cache) reads; best of 5."""
-    x = torch.ones(64 * 2**20, device=device)
+def memory_read_bandwidth(model: GPT2) -> Callable[[], float]:
+    """A measurement of the memory read bandwidth, to take in each round: the bytes per second of
+    summing a tensor far larger than any cache, the best of 5 sums in a row (GB/s). On a CPU the
+    tensor is the model's token embedding (154 MB in fp32 for GPT-2 small, against 32 MiB of L3
+    on the machine of docs/performance.md), so that the measurement adds nothing to the peak
+    resident memory the table reports; on a GPU, whose caches come closer to that, 256 MiB of its
+    own."""
+    device = model.device
+    x = model.transformer.wte.weight if device.type == "cpu" else torch.ones(64 * 2**20, device=device)
     x.sum()
-    return x.numel() * x.element_size() / min(seconds(x.sum, device) for _ in range(5))
+    return lambda: x.numel() * x.element_size() / min(seconds(x.sum, device) for _ in range(5)) / 1e9
 
 
 def projections(model: nn.Module) -> list[nn.Module]:
@@ -105,7 +117,7 @@ def random_ids(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
 
 def build_models(device: torch.device, dtype: torch.dtype):
     """transformers' GPT2LMHeadModel with random weights in the 124M shape, and ours (fp32 and
-    int8) holding the very same weights."""
+    int8) holding the very same weights, placed in memory as load_pretrained places them."""
     torch.manual_seed(0)
     config = GPT2Config.preset("gpt2")
     hf_config = transformers.GPT2Config(**{k: getattr(config, k) for k in ("vocab_size", "n_positions", "n_embd",
@@ -120,7 +132,7 @@ def build_models(device: torch.device, dtype: torch.dtype):
     int8.load_state_dict(ours.state_dict())
     ours.to(device=device, dtype=dtype).eval()
     int8 = quantize_weights(int8.to(device=device, dtype=dtype).eval())
-    return ours, int8, hf
+    return weights_on_huge_pages(ours), weights_on_huge_pages(int8), hf  # as load_pretrained does
 
 
 @torch.inference_mode()
@@ -158,8 +170,9 @@ def hf_prefill(hf, implementation: str, prompt: torch.Tensor) -> float:
     return seconds(lambda: hf(prompt, use_cache=True, logits_to_keep=1), prompt.device)
 
 
-def alternate(variants: dict[str, Callable[[], float]], reps: int) -> dict[str, float]:
-    """Run each variant once (warm-up), then `reps` rounds of all of them in turn; medians."""
+def alternate(variants: dict[str, Callable[[], float]], reps: int) -> dict[str, list[float]]:
+    """Run each variant once (warm-up), then `reps` rounds of all of them in turn; each variant's
+    numbers, round by round."""
     for run in variants.values():
         run()
     samples: dict[str, list[float]] = {name: [] for name in variants}
@@ -167,7 +180,17 @@ def alternate(variants: dict[str, Callable[[], float]], reps: int) -> dict[str, 
         for name, run in variants.items():
             samples[name].append(run())
         print(f"  round {rep + 1}/{reps}: " + ", ".join(f"{n} {v[-1]:.4g}" for n, v in samples.items()), flush=True)
+    return samples
+
+
+def medians(samples: dict[str, list[float]]) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def ratio_per_round(samples: dict[str, list[float]], numerator: Callable[[int], float],
+                    denominator: Callable[[int], float]) -> float:
+    """The median over the rounds of numerator(round) / denominator(round)."""
+    return statistics.median(numerator(i) / denominator(i) for i in range(len(next(iter(samples.values())))))
 
 
 def bundled_checks(directory: Path, device: torch.device, new_tokens: int, reps: int) -> dict:
@@ -188,7 +211,11 @@ def bundled_checks(directory: Path, device: torch.device, new_tokens: int, reps:
         "clients1_int8_tok_s": lambda: scheduler_clients(int8, tokenizer, 1, new_tokens),
         "clients8_int8_tok_s": lambda: scheduler_clients(int8, tokenizer, CLIENTS, new_tokens),
     }, reps)
-    return {"bundled_load_s": load_s, "bundled_int8_ppl_ratio": ppl["int8"] / ppl["fp32"], **clients}
+    per_round = {f"clients8{suffix}_per_round": ratio_per_round(clients, lambda i: clients[f"clients8{suffix}_tok_s"][i],
+                                                                lambda i: clients[f"clients1{suffix}_tok_s"][i])
+                 for suffix in ("", "_int8")}
+    return {"bundled_load_s": load_s, "bundled_int8_ppl_ratio": ppl["int8"] / ppl["fp32"], **medians(clients),
+            **per_round}
 
 
 def validation_perplexity(models: dict[str, GPT2], tokenizer, device: torch.device) -> dict[str, float]:
@@ -242,21 +269,26 @@ def table(n: dict, device: torch.device, dtype: torch.dtype, new_tokens: int, re
     def opt(value, fmt="{:.1f}"):
         return "missing" if value is None else fmt.format(value)
 
+    def per_round(key, fmt="{:.2f}x"):
+        return "" if n.get(key) is None else f" (per round {fmt.format(n[key])})"
+
     rows = [
         ("decode, batch 1, fp32 (tokens/s)", f"{n['ours_fp32_tok_s']:.1f}",
          f"sdpa {n['hf_sdpa_tok_s']:.1f} · eager {n['hf_eager_tok_s']:.1f}",
-         f"{n['ours_fp32_tok_s'] / hf_best:.2f}x the faster"),
+         f"{n['ours_fp32_tok_s'] / hf_best:.2f}x the faster" + per_round("fp32_vs_hf_per_round")),
         ("decode, batch 1, int8 weights (tokens/s)", f"{n['ours_int8_tok_s']:.1f}", "",
-         f"{n['ours_int8_tok_s'] / hf_best:.2f}x the faster"),
+         f"{n['ours_int8_tok_s'] / hf_best:.2f}x the faster" + per_round("int8_vs_hf_per_round")),
         (f"decode, batch {BATCH}, fp32 (tokens/s, all rows)", f"{n['ours_batch8_tok_s']:.1f}", "",
-         f"{n['ours_batch8_tok_s'] / n['ours_fp32_tok_s']:.2f}x our batch 1"),
+         f"{n['ours_batch8_tok_s'] / n['ours_fp32_tok_s']:.2f}x our batch 1" + per_round("batch8_per_round")),
         (f"prefill, {PREFILL_TOKENS}-token prompt (ms)", f"{n['prefill512_ours_ms']:.0f}",
          f"sdpa {n['prefill512_hf_sdpa_ms']:.0f} · eager {n['prefill512_hf_eager_ms']:.0f}",
-         f"{n['prefill512_hf_ms'] / n['prefill512_ours_ms']:.2f}x as fast as the faster"),
+         f"{n['prefill512_hf_ms'] / n['prefill512_ours_ms']:.2f}x as fast as the faster" + per_round("prefill_per_round")),
         (f"time to first token, {PROMPT_TOKENS}-token prompt (ms)", f"{n['ttft_ms']:.0f}", "", ""),
-        ("memory read bandwidth (GB/s)", f"{n['bandwidth_gb_s']:.1f}", "", ""),
+        ("memory read bandwidth (GB/s)", f"{n['bandwidth_gb_s']:.1f}", "",
+         f"rounds {n['bandwidth_low_gb_s']:.1f}-{n['bandwidth_high_gb_s']:.1f}"),
         ("roofline, fp32 / int8 (tokens/s)", f"{n['roofline_fp32_tok_s']:.1f} / {n['roofline_int8_tok_s']:.1f}", "",
-         f"fp32 at {ratio:.0%} · int8 at {n['ours_int8_tok_s'] / n['roofline_int8_tok_s']:.0%}"),
+         f"fp32 at {ratio:.0%}{per_round('roofline_fp32_per_round', '{:.0%}')} · int8 at "
+         f"{n['ours_int8_tok_s'] / n['roofline_int8_tok_s']:.0%}"),
         ("the weights, summed matrix by matrix (GB/s)", f"{n['weights_sum_gb_s']:.1f}", "",
          f"{n['weights_sum_gb_s'] / n['bandwidth_gb_s']:.0%} of the bandwidth"),
         ("our batch-1 products over the same matrices (GB/s; ms per token)", f"{n['products_gb_s']:.1f}; {n['products_ms']:.1f}",
@@ -270,7 +302,8 @@ def table(n: dict, device: torch.device, dtype: torch.dtype, new_tokens: int, re
     for label, suffix in (("fp32", ""), ("int8", "_int8")):
         one, many = n[f"clients1{suffix}_tok_s"], n[f"clients{CLIENTS}{suffix}_tok_s"]
         rows.append((f"bundled model, {label}: scheduler, 1 / {CLIENTS} clients (tokens/s, all clients)",
-                     f"{opt(one)} / {opt(many)}", "", "" if one is None else f"{many / one:.2f}x"))
+                     f"{opt(one)} / {opt(many)}", "",
+                     "" if one is None else f"{many / one:.2f}x" + per_round(f"clients{CLIENTS}{suffix}_per_round")))
     lines = [f"GPT-2 124M shape, random weights, {device.type} {str(dtype).removeprefix('torch.')}, greedy, "
              f"{new_tokens} new tokens, median of {reps} alternating runs",
              f"machine: {machine()}", "",
@@ -296,8 +329,8 @@ def main(argv=None) -> None:
     transformers.logging.set_verbosity_error()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     print(f"machine: {machine()}", flush=True)
-    bandwidth = memory_read_bandwidth(device)
     ours, int8, hf = build_models(device, dtype)
+    bandwidth_gb_s = memory_read_bandwidth(ours)
     vocab = ours.config.vocab_size
     prompt = random_ids(vocab, 1, PROMPT_TOKENS, seed=1).to(device)
     breakdown = roofline_breakdown(ours, prompt)
@@ -311,7 +344,8 @@ def main(argv=None) -> None:
         return tok_s
 
     print(f"decode and prefill, {args.reps} rounds:", flush=True)
-    n = alternate({
+    rounds = alternate({
+        "bandwidth_gb_s": bandwidth_gb_s,
         "ours_fp32_tok_s": ours_fp32,
         "ours_int8_tok_s": lambda: ours_decode(int8, prompt, args.new_tokens)[0],
         "hf_sdpa_tok_s": lambda: hf_decode(hf, "sdpa", prompt, args.new_tokens),
@@ -321,11 +355,28 @@ def main(argv=None) -> None:
         "prefill512_hf_sdpa_ms": lambda: 1000 * hf_prefill(hf, "sdpa", long_prompt),
         "prefill512_hf_eager_ms": lambda: 1000 * hf_prefill(hf, "eager", long_prompt),
     }, args.reps)
+    n = medians(rounds)
     n["prefill512_hf_ms"] = min(n["prefill512_hf_sdpa_ms"], n["prefill512_hf_eager_ms"])
     n["ttft_ms"] = 1000 * statistics.median(first_token_s[1:])  # the warm-up run's is left out
-    n["bandwidth_gb_s"] = bandwidth / 1e9
-    n["roofline_fp32_tok_s"] = bandwidth / weight_bytes_per_token(ours)
-    n["roofline_int8_tok_s"] = bandwidth / weight_bytes_per_token(int8)
+    fp32_bytes, int8_bytes = weight_bytes_per_token(ours), weight_bytes_per_token(int8)
+    n["roofline_fp32_tok_s"] = n["bandwidth_gb_s"] * 1e9 / fp32_bytes
+    n["roofline_int8_tok_s"] = n["bandwidth_gb_s"] * 1e9 / int8_bytes
+    n["bandwidth_low_gb_s"], n["bandwidth_high_gb_s"] = min(rounds["bandwidth_gb_s"]), max(rounds["bandwidth_gb_s"])
+
+    def hf_best(i):
+        return max(rounds["hf_sdpa_tok_s"][i], rounds["hf_eager_tok_s"][i])
+
+    n.update({
+        "fp32_vs_hf_per_round": ratio_per_round(rounds, lambda i: rounds["ours_fp32_tok_s"][i], hf_best),
+        "int8_vs_hf_per_round": ratio_per_round(rounds, lambda i: rounds["ours_int8_tok_s"][i], hf_best),
+        "batch8_per_round": ratio_per_round(rounds, lambda i: rounds["ours_batch8_tok_s"][i],
+                                            lambda i: rounds["ours_fp32_tok_s"][i]),
+        "prefill_per_round": ratio_per_round(rounds, lambda i: min(rounds["prefill512_hf_sdpa_ms"][i],
+                                                                   rounds["prefill512_hf_eager_ms"][i]),
+                                             lambda i: rounds["prefill512_ours_ms"][i]),
+        "roofline_fp32_per_round": ratio_per_round(rounds, lambda i: rounds["ours_fp32_tok_s"][i],
+                                                   lambda i: rounds["bandwidth_gb_s"][i] * 1e9 / fp32_bytes),
+    })
     n.update(breakdown)
     del hf, ours, int8
     n.update(bundled_checks(args.bundled, device, args.new_tokens, args.reps))
