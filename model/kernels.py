@@ -10,6 +10,9 @@ inputs stay fp32: int8 is weight-only, so nothing is rounded per call.
 
 The attention kernel does what PyTorch's scaled_dot_product_attention does for a query of one
 token, in half its time or less at the lengths of a chat (measured in docs/performance.md).
+`decode_blocks` runs a whole decode step's blocks in one call, with the very operations the
+modules would run, so that Python's part of a step (module calls, views) goes; and
+`weights_on_huge_pages` puts a loaded model's weights where they stream fastest.
 
 Each input row is summed in the same order whatever the number of rows, and a row's attention
 whatever the other rows' lengths (its tokens keeping their cache slots, as the scheduler's do),
