@@ -219,7 +219,8 @@ def pick_tokens(samplers: list[Sampler], logits: torch.Tensor,
         sampler = samplers[rows[0]]
         history = histories[rows[0]] if len(rows) == 1 else None  # a shared key: no processor reads it
         try:
-            picked = pick_group(sampler, [samplers[row].generator for row in rows], logits[rows], history)
+            group_logits = logits if len(rows) == len(samplers) else logits[rows]  # all rows: no copy
+            picked = pick_group(sampler, [samplers[row].generator for row in rows], group_logits, history)
         except Exception as error:  # these rows' settings or scores: they alone stop
             picked = [error] * len(rows)
         for row, token in zip(rows, picked):
@@ -242,16 +243,15 @@ def pick_group(sampler: Sampler, generators: list[torch.Generator], logits: torc
     if sampler.greedy:
         return list(scores.argmax(dim=-1, keepdim=True))
     cumulative = torch.softmax(scores, dim=-1).cumsum(dim=-1)
-    totals = cumulative[:, -1].tolist()
-    picked: list = []
-    for row, (total, generator) in enumerate(zip(totals, generators)):
-        if not 0 < total < math.inf:  # NaN fails this too
-            picked.append(ValueError("the probabilities to sample from are not finite: the scores overflowed "
-                                     "(a temperature too low for this model?)"))
-            continue
-        point = torch.rand(1, generator=generator, device=cumulative.device) * cumulative[row, -1]
-        picked.append(torch.searchsorted(cumulative[row], point, right=True).clamp_(max=cumulative.shape[1] - 1))
-    return picked
+    totals = cumulative[:, -1:]
+    finite = [0 < total < math.inf for total in totals[:, 0].tolist()]  # NaN fails this too
+    # One draw per row that can be sampled (a failed row draws nothing, as alone), then one search for all.
+    draws = torch.cat([torch.rand(1, generator=generator, device=cumulative.device) if ok
+                       else totals.new_zeros(1) for ok, generator in zip(finite, generators)])
+    tokens = torch.searchsorted(cumulative, draws[:, None] * totals, right=True).clamp_(max=cumulative.shape[1] - 1)
+    error = ValueError("the probabilities to sample from are not finite: the scores overflowed "
+                       "(a temperature too low for this model?)")
+    return [token if ok else error for ok, token in zip(finite, tokens)]
 
 
 @torch.inference_mode()
