@@ -303,7 +303,8 @@ c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<to
   TORCH_CHECK(h.dim() == 3 && h.size(1) == 1 && keys.dim() == 5 && heads > 0 && h.size(2) % heads == 0
               && params.size() == static_cast<size_t>(kParamsPerBlock * keys.size(0))
               && static_cast<int64_t>(slots.size()) == h.size(0) && keys.size(1) >= h.size(0)
-              && keys.size(4) == h.size(2) / heads && 0 < end && end <= keys.size(3),
+              && keys.size(2) == heads && keys.size(4) == h.size(2) / heads && 0 < end && end <= keys.size(3)
+              && std::all_of(slots.begin(), slots.end(), [end](int64_t s) { return 0 <= s && s < end; }),
               "decode_blocks: arguments that do not fit together");
   const int64_t rows = h.size(0), width = h.size(2), dim = width / heads;
   const auto given = [](const torch::Tensor& t) { return t.numel() ? c10::optional<torch::Tensor>(t) : c10::nullopt; };

@@ -148,8 +148,8 @@ def weights_on_huge_pages(model: torch.nn.Module) -> torch.nn.Module:
     each page's end and the TLB misses every few microseconds; on 2 MiB pages the kernels read
     GPT-2 small's matrices about 10% faster, and PyTorch's own sum over them about 7%
     (docs/performance.md). Values, dtypes and tied weights are unchanged, so is every result.
-    Where huge pages cannot be had (not Linux, or THP set to never) this costs one copy and
-    nothing else.
+    Where huge pages cannot be had this costs one copy (THP set to never) or nothing (not
+    Linux, or a kernel without THP, where madvise refuses).
     """
     matrices = [p for p in model.parameters() if p.device.type == "cpu" and p.dim() == 2]  # tied ones once
     if not matrices or not hasattr(mmap, "MADV_HUGEPAGE"):
@@ -158,7 +158,11 @@ def weights_on_huge_pages(model: torch.nn.Module) -> torch.nn.Module:
     offsets = [sum(-(-n // 64) * 64 for n in sizes[:i]) for i in range(len(sizes))]  # each on its own cache line
     total = offsets[-1] + sizes[-1]
     block = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    block.madvise(mmap.MADV_HUGEPAGE)  # before any page is touched: the first write then takes 2 MiB pages
+    try:
+        block.madvise(mmap.MADV_HUGEPAGE)  # before any page is touched: the first write then takes 2 MiB pages
+    except OSError:  # a kernel built without THP: nothing to gain from moving
+        block.close()
+        return model
     memory = torch.frombuffer(block, dtype=torch.uint8)  # keeps `block` alive as long as any view of it
     start = -memory.data_ptr() % HUGE_PAGE  # the first 2 MiB boundary: from there every page can be huge
     with torch.no_grad():

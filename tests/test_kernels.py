@@ -216,14 +216,14 @@ def test_a_decode_step_in_one_call_gives_the_modules_bits(monkeypatch, kind, row
                   attention_mask=torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts]))
         return torch.cat([model(steps[:, i:i + 1], cache=cache) for i in range(steps.shape[1])], dim=1)
 
-    calls = []
+    answers = []
     one_call = kernels.decode_blocks
-    monkeypatch.setattr(kernels, "decode_blocks", lambda *args: calls.append(1) or one_call(*args))
+    monkeypatch.setattr(kernels, "decode_blocks", lambda *args: answers.append(one_call(*args)) or answers[-1])
     fused = decode_steps()
-    assert len(calls) == steps.shape[1]  # every step took the one call, and it ran (None would fall back)
+    assert len(answers) == steps.shape[1] and all(a is not None for a in answers)  # every step ran in one call
     monkeypatch.setattr(GPT2, "fused_decode", lambda self, h: False)
     assert torch.equal(fused, decode_steps())
-    assert len(calls) == steps.shape[1]
+    assert len(answers) == steps.shape[1]
 
 
 @torch.inference_mode()
@@ -276,6 +276,26 @@ def test_hooks_adapters_and_gradients_keep_decode_steps_on_the_modules(tmp_path)
         handle.remove()
         assert model.fused_decode(h)
     assert not model.fused_decode(h)  # gradients on
+
+
+@torch.no_grad()
+def test_modules_of_other_kinds_keep_decode_steps_on_the_modules():
+    """The one call computes what gpt2.py's modules compute; a block holding anything else
+    (PyTorch's own Linear, which runs on MKL; a forward replaced on one module) runs as it is."""
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(vocab_size=64, n_positions=32, n_embd=64, n_layer=2, n_head=2)).eval()
+    h = torch.zeros(1, 1, 64)
+    assert model.fused_decode(h)
+    mlp = model.transformer.h[1].mlp
+    own = mlp.c_fc
+    mlp.c_fc = torch.nn.Linear(64, 256)
+    mlp.c_fc.load_state_dict(own.state_dict())
+    assert not model.fused_decode(h)
+    mlp.c_fc = own
+    model.transformer.h[0].ln_2.forward = lambda x: x
+    assert not model.fused_decode(h)
+    del model.transformer.h[0].ln_2.forward
+    assert model.fused_decode(h)
 
 
 def test_the_kernels_can_be_turned_off(monkeypatch):
