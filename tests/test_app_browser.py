@@ -30,22 +30,22 @@ def set_setting(page: Page, task: str, name: str, value: int) -> None:
     if not box.is_visible():
         accordion.click()
     slider = page.locator(f"#{task}-{name} input[type=range]")
-    if not slider.count():  # the seed: a plain number box
-        box.fill(str(value))
-        box.press("Tab")
-        return
-    # In full CI runs the slider twice kept its old value after its number box was typed into,
-    # right after the accordion opened (cause not pinned down; never seen by hand or in a run of
-    # this file alone): type it again until the slider itself has the value.
+    holder = slider if slider.count() else box  # what the run reads: the slider, or the seed's own box
+    # In full CI runs a value typed right after the accordion opened was lost three times: a
+    # slider kept its old value, and the seed box went back to -1 before Generate read it (cause
+    # not pinned down; never seen by hand or in a run of this file alone). So: type it again
+    # until the value has held for a moment.
     for _ in range(3):
         box.fill(str(value))
         box.press("Tab")
         try:
-            expect(slider).to_have_value(str(value), timeout=2_000)
+            expect(holder).to_have_value(str(value), timeout=2_000)
+            page.wait_for_timeout(300)
+            expect(holder).to_have_value(str(value), timeout=100)
             return
         except AssertionError:
             continue
-    expect(slider).to_have_value(str(value))
+    expect(holder).to_have_value(str(value))
 
 
 def wait_for_run(page: Page, task: str, seed: int) -> str:
