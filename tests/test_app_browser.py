@@ -23,7 +23,7 @@ def status(page: Page, task: str) -> str:
     return page.locator(f"#{task}-status").inner_text().strip()
 
 
-def set_setting(page: Page, task: str, name: str, value: int) -> None:
+def set_setting(page: Page, task: str, name: str, value: float) -> None:
     """Type a decoding setting (a slider's number box, or the seed) in the tab's settings."""
     accordion = page.locator(f"#tab-{task}").get_by_text("Decoding settings")
     box = page.locator(f"#{task}-{name} input[type=number]")
@@ -237,6 +237,9 @@ def test_bad_input_shows_why_and_the_tab_keeps_working(page):
     expect(toasts.filter(has_text=too_long)).to_be_visible()
     expect(page.locator("#generate-status")).to_contain_text(too_long)
     page.locator("#generate-prompt textarea").fill("Hello")
+    set_setting(page, "generate", "seed", 1.5)  # not rounded to 2 behind the user's back
+    page.locator("#generate-run").click()
+    expect(toasts.filter(has_text="seed must be an integer, got 1.5")).to_be_visible()
     set_setting(page, "generate", "seed", 41)
     page.locator("#generate-run").click()
     wait_for_run(page, "generate", 41)

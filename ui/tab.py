@@ -112,7 +112,9 @@ def settings_widgets(task: Task) -> dict[str, gr.Component]:
                                   step=1 if kind is int else SLIDER_STEPS[name], elem_id=f"{task.name}-{name}",
                                   info=i18n(f"{name}_info") if name in SETTINGS_WITH_INFO else None)
     # -1, not None: gradio draws an empty box as 0 once its accordion opens, and 0 is a fixed seed.
-    widgets["seed"] = gr.Number(value=RANDOM_SEED, precision=0, label=i18n("seed"), info=i18n("seed_info"),
+    # No precision: with precision=0 gradio rounded a typed 1.5 to seed 2 without a word; now the
+    # run is refused and says that the seed must be an integer.
+    widgets["seed"] = gr.Number(value=RANDOM_SEED, label=i18n("seed"), info=i18n("seed_info"),
                                 elem_id=f"{task.name}-seed")
     return widgets
 
