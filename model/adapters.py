@@ -153,7 +153,7 @@ def lora_hook(model: GPT2, module_name: str):
             if update is not None:
                 output.index_add_(0, rows, update)
         return output
-    add_update.is_idle = no_adapter_on  # GPT2.fused_decode may then skip the layer's module
+    add_update.is_idle = no_adapter_on  # GPT2.one_call_params may then skip the layer's module
     return add_update
 
 

@@ -138,21 +138,32 @@ def causal_padding_mask(valid: torch.Tensor, query_slots: torch.Tensor) -> torch
     return ((key_slots <= query_slots) & valid[:, None, None, :]) | (key_slots == query_slots)
 
 
-def runs_as_written(module: nn.Module) -> bool:
-    """Whether this module and every one inside it would compute just what this file writes
-    (what kernels.decode_blocks computes in their place): each is one of the model's own types
-    (not a PEFT wrapper, say) with no forward of its own, and no hook would act on a call now,
-    there being none or only hooks that say when they are idle (an adapter's, with no adapter
-    on; model/adapters.py) and are. Walked by hand, each kind of idleness asked once: this runs
-    before every decode step, where a check per module cost 0.12 ms on the bundled model."""
-    stack, idle_checks = [module], set()
+def as_written_params(blocks: nn.Module) -> list[torch.Tensor | None] | None:
+    """The blocks' parameters in the order kernels.decode_blocks takes them, or None where one
+    call would not compute what the modules would: a module of another type (a PEFT wrapper, say)
+    or with a forward of its own, or a hook that would act on the call (an adapter's hook says
+    when it is idle: with no adapter on; model/adapters.py).
+
+    The order is each block's ln_1, c_attn, c_proj, ln_2, c_fc, c_proj (weight, bias, and for
+    the projections an int8 scale): the modules' order of registration, which is their order of
+    computation. One walk by hand, through the modules' own dicts rather than nn.Module's
+    attribute lookups, and each kind of idleness asked once: it runs before every decode step,
+    where looking the parameters up by name cost 0.25 ms on the bundled model."""
+    stack, idle_checks, params = [blocks], set(), []
     while stack:
         module = stack.pop()
-        if type(module) not in AS_WRITTEN or "forward" in module.__dict__ or module._forward_pre_hooks:
-            return False
+        kind = type(module)
+        if kind not in AS_WRITTEN or "forward" in module.__dict__ or module._forward_pre_hooks:
+            return None
         idle_checks.update(getattr(hook, "is_idle", None) for hook in module._forward_hooks.values())
-        stack.extend(module._modules.values())
-    return None not in idle_checks and all(is_idle() for is_idle in idle_checks)
+        if kind is nn.LayerNorm:
+            params += (module._parameters["weight"], module._parameters["bias"])
+        elif kind in (Linear, Int8Linear):  # an Int8Linear without bias holds None outside _parameters
+            params += (module._parameters["weight"], module._parameters.get("bias"), module._buffers.get("scale"))
+        stack.extend(reversed(module._modules.values()))  # in order of registration
+    if None in idle_checks or not all(is_idle() for is_idle in idle_checks):
+        return None
+    return params
 
 
 class Linear(nn.Linear):
@@ -250,17 +261,17 @@ class GPT2(nn.Module):
         return KVCache(self.config, batch_size, self.config.n_positions if max_len is None else max_len, self.device,
                        self.transformer.wte.weight.dtype)
 
-    def fused_decode(self, h: torch.Tensor) -> bool:
-        """Whether the blocks of this decode step may run as one call to the kernels
-        (kernels.decode_blocks: the modules' bits without Python's part of the step, 29.6 -> 28.3 ms
-        on GPT-2 small, docs/performance.md):
-        Pre-LN, fp32 on a CPU, no autograd, no more rows than the kernels' products take, and no
-        hook or foreign module that would miss the modules' calls (runs_as_written)."""
+    def one_call_params(self, h: torch.Tensor) -> list[torch.Tensor | None] | None:
+        """The blocks' parameters where this decode step may run them in one call to the kernels
+        (kernels.decode_blocks: the modules' bits without Python's part of the step, 29.6 -> 28.3
+        ms on GPT-2 small, docs/performance.md); otherwise None. It may for Pre-LN, fp32 on a
+        CPU, no autograd, no more rows than the kernels' products take, and blocks that run as
+        written here (as_written_params)."""
         if (self.config.norm_position != "pre" or not h.is_cpu or h.dtype != torch.float32
                 or torch.is_grad_enabled() or h.shape[0] > kernels.KERNEL_ROWS
                 or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks):
-            return False
-        return runs_as_written(self.transformer.h)
+            return None
+        return as_written_params(self.transformer.h)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
@@ -283,10 +294,11 @@ class GPT2(nn.Module):
                 mask = causal_padding_mask(new_valid, torch.arange(T, device=input_ids.device).expand(B, T))
 
         h = self.transformer.wte(input_ids) + self.transformer.wpe(positions)
+        params = self.one_call_params(h) if cache is not None and T == 1 else None
         fused = None
-        if cache is not None and T == 1 and self.fused_decode(h):
+        if params is not None:
             slots, end = cache.last_slots(B)
-            fused = kernels.decode_blocks(h, self.transformer.h, self.config.layer_norm_epsilon, self.config.n_head,
+            fused = kernels.decode_blocks(h, params, self.config.layer_norm_epsilon, self.config.n_head,
                                           cache.keys, cache.values, slots, end, mask)
         if fused is not None:
             h = fused
@@ -296,5 +308,5 @@ class GPT2(nn.Module):
         return self.lm_head(self.transformer.ln_f(h[:, -1:] if last_only else h))
 
 
-# The modules whose calls kernels.decode_blocks stands in for (runs_as_written).
+# The modules whose calls kernels.decode_blocks stands in for (as_written_params).
 AS_WRITTEN = frozenset({nn.ModuleList, Block, Attention, MLP, nn.LayerNorm, Linear, Int8Linear})

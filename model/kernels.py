@@ -25,6 +25,7 @@ products and attention, with the same results up to rounding.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import mmap
 import os
@@ -108,33 +109,22 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 _ABSENT = torch.empty(0)  # a bias or scale a layer does not have, as decode_blocks takes it
 
 
-def or_absent(t: torch.Tensor | None) -> torch.Tensor:
-    return _ABSENT if t is None else t
-
-
-def decode_blocks(h: torch.Tensor, blocks, eps: float, n_head: int, keys: torch.Tensor, values: torch.Tensor,
-                  slots: list[int], end: int, mask: torch.Tensor | None) -> torch.Tensor | None:
+def decode_blocks(h: torch.Tensor, params: list[torch.Tensor | None], eps: float, n_head: int, keys: torch.Tensor,
+                  values: torch.Tensor, slots: list[int], end: int, mask: torch.Tensor | None) -> torch.Tensor | None:
     """One decode step through every Pre-LN block in one call, bit for bit what the blocks'
     modules compute (see decode_blocks in kernels.cpp); or None, having done nothing, where the
     kernels cannot be built or the modules would not run on them throughout (a head width that
     is not a multiple of 8, weights in another layout).
 
-    h (rows, 1, width); keys and values the whole KV cache, row r's new key and value going to
+    h (rows, 1, width); params as GPT2.one_call_params lists them (None for a bias or scale a
+    layer does not have); keys and values the whole KV cache, row r's new key and value going to
     slot slots[r], after which the first `end` slots are attended; mask as for decode_attention.
-    GPT2.forward decides when a step may skip the modules (see GPT2.fused_decode).
     """
     kernels = decode_kernels()
     if kernels is None:
         return None
-    params = []
-    for block in blocks:
-        for norm, layers in ((block.ln_1, (block.attn.c_attn, block.attn.c_proj)),
-                             (block.ln_2, (block.mlp.c_fc, block.mlp.c_proj))):
-            params += (or_absent(norm.weight), or_absent(norm.bias))
-            for layer in layers:
-                params += (layer.weight, or_absent(layer.bias), or_absent(getattr(layer, "scale", None)))
-    return kernels.decode_blocks(h, params, eps, n_head, keys, values, slots, end,
-                                 None if mask is None else mask[:, 0, 0])
+    return kernels.decode_blocks(h, [_ABSENT if p is None else p for p in params], eps, n_head, keys, values, slots,
+                                 end, None if mask is None else mask[:, 0, 0])
 
 
 HUGE_PAGE = 2 * 2**20
@@ -155,8 +145,8 @@ def weights_on_huge_pages(model: torch.nn.Module) -> torch.nn.Module:
     if not matrices or not hasattr(mmap, "MADV_HUGEPAGE"):
         return model
     sizes = [p.numel() * p.element_size() for p in matrices]
-    offsets = [sum(-(-n // 64) * 64 for n in sizes[:i]) for i in range(len(sizes))]  # each on its own cache line
-    total = offsets[-1] + sizes[-1]
+    offsets = [0, *itertools.accumulate(-(-n // 64) * 64 for n in sizes)]  # each on its own cache line
+    total = offsets[-1]
     block = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         block.madvise(mmap.MADV_HUGEPAGE)  # before any page is touched: the first write then takes 2 MiB pages

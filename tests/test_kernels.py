@@ -221,7 +221,7 @@ def test_a_decode_step_in_one_call_gives_the_modules_bits(monkeypatch, kind, row
     monkeypatch.setattr(kernels, "decode_blocks", lambda *args: answers.append(one_call(*args)) or answers[-1])
     fused = decode_steps()
     assert len(answers) == steps.shape[1] and all(a is not None for a in answers)  # every step ran in one call
-    monkeypatch.setattr(GPT2, "fused_decode", lambda self, h: False)
+    monkeypatch.setattr(GPT2, "one_call_params", lambda self, h: None)
     assert torch.equal(fused, decode_steps())
     assert len(answers) == steps.shape[1]
 
@@ -243,7 +243,7 @@ def test_heads_the_attention_kernel_cannot_take_decode_on_the_modules(monkeypatc
 
     declined = decode_steps()
     assert answers == [None] * 3
-    monkeypatch.setattr(GPT2, "fused_decode", lambda self, h: False)
+    monkeypatch.setattr(GPT2, "one_call_params", lambda self, h: None)
     assert torch.equal(declined, decode_steps())
 
 
@@ -259,23 +259,23 @@ def test_hooks_adapters_and_gradients_keep_decode_steps_on_the_modules(tmp_path)
     load_adapter(model, make_lora_adapter(model, tmp_path / "chat"), "chat")
     h = torch.zeros(2, 1, 64)
     with torch.no_grad():
-        assert model.fused_decode(h)
+        assert model.one_call_params(h) is not None
         with active_adapter("chat"):
-            assert not model.fused_decode(h)
+            assert model.one_call_params(h) is None
         with active_adapter([None, "chat"]):
-            assert not model.fused_decode(h)
-        assert not model.fused_decode(h.double())
-        assert not model.fused_decode(torch.zeros(kernels.KERNEL_ROWS + 1, 1, 64))
+            assert model.one_call_params(h) is None
+        assert model.one_call_params(h.double()) is None
+        assert model.one_call_params(torch.zeros(kernels.KERNEL_ROWS + 1, 1, 64)) is None
         seen = []
         handle = model.transformer.h[1].mlp.register_forward_hook(lambda *args: seen.append(1))
-        assert not model.fused_decode(h)
+        assert model.one_call_params(h) is None
         cache = model.new_cache(1, 4)
         model(torch.tensor([[1, 2]]), cache=cache)
         model(torch.tensor([[3]]), cache=cache)
         assert len(seen) == 2  # the prompt's call and the step's
         handle.remove()
-        assert model.fused_decode(h)
-    assert not model.fused_decode(h)  # gradients on
+        assert model.one_call_params(h) is not None
+    assert model.one_call_params(h) is None  # gradients on
 
 
 @torch.no_grad()
@@ -285,17 +285,17 @@ def test_modules_of_other_kinds_keep_decode_steps_on_the_modules():
     torch.manual_seed(0)
     model = GPT2(GPT2Config(vocab_size=64, n_positions=32, n_embd=64, n_layer=2, n_head=2)).eval()
     h = torch.zeros(1, 1, 64)
-    assert model.fused_decode(h)
+    assert model.one_call_params(h) is not None
     mlp = model.transformer.h[1].mlp
     own = mlp.c_fc
     mlp.c_fc = torch.nn.Linear(64, 256)
     mlp.c_fc.load_state_dict(own.state_dict())
-    assert not model.fused_decode(h)
+    assert model.one_call_params(h) is None
     mlp.c_fc = own
     model.transformer.h[0].ln_2.forward = lambda x: x
-    assert not model.fused_decode(h)
+    assert model.one_call_params(h) is None
     del model.transformer.h[0].ln_2.forward
-    assert model.fused_decode(h)
+    assert model.one_call_params(h) is not None
 
 
 def test_the_kernels_can_be_turned_off(monkeypatch):
