@@ -187,10 +187,9 @@ def medians(samples: dict[str, list[float]]) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def ratio_per_round(samples: dict[str, list[float]], numerator: Callable[[int], float],
-                    denominator: Callable[[int], float]) -> float:
-    """The median over the rounds of numerator(round) / denominator(round)."""
-    return statistics.median(numerator(i) / denominator(i) for i in range(len(next(iter(samples.values())))))
+def ratio_per_round(numerators: list[float], denominators: list[float]) -> float:
+    """The median over the rounds of each round's numerator / denominator."""
+    return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
 
 
 def bundled_checks(directory: Path, device: torch.device, new_tokens: int, reps: int) -> dict:
@@ -211,8 +210,8 @@ def bundled_checks(directory: Path, device: torch.device, new_tokens: int, reps:
         "clients1_int8_tok_s": lambda: scheduler_clients(int8, tokenizer, 1, new_tokens),
         "clients8_int8_tok_s": lambda: scheduler_clients(int8, tokenizer, CLIENTS, new_tokens),
     }, reps)
-    per_round = {f"clients8{suffix}_per_round": ratio_per_round(clients, lambda i: clients[f"clients8{suffix}_tok_s"][i],
-                                                                lambda i: clients[f"clients1{suffix}_tok_s"][i])
+    per_round = {f"clients8{suffix}_per_round": ratio_per_round(clients[f"clients8{suffix}_tok_s"],
+                                                                clients[f"clients1{suffix}_tok_s"])
                  for suffix in ("", "_int8")}
     return {"bundled_load_s": load_s, "bundled_int8_ppl_ratio": ppl["int8"] / ppl["fp32"], **medians(clients),
             **per_round}
@@ -363,19 +362,15 @@ def main(argv=None) -> None:
     n["roofline_int8_tok_s"] = n["bandwidth_gb_s"] * 1e9 / int8_bytes
     n["bandwidth_low_gb_s"], n["bandwidth_high_gb_s"] = min(rounds["bandwidth_gb_s"]), max(rounds["bandwidth_gb_s"])
 
-    def hf_best(i):
-        return max(rounds["hf_sdpa_tok_s"][i], rounds["hf_eager_tok_s"][i])
-
+    hf_best = list(map(max, rounds["hf_sdpa_tok_s"], rounds["hf_eager_tok_s"]))
     n.update({
-        "fp32_vs_hf_per_round": ratio_per_round(rounds, lambda i: rounds["ours_fp32_tok_s"][i], hf_best),
-        "int8_vs_hf_per_round": ratio_per_round(rounds, lambda i: rounds["ours_int8_tok_s"][i], hf_best),
-        "batch8_per_round": ratio_per_round(rounds, lambda i: rounds["ours_batch8_tok_s"][i],
-                                            lambda i: rounds["ours_fp32_tok_s"][i]),
-        "prefill_per_round": ratio_per_round(rounds, lambda i: min(rounds["prefill512_hf_sdpa_ms"][i],
-                                                                   rounds["prefill512_hf_eager_ms"][i]),
-                                             lambda i: rounds["prefill512_ours_ms"][i]),
-        "roofline_fp32_per_round": ratio_per_round(rounds, lambda i: rounds["ours_fp32_tok_s"][i],
-                                                   lambda i: rounds["bandwidth_gb_s"][i] * 1e9 / fp32_bytes),
+        "fp32_vs_hf_per_round": ratio_per_round(rounds["ours_fp32_tok_s"], hf_best),
+        "int8_vs_hf_per_round": ratio_per_round(rounds["ours_int8_tok_s"], hf_best),
+        "batch8_per_round": ratio_per_round(rounds["ours_batch8_tok_s"], rounds["ours_fp32_tok_s"]),
+        "prefill_per_round": ratio_per_round(list(map(min, rounds["prefill512_hf_sdpa_ms"],
+                                                      rounds["prefill512_hf_eager_ms"])), rounds["prefill512_ours_ms"]),
+        "roofline_fp32_per_round": ratio_per_round(rounds["ours_fp32_tok_s"],
+                                                   [gb_s * 1e9 / fp32_bytes for gb_s in rounds["bandwidth_gb_s"]]),
     })
     n.update(breakdown)
     del hf, ours, int8
