@@ -249,9 +249,9 @@ def pick_group(sampler: Sampler, generators: list[torch.Generator], logits: torc
     draws = torch.cat([torch.rand(1, generator=generator, device=cumulative.device) if ok
                        else totals.new_zeros(1) for ok, generator in zip(finite, generators)])
     tokens = torch.searchsorted(cumulative, draws[:, None] * totals, right=True).clamp_(max=cumulative.shape[1] - 1)
-    error = ValueError("the probabilities to sample from are not finite: the scores overflowed "
-                       "(a temperature too low for this model?)")
-    return [token if ok else error for ok, token in zip(finite, tokens)]
+    return [token if ok else ValueError("the probabilities to sample from are not finite: the scores overflowed "
+                                        "(a temperature too low for this model?)")
+            for ok, token in zip(finite, tokens)]
 
 
 @torch.inference_mode()
