@@ -132,30 +132,34 @@ def read_adapter_config(path: Path) -> dict:
 
 
 def lora_hook(model: GPT2, module_name: str):
-    def lora_update(name: str, x: torch.Tensor) -> torch.Tensor | None:
-        update = model.lora_adapters.get(name, {}).get(module_name)
-        if update is None:
-            return None
-        a, b, scale = update
-        return (x @ a.t()) @ b.t() * scale
-
-    def add_update(layer, inputs, output):
+    def pending_updates() -> list[tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, float]]:
+        """The updates this layer adds under the active adapter(s), in order: (batch rows, or None
+        for all; lora_A; lora_B; scale). Empty with no adapter on, or none that targets it."""
         active = ACTIVE.get()
         if active is None:
+            return []
+        named_rows = [(active, None)] if isinstance(active, str) else active.items()
+        return [(rows, *update) for name, rows in named_rows
+                if (update := model.lora_adapters.get(name, {}).get(module_name)) is not None]
+
+    def add_update(layer, inputs, output):
+        updates = pending_updates()
+        if not updates:
             return None  # keep the base output exactly
-        if isinstance(active, str):
-            update = lora_update(active, inputs[0])
-            return None if update is None else output + update
+        x = inputs[0]
+        if updates[0][0] is None:  # one adapter for every row
+            _, a, b, scale = updates[0]
+            return output + lora_update(x, a, b, scale)
         output = output.clone()  # rows that run the base model keep its output exactly
-        for name, rows in active.items():
+        for rows, a, b, scale in updates:
             rows = rows.to(output.device)
-            update = lora_update(name, inputs[0].index_select(0, rows))
-            if update is not None:
-                output.index_add_(0, rows, update)
+            output.index_add_(0, rows, lora_update(x.index_select(0, rows), a, b, scale))
         return output
-    add_update.is_idle = no_adapter_on  # GPT2.one_call_params may then skip the layer's module
+    # GPT2.one_call_params hands these to the one-call decode step, which adds them as add_update does.
+    add_update.pending_updates = pending_updates
     return add_update
 
 
-def no_adapter_on() -> bool:
-    return ACTIVE.get() is None
+def lora_update(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
+    """LoRA's low-rank update, in the order kernels.cpp's decode_blocks repeats bit for bit."""
+    return (x @ a.t()) @ b.t() * scale

@@ -138,32 +138,42 @@ def causal_padding_mask(valid: torch.Tensor, query_slots: torch.Tensor) -> torch
     return ((key_slots <= query_slots) & valid[:, None, None, :]) | (key_slots == query_slots)
 
 
-def as_written_params(blocks: nn.Module) -> list[torch.Tensor | None] | None:
-    """The blocks' parameters in the order kernels.decode_blocks takes them, or None where one
-    call would not compute what the modules would: a module of another type (a PEFT wrapper, say)
-    or with a forward of its own, or a hook that would act on the call (an adapter's hook says
-    when it is idle: with no adapter on; model/adapters.py).
+# An adapter's update to one projection of a one-call decode step: (the projection's number in
+# decode order, 4 per block; batch rows or None for all; lora_A; lora_B; scale).
+LoraUpdate = tuple[int, "torch.Tensor | None", torch.Tensor, torch.Tensor, float]
+
+
+def as_written_params(blocks: nn.Module) -> tuple[list[torch.Tensor | None], list[LoraUpdate]] | None:
+    """The blocks' parameters in the order kernels.decode_blocks takes them, and the adapter
+    updates their hooks would add now; or None where one call would not compute what the modules
+    would: a module of another type (a PEFT wrapper, say) or with a forward of its own, or a hook
+    other than an adapter's (model/adapters.py says what its hook would add, as pending_updates).
 
     The order is each block's ln_1, c_attn, c_proj, ln_2, c_fc, c_proj (weight, bias, and for
     the projections an int8 scale): the modules' order of registration, which is their order of
     computation. One walk by hand, through the modules' own dicts rather than nn.Module's
-    attribute lookups, and each kind of idleness asked once: it runs before every decode step,
-    where looking the parameters up by name cost 0.25 ms on the bundled model."""
-    stack, idle_checks, params = [blocks], set(), []
+    attribute lookups: it runs before every decode step, where looking the parameters up by name
+    cost 0.25 ms on the bundled model."""
+    stack, params, updates, projection = [blocks], [], [], 0
     while stack:
         module = stack.pop()
         kind = type(module)
         if kind not in AS_WRITTEN or "forward" in module.__dict__ or module._forward_pre_hooks:
             return None
-        idle_checks.update(getattr(hook, "is_idle", None) for hook in module._forward_hooks.values())
+        is_projection = kind in (Linear, Int8Linear)
+        for hook in module._forward_hooks.values():
+            pending = getattr(hook, "pending_updates", None)
+            adds = None if pending is None else pending()
+            if adds is None or (adds and not is_projection):
+                return None
+            updates += ((projection, *update) for update in adds)
         if kind is nn.LayerNorm:
             params += (module._parameters["weight"], module._parameters["bias"])
-        elif kind in (Linear, Int8Linear):  # an Int8Linear without bias holds None outside _parameters
+        elif is_projection:  # an Int8Linear without bias holds None outside _parameters
             params += (module._parameters["weight"], module._parameters.get("bias"), module._buffers.get("scale"))
+            projection += 1
         stack.extend(reversed(module._modules.values()))  # in order of registration
-    if None in idle_checks or not all(is_idle() for is_idle in idle_checks):
-        return None
-    return params
+    return params, updates
 
 
 class Linear(nn.Linear):
@@ -261,12 +271,12 @@ class GPT2(nn.Module):
         return KVCache(self.config, batch_size, self.config.n_positions if max_len is None else max_len, self.device,
                        self.transformer.wte.weight.dtype)
 
-    def one_call_params(self, h: torch.Tensor) -> list[torch.Tensor | None] | None:
-        """The blocks' parameters where this decode step may run them in one call to the kernels
-        (kernels.decode_blocks: the modules' bits without Python's part of the step, 29.6 -> 28.3
-        ms on GPT-2 small, docs/performance.md); otherwise None. It may for Pre-LN, fp32 on a
-        CPU, no autograd, no more rows than the kernels' products take, and blocks that run as
-        written here (as_written_params)."""
+    def one_call_params(self, h: torch.Tensor) -> tuple[list[torch.Tensor | None], list[LoraUpdate]] | None:
+        """The blocks' parameters and adapter updates where this decode step may run them in one
+        call to the kernels (kernels.decode_blocks: the modules' bits without Python's part of the
+        step, 29.6 -> 28.3 ms on GPT-2 small, docs/performance.md); otherwise None. It may for
+        Pre-LN, fp32 on a CPU, no autograd, no more rows than the kernels' products take, and
+        blocks that run as written here (as_written_params)."""
         if (self.config.norm_position != "pre" or not h.is_cpu or h.dtype != torch.float32
                 or torch.is_grad_enabled() or h.shape[0] > kernels.KERNEL_ROWS
                 or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks):
@@ -294,11 +304,11 @@ class GPT2(nn.Module):
                 mask = causal_padding_mask(new_valid, torch.arange(T, device=input_ids.device).expand(B, T))
 
         h = self.transformer.wte(input_ids) + self.transformer.wpe(positions)
-        params = self.one_call_params(h) if cache is not None and T == 1 else None
+        one_call = self.one_call_params(h) if cache is not None and T == 1 else None
         fused = None
-        if params is not None:
+        if one_call is not None:
             slots, end = cache.last_slots(B)
-            fused = kernels.decode_blocks(h, params, self.config.layer_norm_epsilon, self.config.n_head,
+            fused = kernels.decode_blocks(h, *one_call, self.config.layer_norm_epsilon, self.config.n_head,
                                           cache.keys, cache.values, slots, end, mask)
         if fused is not None:
             h = fused

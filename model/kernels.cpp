@@ -280,31 +280,62 @@ c10::optional<torch::Tensor> decode_attention(const torch::Tensor& q, const torc
   return out.transpose(1, 2);
 }
 
+// An adapter's update to one projection of a decode step, added as model/adapters.py's hook adds
+// it: y + (x @ a^T) @ b^T * scale over every row, or (rows given) the same over those rows,
+// added to theirs with index_add_.
+struct LoraUpdate {
+  torch::Tensor rows, a, b;  // rows empty: every row
+  double scale;
+  int64_t projection;  // in decode order, four per block: c_attn, attn.c_proj, c_fc, mlp.c_proj
+};
+
+// Whether the update fits the projection's weight and the batch's rows.
+bool takes_lora(const LoraUpdate& u, const torch::Tensor& weight, int64_t batch_rows) {
+  if (!is_cpu_float(u.a) || !is_cpu_float(u.b) || u.a.dim() != 2 || u.b.dim() != 2 || u.a.size(1) != weight.size(1)
+      || u.b.size(0) != weight.size(0) || u.b.size(1) != u.a.size(0))
+    return false;
+  if (!u.rows.numel()) return true;
+  if (u.rows.scalar_type() != torch::kLong || u.rows.dim() != 1 || !u.rows.device().is_cpu() || !u.rows.is_contiguous())
+    return false;
+  const int64_t* rows = u.rows.data_ptr<int64_t>();
+  return std::all_of(rows, rows + u.rows.numel(), [batch_rows](int64_t r) { return 0 <= r && r < batch_rows; });
+}
+
 // The parameters decode_blocks takes for each block, in this order; a bias or scale that is
 // absent (no bias; fp32 weights, which have no scale) is an empty tensor.
 enum BlockParam {
   kNorm1Weight, kNorm1Bias, kQkvWeight, kQkvBias, kQkvScale, kOutWeight, kOutBias, kOutScale,
   kNorm2Weight, kNorm2Bias, kUpWeight, kUpBias, kUpScale, kDownWeight, kDownBias, kDownScale, kParamsPerBlock
 };
+constexpr BlockParam kProjections[] = {kQkvWeight, kOutWeight, kUpWeight, kDownWeight};  // a block's, in order
 
 // One decode step (one new token per row) through every block of a Pre-LN GPT-2, in one call:
 //   h = h + c_proj(attention(c_attn(ln_1(h)), cache)); h = h + mlp.c_proj(gelu(c_fc(ln_2(h))))
 // It calls the very operations the modules of model/gpt2.py call, in the same order (PyTorch's
-// layer_norm, gelu and add; the products and attention above), so it returns the same bits; what
-// it saves is Python's part of a step, about 150 module calls and tensor views (measured in
-// docs/performance.md). h (rows, 1, width); keys and values the whole KV cache (layers, cache
-// rows, heads, slots, dim), row r's new key and value going to slot slots[r], after which the
-// first `end` slots are attended; `seen` as for decode_attention. None, before anything is
-// done, where the modules would not take the kernels' products and attention throughout.
-c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<torch::Tensor>& params, double eps,
-                                           int64_t heads, const torch::Tensor& keys, const torch::Tensor& values,
+// layer_norm, gelu and add; the products and attention above; an adapter's update as its hook
+// computes it), so it returns the same bits; what it saves is Python's part of a step, about
+// 150 module calls and tensor views (measured in docs/performance.md). h (rows, 1, width); keys
+// and values the whole KV cache (layers, cache rows, heads, slots, dim), row r's new key and
+// value going to slot slots[r], after which the first `end` slots are attended; `seen` as for
+// decode_attention. Adapter update i is lora_tensors[3i:3i+3] (rows, a, b), lora_scales[i] and
+// lora_projections[i], in the order they apply. None, before anything is done, where the
+// modules would not take the kernels' products and attention throughout.
+c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<torch::Tensor>& params,
+                                           const std::vector<torch::Tensor>& lora_tensors,
+                                           const std::vector<int64_t>& lora_projections,
+                                           const std::vector<double>& lora_scales, double eps, int64_t heads,
+                                           const torch::Tensor& keys, const torch::Tensor& values,
                                            const std::vector<int64_t>& slots, int64_t end,
                                            const c10::optional<torch::Tensor>& seen) {
   TORCH_CHECK(h.dim() == 3 && h.size(1) == 1 && keys.dim() == 5 && heads > 0 && h.size(2) % heads == 0
               && params.size() == static_cast<size_t>(kParamsPerBlock * keys.size(0))
               && static_cast<int64_t>(slots.size()) == h.size(0) && keys.size(1) >= h.size(0)
               && keys.size(2) == heads && keys.size(4) == h.size(2) / heads && 0 < end && end <= keys.size(3)
-              && std::all_of(slots.begin(), slots.end(), [end](int64_t s) { return 0 <= s && s < end; }),
+              && std::all_of(slots.begin(), slots.end(), [end](int64_t s) { return 0 <= s && s < end; })
+              && lora_tensors.size() == 3 * lora_projections.size() && lora_scales.size() == lora_projections.size()
+              && std::is_sorted(lora_projections.begin(), lora_projections.end())
+              && std::all_of(lora_projections.begin(), lora_projections.end(),
+                             [&keys](int64_t k) { return 0 <= k && k < 4 * keys.size(0); }),
               "decode_blocks: arguments that do not fit together");
   const int64_t rows = h.size(0), width = h.size(2), dim = width / heads;
   const auto given = [](const torch::Tensor& t) { return t.numel() ? c10::optional<torch::Tensor>(t) : c10::nullopt; };
@@ -314,13 +345,31 @@ c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<to
   for (size_t i = 0; i < params.size(); i += kParamsPerBlock) {
     for (int norm : {kNorm1Weight, kNorm1Bias, kNorm2Weight, kNorm2Bias})
       if (params[i + norm].numel() != width) return c10::nullopt;
-    for (int w : {kQkvWeight, kOutWeight, kUpWeight, kDownWeight})
+    for (int w : kProjections)
       if (!takes_weight(params[i + w], given(params[i + w + 1]), given(params[i + w + 2]))) return c10::nullopt;
   }
+  std::vector<LoraUpdate> updates;
+  for (size_t i = 0; i < lora_projections.size(); i++) {
+    const int64_t k = lora_projections[i];
+    updates.push_back({lora_tensors[3 * i], lora_tensors[3 * i + 1], lora_tensors[3 * i + 2], lora_scales[i], k});
+    if (!takes_lora(updates.back(), params[k / 4 * kParamsPerBlock + kProjections[k % 4]], rows)) return c10::nullopt;
+  }
+  auto update = updates.begin();
+  int64_t projection = 0;
   const auto project = [&](const torch::Tensor& x, const torch::Tensor* p) {  // p: weight, bias, scale
     c10::optional<torch::Tensor> y = linear(x, p[0], given(p[1]), given(p[2]));
     TORCH_CHECK(y, "decode_blocks: a projection the decode kernels cannot take");
-    return *y;
+    torch::Tensor out = *y;
+    for (; update != updates.end() && update->projection == projection; ++update) {
+      if (!update->rows.numel()) {
+        out = out + at::matmul(at::matmul(x, update->a.t()), update->b.t()) * update->scale;
+      } else {
+        const torch::Tensor some = x.index_select(0, update->rows);
+        out.index_add_(0, update->rows, at::matmul(at::matmul(some, update->a.t()), update->b.t()) * update->scale);
+      }
+    }
+    projection++;
+    return out;
   };
   for (int64_t layer = 0; layer < keys.size(0); layer++) {
     const torch::Tensor* p = params.data() + layer * kParamsPerBlock;

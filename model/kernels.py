@@ -109,22 +109,26 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 _ABSENT = torch.empty(0)  # a bias or scale a layer does not have, as decode_blocks takes it
 
 
-def decode_blocks(h: torch.Tensor, params: list[torch.Tensor | None], eps: float, n_head: int, keys: torch.Tensor,
-                  values: torch.Tensor, slots: list[int], end: int, mask: torch.Tensor | None) -> torch.Tensor | None:
+def decode_blocks(h: torch.Tensor, params: list[torch.Tensor | None], lora: list, eps: float, n_head: int,
+                  keys: torch.Tensor, values: torch.Tensor, slots: list[int], end: int,
+                  mask: torch.Tensor | None) -> torch.Tensor | None:
     """One decode step through every Pre-LN block in one call, bit for bit what the blocks'
-    modules compute (see decode_blocks in kernels.cpp); or None, having done nothing, where the
-    kernels cannot be built or the modules would not run on them throughout (a head width that
-    is not a multiple of 8, weights in another layout).
+    modules compute, adapters' hooks included (see decode_blocks in kernels.cpp); or None, having
+    done nothing, where the kernels cannot be built or the modules would not run on them
+    throughout (a head width that is not a multiple of 8, weights in another layout).
 
-    h (rows, 1, width); params as GPT2.one_call_params lists them (None for a bias or scale a
-    layer does not have); keys and values the whole KV cache, row r's new key and value going to
-    slot slots[r], after which the first `end` slots are attended; mask as for decode_attention.
+    h (rows, 1, width); params and lora (the adapter updates, gpt2.LoraUpdate) as
+    GPT2.one_call_params lists them (None for a bias or scale a layer does not have); keys and
+    values the whole KV cache, row r's new key and value going to slot slots[r], after which the
+    first `end` slots are attended; mask as for decode_attention.
     """
     kernels = decode_kernels()
     if kernels is None:
         return None
-    return kernels.decode_blocks(h, [_ABSENT if p is None else p for p in params], eps, n_head, keys, values, slots,
-                                 end, None if mask is None else mask[:, 0, 0])
+    lora_tensors = [t for _, rows, a, b, _ in lora for t in (_ABSENT if rows is None else rows, a, b)]
+    return kernels.decode_blocks(h, [_ABSENT if p is None else p for p in params], lora_tensors,
+                                 [update[0] for update in lora], [update[4] for update in lora], eps, n_head, keys,
+                                 values, slots, end, None if mask is None else mask[:, 0, 0])
 
 
 HUGE_PAGE = 2 * 2**20

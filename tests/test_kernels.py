@@ -182,48 +182,67 @@ def test_decode_steps_take_the_attention_kernel(monkeypatch, padded):
     assert (with_kernel - expected).abs().max() <= 1e-5 * expected.abs().max()
 
 
-def scheduler_like_cache(model: GPT2, prompts: list[list[int]], room: int):
-    """A batch cache whose rows were each prefilled alone and copied in, so they stand at
-    different lengths, as the scheduler's rows do."""
+def scheduler_like_cache(model: GPT2, prompts: list[list[int]], room: int, adapters: list[str | None] | None = None):
+    """A batch cache whose rows were each prefilled alone (with the row's adapter) and copied in,
+    so they stand at different lengths, as the scheduler's rows do."""
+    from model.adapters import active_adapter
+
     cache = model.new_cache(len(prompts) + 1, max(map(len, prompts)) + room)  # a spare row, as the scheduler has
-    for row, prompt in enumerate(prompts):
+    for row, (prompt, adapter) in enumerate(zip(prompts, adapters or [None] * len(prompts))):
         alone = model.new_cache(1, len(prompt))
-        model(torch.tensor([prompt]), cache=alone)
+        with active_adapter(adapter):
+            model(torch.tensor([prompt]), cache=alone)
         cache.copy_row(row, alone)
     return cache
 
 
 @pytest.mark.parametrize("kind", ["fp32", "int8"])
 @pytest.mark.parametrize("rows", ["one length", "left-padded", "different lengths"])
+@pytest.mark.parametrize("adapter", [None, "chat", "per row"])
 @torch.inference_mode()
-def test_a_decode_step_in_one_call_gives_the_modules_bits(monkeypatch, kind, rows):
+def test_a_decode_step_in_one_call_gives_the_modules_bits(monkeypatch, tmp_path, kind, rows, adapter):
     """kernels.decode_blocks runs all the blocks of a decode step in one call; the logits are
-    bit for bit those of the blocks' modules, over several steps."""
+    bit for bit those of the blocks' modules, over several steps, with an adapter on for every
+    row or for one row of two (the scheduler's crowd) as without."""
+    from model.adapters import active_adapter, load_adapter
+
+    from .conftest import make_lora_adapter
+
     torch.manual_seed(0)
     model = GPT2(GPT2Config(vocab_size=64, n_positions=32, n_embd=64, n_layer=3, n_head=2)).eval()
+    adapter_dir = make_lora_adapter(model, tmp_path / "chat")
     if kind == "int8":
         model = quantize_weights(model)
+    load_adapter(model, adapter_dir, "chat")
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]] if rows != "one length" else [[5, 6, 7], [10, 11, 12]]
     steps = torch.tensor([[t, t + 1, t + 2, t + 3] for t in (20, 30)])
 
-    def decode_steps() -> torch.Tensor:
+    def decode_steps(adapter=adapter) -> torch.Tensor:
+        adapters = [None, "chat"] if adapter == "per row" else [adapter] * 2
         if rows == "different lengths":
-            cache = scheduler_like_cache(model, prompts, steps.shape[1])
-        else:
-            width = max(map(len, prompts))
-            cache = model.new_cache(2, width + steps.shape[1])
-            model(torch.tensor([[0] * (width - len(p)) + p for p in prompts]), cache=cache,
-                  attention_mask=torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts]))
-        return torch.cat([model(steps[:, i:i + 1], cache=cache) for i in range(steps.shape[1])], dim=1)
+            cache = scheduler_like_cache(model, prompts, steps.shape[1], adapters)
+        with active_adapter(adapters):
+            if rows != "different lengths":
+                width = max(map(len, prompts))
+                cache = model.new_cache(2, width + steps.shape[1])
+                model(torch.tensor([[0] * (width - len(p)) + p for p in prompts]), cache=cache,
+                      attention_mask=torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts]))
+            return torch.cat([model(steps[:, i:i + 1], cache=cache) for i in range(steps.shape[1])], dim=1)
 
+    base = decode_steps(None)
     answers = []
     one_call = kernels.decode_blocks
-    monkeypatch.setattr(kernels, "decode_blocks", lambda *args: answers.append(one_call(*args)) or answers[-1])
+    monkeypatch.setattr(kernels, "decode_blocks", lambda *args: answers.append((args[2], one_call(*args))) or answers[-1][1])
     fused = decode_steps()
-    assert len(answers) == steps.shape[1] and all(a is not None for a in answers)  # every step ran in one call
+    assert len(answers) == steps.shape[1] and all(a is not None for _, a in answers)  # every step ran in one call
+    per_step = {None: 0, "chat": 12, "per row": 12}[adapter]  # 3 blocks x 4 projections, each targeted
+    assert all(len(lora) == per_step for lora, _ in answers)
     monkeypatch.setattr(GPT2, "one_call_params", lambda self, h: None)
     assert torch.equal(fused, decode_steps())
     assert len(answers) == steps.shape[1]
+    if adapter is not None:  # the adapter changed its rows' logits, and only theirs
+        assert not torch.equal(fused[1], base[1])
+        assert torch.equal(fused[0], base[0]) == (adapter == "per row")
 
 
 @torch.inference_mode()
@@ -247,23 +266,27 @@ def test_heads_the_attention_kernel_cannot_take_decode_on_the_modules(monkeypatc
     assert torch.equal(declined, decode_steps())
 
 
-def test_hooks_adapters_and_gradients_keep_decode_steps_on_the_modules(tmp_path):
+def test_hooks_and_gradients_keep_decode_steps_on_the_modules_and_adapters_hand_over_their_updates(tmp_path):
     """The one-call step skips the modules, so it runs only where nothing would miss their calls:
-    not with an adapter on (with adapters loaded but off, it does), not under a hook, not for autograd."""
+    not under a hook other than an adapter's, not for autograd. An adapter's hook says what it
+    would add (nothing while it is off), for the one call to add it the same way."""
     from model.adapters import active_adapter, load_adapter
 
     from .conftest import make_lora_adapter
 
     torch.manual_seed(0)
     model = GPT2(GPT2Config(vocab_size=64, n_positions=32, n_embd=64, n_layer=2, n_head=2)).eval()
-    load_adapter(model, make_lora_adapter(model, tmp_path / "chat"), "chat")
+    load_adapter(model, make_lora_adapter(model, tmp_path / "chat", targets=("c_attn", "c_fc")), "chat")
     h = torch.zeros(2, 1, 64)
     with torch.no_grad():
-        assert model.one_call_params(h) is not None
+        assert model.one_call_params(h)[1] == []
+        a, b, scale = model.lora_adapters["chat"]["transformer.h.1.mlp.c_fc"]
         with active_adapter("chat"):
-            assert model.one_call_params(h) is None
+            params, lora = model.one_call_params(h)
+            assert [(k, rows) for k, rows, *_ in lora] == [(0, None), (2, None), (4, None), (6, None)]
+            assert lora[-1][2] is a and lora[-1][3] is b and lora[-1][4] == scale
         with active_adapter([None, "chat"]):
-            assert model.one_call_params(h) is None
+            assert [rows.tolist() for _, rows, *_ in model.one_call_params(h)[1]] == [[1]] * 4
         assert model.one_call_params(h.double()) is None
         assert model.one_call_params(torch.zeros(kernels.KERNEL_ROWS + 1, 1, 64)) is None
         seen = []
