@@ -19,7 +19,7 @@ import gradio as gr
 from tasks import TASKS, DialogueInputs
 
 from .i18n import i18n
-from .running import MAX_CHARS, MAX_CHAT_TURNS, Param, TaskAPI, checked_text, too_long
+from .running import MAX_CHARS, MAX_CHAT_TURNS, Param, TaskAPI, check_size, checked_text
 from .tab import Tab, TaskView, Widgets
 
 EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations"
@@ -59,11 +59,11 @@ def history_pairs(history: Any) -> list[tuple[str, str]]:
     """The API's history, checked: a list of [user, bot] pairs of text, within the limits."""
     is_list = isinstance(history, (list, tuple))
     if is_list:
-        too_long("history", len(history), MAX_CHAT_TURNS, "turns")  # before its turns are walked
+        check_size("history", len(history), MAX_CHAT_TURNS, "turns")  # before its turns are walked
     if not is_list or not all(isinstance(turn, (list, tuple)) and len(turn) == 2
                               and all(isinstance(said, str) for said in turn) for turn in history):
         raise ValueError("history must be a list of [user, bot] pairs of text")
-    too_long("history", sum(len(user) + len(bot) for user, bot in history), MAX_CHARS["history"], "characters")
+    check_size("history", sum(len(user) + len(bot) for user, bot in history), MAX_CHARS["history"], "characters")
     return [(user, bot) for user, bot in history]
 
 

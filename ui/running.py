@@ -73,11 +73,12 @@ def checked_text(name: str, value: Any) -> str:
     for text that is too long, the limit."""
     if not isinstance(value, str):
         raise ValueError(f"{name} must be text, got {type(value).__name__}")
-    too_long(name, len(value), MAX_CHARS[name], "characters")
+    check_size(name, len(value), MAX_CHARS[name], "characters")
     return value
 
 
-def too_long(name: str, size: int, limit: int, unit: str) -> None:
+def check_size(name: str, size: int, limit: int, unit: str) -> None:
+    """Refuse an input bigger than the app serves (a ValueError the user sees), before any work on it."""
     if size > limit:
         raise ValueError(f"{name} is too long: {size:,} {unit}; the limit is {limit:,}")
 

@@ -11,7 +11,7 @@ from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeI
 
 from .i18n import i18n
 from .model_host import ModelHost
-from .running import MAX_EXAMPLE_PAIRS, Param, TaskAPI, checked_text, too_long
+from .running import MAX_EXAMPLE_PAIRS, Param, TaskAPI, check_size, checked_text
 from .tab import Tab, TaskView, Widgets
 
 
@@ -58,7 +58,7 @@ def example_pairs(lines: str | None) -> list[tuple[str, str]] | None:
         if not (equals and source.strip() and target.strip()):
             raise ValueError(f"examples line {number} is not 'source = target': {brief(line.strip())}")
         pairs.append((source.strip(), target.strip()))
-    too_long("examples", len(pairs), MAX_EXAMPLE_PAIRS, "pairs")
+    check_size("examples", len(pairs), MAX_EXAMPLE_PAIRS, "pairs")
     return pairs
 
 
