@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
+from . import kernels
 from .gpt2 import GPT2
 from .quantize import Int8Linear
 
@@ -139,8 +140,9 @@ def lora_hook(model: GPT2, module_name: str):
         if active is None:
             return []
         named_rows = [(active, None)] if isinstance(active, str) else active.items()
-        return [(rows, *update) for name, rows in named_rows
-                if (update := model.lora_adapters.get(name, {}).get(module_name)) is not None]
+        return [(rows, *update) for name, rows in named_rows  # (no row list is empty: decode_blocks reads that as all)
+                if (rows is None or len(rows))
+                and (update := model.lora_adapters.get(name, {}).get(module_name)) is not None]
 
     def add_update(layer, inputs, output):
         updates = pending_updates()
@@ -161,5 +163,8 @@ def lora_hook(model: GPT2, module_name: str):
 
 
 def lora_update(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
-    """LoRA's low-rank update, in the order kernels.cpp's decode_blocks repeats bit for bit."""
-    return (x @ a.t()) @ b.t() * scale
+    """LoRA's low-rank update, (x @ a^T) @ b^T * scale, as kernels.cpp's decode_blocks repeats it
+    bit for bit. On the kernels' products in a decode step, so that a row's update is the same
+    bits whatever the other rows (PyTorch's product of several rows rounds differently from one
+    row's), and with it a request's text, alone or in a crowd."""
+    return kernels.project(kernels.project(x, a), b) * scale

@@ -281,18 +281,20 @@ c10::optional<torch::Tensor> decode_attention(const torch::Tensor& q, const torc
 }
 
 // An adapter's update to one projection of a decode step, added as model/adapters.py's hook adds
-// it: y + (x @ a^T) @ b^T * scale over every row, or (rows given) the same over those rows,
-// added to theirs with index_add_.
+// it: y + (x @ a^T) @ b^T * scale over every row, or (a list of rows) the same over those rows,
+// added to theirs with index_add_. Both products are the kernels' own, whose sums for a row do not
+// depend on the other rows.
 struct LoraUpdate {
-  torch::Tensor rows, a, b;  // rows empty: every row
+  torch::Tensor rows, a, b;  // rows empty: every row (kernels.py never sends an empty list of rows)
   double scale;
   int64_t projection;  // in decode order, four per block: c_attn, attn.c_proj, c_fc, mlp.c_proj
 };
 
 // Whether the update fits the projection's weight and the batch's rows.
 bool takes_lora(const LoraUpdate& u, const torch::Tensor& weight, int64_t batch_rows) {
-  if (!is_cpu_float(u.a) || !is_cpu_float(u.b) || u.a.dim() != 2 || u.b.dim() != 2 || u.a.size(1) != weight.size(1)
-      || u.b.size(0) != weight.size(0) || u.b.size(1) != u.a.size(0))
+  if (!takes_weight(u.a, c10::nullopt, c10::nullopt) || !takes_weight(u.b, c10::nullopt, c10::nullopt)
+      || u.a.scalar_type() != torch::kFloat || u.b.scalar_type() != torch::kFloat
+      || u.a.size(1) != weight.size(1) || u.b.size(0) != weight.size(0) || u.b.size(1) != u.a.size(0))
     return false;
   if (!u.rows.numel()) return true;
   if (u.rows.scalar_type() != torch::kLong || u.rows.dim() != 1 || !u.rows.device().is_cpu() || !u.rows.is_contiguous())
@@ -317,9 +319,11 @@ constexpr BlockParam kProjections[] = {kQkvWeight, kOutWeight, kUpWeight, kDownW
 // 150 module calls and tensor views (measured in docs/performance.md). h (rows, 1, width); keys
 // and values the whole KV cache (layers, cache rows, heads, slots, dim), row r's new key and
 // value going to slot slots[r], after which the first `end` slots are attended; `seen` as for
-// decode_attention. Adapter update i is lora_tensors[3i:3i+3] (rows, a, b), lora_scales[i] and
-// lora_projections[i], in the order they apply. None, before anything is done, where the
-// modules would not take the kernels' products and attention throughout.
+// decode_attention. Adapter update i is lora_tensors[3i:3i+3] (rows, empty for every row; a; b),
+// lora_scales[i] and lora_projections[i], in the order they apply. None, before anything is
+// done, where the modules would not take the kernels' products and attention throughout, or an
+// adapter's update does not fit its projection or the batch (the modules then run, and name
+// what is wrong); arguments that do not fit together are the caller's error and raise.
 c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<torch::Tensor>& params,
                                            const std::vector<torch::Tensor>& lora_tensors,
                                            const std::vector<int64_t>& lora_projections,
@@ -360,13 +364,14 @@ c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<to
     c10::optional<torch::Tensor> y = linear(x, p[0], given(p[1]), given(p[2]));
     TORCH_CHECK(y, "decode_blocks: a projection the decode kernels cannot take");
     torch::Tensor out = *y;
+    const auto lora = [](const torch::Tensor& x, const LoraUpdate& u) {  // adapters.lora_update
+      return linear(linear(x, u.a, c10::nullopt, c10::nullopt).value(), u.b, c10::nullopt, c10::nullopt).value() * u.scale;
+    };
     for (; update != updates.end() && update->projection == projection; ++update) {
-      if (!update->rows.numel()) {
-        out = out + at::matmul(at::matmul(x, update->a.t()), update->b.t()) * update->scale;
-      } else {
-        const torch::Tensor some = x.index_select(0, update->rows);
-        out.index_add_(0, update->rows, at::matmul(at::matmul(some, update->a.t()), update->b.t()) * update->scale);
-      }
+      if (!update->rows.numel())
+        out = out + lora(x, *update);
+      else
+        out.index_add_(0, update->rows, lora(x.index_select(0, update->rows), *update));
     }
     projection++;
     return out;

@@ -34,6 +34,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 KERNEL_ROWS = 48  # calls over more rows than this (long prompts) go to MKL, faster there (docs/performance.md)
 SOURCE = Path(__file__).with_name("kernels.cpp")
@@ -86,6 +87,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return None if kernels is None else kernels.linear(x, weight, bias, scale)
 
 
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T + bias (fp32 weights): on the kernels where they take the call, where a row's
+    sums are the same whatever the other rows, else on PyTorch's F.linear."""
+    y = linear(x, weight, bias)
+    return F.linear(x, weight, bias) if y is None else y
+
+
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                      mask: torch.Tensor | None) -> torch.Tensor | None:
     """softmax(q k^T / sqrt(dim), masked) v for one query token per row, or None when the caller
@@ -109,18 +117,21 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 _ABSENT = torch.empty(0)  # a bias or scale a layer does not have, as decode_blocks takes it
 
 
-def decode_blocks(h: torch.Tensor, params: list[torch.Tensor | None], lora: list, eps: float, n_head: int,
-                  keys: torch.Tensor, values: torch.Tensor, slots: list[int], end: int,
+def decode_blocks(h: torch.Tensor, params: list[torch.Tensor | None],
+                  lora: list[tuple[int, torch.Tensor | None, torch.Tensor, torch.Tensor, float]], eps: float,
+                  n_head: int, keys: torch.Tensor, values: torch.Tensor, slots: list[int], end: int,
                   mask: torch.Tensor | None) -> torch.Tensor | None:
     """One decode step through every Pre-LN block in one call, bit for bit what the blocks'
     modules compute, adapters' hooks included (see decode_blocks in kernels.cpp); or None, having
     done nothing, where the kernels cannot be built or the modules would not run on them
-    throughout (a head width that is not a multiple of 8, weights in another layout).
+    throughout (a head width that is not a multiple of 8, weights in another layout), or an
+    adapter's weights do not fit.
 
-    h (rows, 1, width); params and lora (the adapter updates, gpt2.LoraUpdate) as
-    GPT2.one_call_params lists them (None for a bias or scale a layer does not have); keys and
-    values the whole KV cache, row r's new key and value going to slot slots[r], after which the
-    first `end` slots are attended; mask as for decode_attention.
+    h (rows, 1, width); params as GPT2.one_call_params lists them, None for a bias or scale a
+    layer does not have; lora the adapters' updates as it lists them (gpt2.LoraUpdate: projection
+    number, batch rows or None for all, lora_A, lora_B, scale); keys and values the whole KV
+    cache, row r's new key and value going to slot slots[r], after which the first `end` slots
+    are attended; mask as for decode_attention.
     """
     kernels = decode_kernels()
     if kernels is None:

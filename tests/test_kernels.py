@@ -270,7 +270,7 @@ def test_hooks_and_gradients_keep_decode_steps_on_the_modules_and_adapters_hand_
     """The one-call step skips the modules, so it runs only where nothing would miss their calls:
     not under a hook other than an adapter's, not for autograd. An adapter's hook says what it
     would add (nothing while it is off), for the one call to add it the same way."""
-    from model.adapters import active_adapter, load_adapter
+    from model.adapters import ACTIVE, active_adapter, load_adapter
 
     from .conftest import make_lora_adapter
 
@@ -287,6 +287,9 @@ def test_hooks_and_gradients_keep_decode_steps_on_the_modules_and_adapters_hand_
             assert lora[-1][2] is a and lora[-1][3] is b and lora[-1][4] == scale
         with active_adapter([None, "chat"]):
             assert [rows.tolist() for _, rows, *_ in model.one_call_params(h)[1]] == [[1]] * 4
+        token = ACTIVE.set({"chat": torch.tensor([], dtype=torch.long)})  # no rows: nothing to add (not "all")
+        assert model.one_call_params(h)[1] == []
+        ACTIVE.reset(token)
         assert model.one_call_params(h.double()) is None
         assert model.one_call_params(torch.zeros(kernels.KERNEL_ROWS + 1, 1, 64)) is None
         seen = []
