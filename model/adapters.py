@@ -149,13 +149,15 @@ def lora_hook(model: GPT2, module_name: str):
         if not updates:
             return None  # keep the base output exactly
         x = inputs[0]
-        if updates[0][0] is None:  # one adapter for every row
-            _, a, b, scale = updates[0]
-            return output + lora_update(x, a, b, scale)
         output = output.clone()  # rows that run the base model keep its output exactly
         for rows, a, b, scale in updates:
-            rows = rows.to(output.device)
-            output.index_add_(0, rows, lora_update(x.index_select(0, rows), a, b, scale))
+            if kernels.add_lora(output, x, a, b, scale, rows):  # a decode step's few rows: a row's bits alone or not
+                continue
+            if rows is None:
+                output = output + lora_update(x, a, b, scale)
+            else:
+                rows = rows.to(output.device)
+                output.index_add_(0, rows, lora_update(x.index_select(0, rows), a, b, scale))
         return output
     # GPT2.one_call_params hands these to the one-call decode step, which adds them as add_update does.
     add_update.pending_updates = pending_updates
@@ -163,8 +165,6 @@ def lora_hook(model: GPT2, module_name: str):
 
 
 def lora_update(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
-    """LoRA's low-rank update, (x @ a^T) @ b^T * scale, as kernels.cpp's decode_blocks repeats it
-    bit for bit. On the kernels' products in a decode step, so that a row's update is the same
-    bits whatever the other rows (PyTorch's product of several rows rounds differently from one
-    row's), and with it a request's text, alone or in a crowd."""
-    return kernels.project(kernels.project(x, a), b) * scale
+    """LoRA's low-rank update on PyTorch's products, where the kernels' add_lora does not take the
+    call (prompts, autograd, a GPU)."""
+    return (x @ a.t()) @ b.t() * scale

@@ -280,28 +280,75 @@ c10::optional<torch::Tensor> decode_attention(const torch::Tensor& q, const torc
   return out.transpose(1, 2);
 }
 
-// An adapter's update to one projection of a decode step, added as model/adapters.py's hook adds
-// it: y + (x @ a^T) @ b^T * scale over every row, or (a list of rows) the same over those rows,
-// added to theirs with index_add_. Both products are the kernels' own, whose sums for a row do not
-// depend on the other rows.
+// LoRA: out[t] += (x[t] @ a^T) @ b^T * scale, in place, for every token t of the listed batch rows
+// (all rows when `rows` is null); x (batch, tokens, in), out (batch, tokens, out_features), a
+// (rank, in), b (out_features, rank), all contiguous. One token at a time, in one fixed order (no
+// fused multiply-add but the dot products' own), so a row's update is the same bits whatever the
+// other rows: the adapters' hooks (model/adapters.py) and decode_blocks both add it here, and a
+// request gets the same text with its adapter alone or beside others. Single-threaded: a decode
+// step's update is a few thousand multiply-adds per row, less than a parallel region costs.
+void add_lora_rows(float* out, const float* x, const float* a, const float* b, float scale, int64_t batch,
+                   int64_t tokens, int64_t in, int64_t rank, int64_t out_features, const int64_t* rows, int64_t n_rows) {
+  std::vector<float> down(rank);
+  const int64_t whole = in / 8 * 8;
+  for (int64_t i = 0; i < (rows ? n_rows : batch); i++)
+    for (int64_t token = (rows ? rows[i] : i) * tokens, last = token + tokens; token < last; token++) {
+      const float* xs = x + token * in;
+      for (int64_t j = 0; j < rank; j++) {
+        float s = dot(xs, a + j * in, whole);
+        for (int64_t k = whole; k < in; k++) s += xs[k] * a[j * in + k];
+        down[j] = s;
+      }
+      float* ys = out + token * out_features;
+      for (int64_t o = 0; o < out_features; o++) {
+        float s = 0.0f;
+        for (int64_t j = 0; j < rank; j++) s += down[j] * b[o * rank + j];
+        ys[o] += s * scale;
+      }
+    }
+}
+
+// Whether add_lora_rows can take lora_A and lora_B (float CPU tensors in memory order) for a
+// projection from `in` to `out_features`, and rows (null: all) as a list of the batch's rows.
+bool lora_fits(const torch::Tensor& a, const torch::Tensor& b, int64_t in, int64_t out_features,
+               const torch::Tensor* rows, int64_t batch) {
+  for (const auto* t : {&a, &b})
+    if (!is_cpu_float(*t) || !t->is_contiguous() || t->dim() != 2) return false;
+  if (a.size(1) != in || b.size(0) != out_features || b.size(1) != a.size(0)) return false;
+  if (!rows) return true;
+  if (rows->scalar_type() != torch::kLong || rows->dim() != 1 || !rows->device().is_cpu() || !rows->is_contiguous())
+    return false;
+  const int64_t* listed = rows->data_ptr<int64_t>();
+  return std::all_of(listed, listed + rows->numel(), [batch](int64_t r) { return 0 <= r && r < batch; });
+}
+
+void add_lora_unchecked(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
+                        double scale, const torch::Tensor* rows) {
+  const int64_t batch = x.size(0), in = x.size(-1);
+  add_lora_rows(out.data_ptr<float>(), x.data_ptr<float>(), a.data_ptr<float>(), b.data_ptr<float>(),
+                static_cast<float>(scale), batch, x.numel() / in / batch, in, a.size(0), out.size(-1),
+                rows ? rows->data_ptr<int64_t>() : nullptr, rows ? rows->numel() : 0);
+}
+
+// add_lora_rows on tensors, for the hooks; false, having done nothing, where it cannot take them.
+bool add_lora(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b, double scale,
+              const c10::optional<torch::Tensor>& rows) {
+  const torch::Tensor* listed = rows ? &*rows : nullptr;
+  if (!is_cpu_float(out) || !is_cpu_float(x) || !out.is_contiguous() || !x.is_contiguous() || x.dim() < 2
+      || x.numel() == 0 || out.numel() == 0 || out.dim() != x.dim() || out.size(0) != x.size(0) || x.numel() / x.size(-1) != out.numel() / out.size(-1)
+      || !lora_fits(a, b, x.size(-1), out.size(-1), listed, x.size(0)))
+    return false;
+  add_lora_unchecked(out, x, a, b, scale, listed);
+  return true;
+}
+
+// An adapter's update to one projection of a decode step (add_lora_rows).
 struct LoraUpdate {
   torch::Tensor rows, a, b;  // rows empty: every row (kernels.py never sends an empty list of rows)
   double scale;
   int64_t projection;  // in decode order, four per block: c_attn, attn.c_proj, c_fc, mlp.c_proj
+  const torch::Tensor* listed() const { return rows.numel() ? &rows : nullptr; }
 };
-
-// Whether the update fits the projection's weight and the batch's rows.
-bool takes_lora(const LoraUpdate& u, const torch::Tensor& weight, int64_t batch_rows) {
-  if (!takes_weight(u.a, c10::nullopt, c10::nullopt) || !takes_weight(u.b, c10::nullopt, c10::nullopt)
-      || u.a.scalar_type() != torch::kFloat || u.b.scalar_type() != torch::kFloat
-      || u.a.size(1) != weight.size(1) || u.b.size(0) != weight.size(0) || u.b.size(1) != u.a.size(0))
-    return false;
-  if (!u.rows.numel()) return true;
-  if (u.rows.scalar_type() != torch::kLong || u.rows.dim() != 1 || !u.rows.device().is_cpu() || !u.rows.is_contiguous())
-    return false;
-  const int64_t* rows = u.rows.data_ptr<int64_t>();
-  return std::all_of(rows, rows + u.rows.numel(), [batch_rows](int64_t r) { return 0 <= r && r < batch_rows; });
-}
 
 // The parameters decode_blocks takes for each block, in this order; a bias or scale that is
 // absent (no bias; fp32 weights, which have no scale) is an empty tensor.
@@ -356,7 +403,9 @@ c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<to
   for (size_t i = 0; i < lora_projections.size(); i++) {
     const int64_t k = lora_projections[i];
     updates.push_back({lora_tensors[3 * i], lora_tensors[3 * i + 1], lora_tensors[3 * i + 2], lora_scales[i], k});
-    if (!takes_lora(updates.back(), params[k / 4 * kParamsPerBlock + kProjections[k % 4]], rows)) return c10::nullopt;
+    const torch::Tensor& weight = params[k / 4 * kParamsPerBlock + kProjections[k % 4]];
+    if (!lora_fits(updates.back().a, updates.back().b, weight.size(1), weight.size(0), updates.back().listed(), rows))
+      return c10::nullopt;
   }
   auto update = updates.begin();
   int64_t projection = 0;
@@ -364,15 +413,8 @@ c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<to
     c10::optional<torch::Tensor> y = linear(x, p[0], given(p[1]), given(p[2]));
     TORCH_CHECK(y, "decode_blocks: a projection the decode kernels cannot take");
     torch::Tensor out = *y;
-    const auto lora = [](const torch::Tensor& x, const LoraUpdate& u) {  // adapters.lora_update
-      return linear(linear(x, u.a, c10::nullopt, c10::nullopt).value(), u.b, c10::nullopt, c10::nullopt).value() * u.scale;
-    };
-    for (; update != updates.end() && update->projection == projection; ++update) {
-      if (!update->rows.numel())
-        out = out + lora(x, *update);
-      else
-        out.index_add_(0, update->rows, lora(x.index_select(0, update->rows), *update));
-    }
+    for (; update != updates.end() && update->projection == projection; ++update)
+      add_lora_unchecked(out, x, update->a, update->b, update->scale, update->listed());
     projection++;
     return out;
   };
@@ -407,4 +449,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
   m.def("decode_attention", &decode_attention, py::call_guard<py::gil_scoped_release>());
   m.def("decode_blocks", &decode_blocks, py::call_guard<py::gil_scoped_release>());
+  m.def("add_lora", &add_lora, py::call_guard<py::gil_scoped_release>());
 }

@@ -11,8 +11,9 @@ inputs stay fp32: int8 is weight-only, so nothing is rounded per call.
 The attention kernel does what PyTorch's scaled_dot_product_attention does for a query of one
 token, in half its time or less at the lengths of a chat (measured in docs/performance.md).
 `decode_blocks` runs a whole decode step's blocks in one call, with the very operations the
-modules would run, so that Python's part of a step (module calls, views) goes; and
-`weights_on_huge_pages` puts a loaded model's weights where they stream fastest.
+modules would run (adapters' LoRA updates included, which both add with `add_lora`), so that
+Python's part of a step (module calls, views) goes; and `weights_on_huge_pages` puts a loaded
+model's weights where they stream fastest.
 
 Each input row is summed in the same order whatever the number of rows, and a row's attention
 whatever the other rows' lengths (its tokens keeping their cache slots, as the scheduler's do),
@@ -34,7 +35,6 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 KERNEL_ROWS = 48  # calls over more rows than this (long prompts) go to MKL, faster there (docs/performance.md)
 SOURCE = Path(__file__).with_name("kernels.cpp")
@@ -87,11 +87,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return None if kernels is None else kernels.linear(x, weight, bias, scale)
 
 
-def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T + bias (fp32 weights): on the kernels where they take the call, where a row's
-    sums are the same whatever the other rows, else on PyTorch's F.linear."""
-    y = linear(x, weight, bias)
-    return F.linear(x, weight, bias) if y is None else y
+def add_lora(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float,
+             rows: torch.Tensor | None) -> bool:
+    """out += (x @ a.T) @ b.T * scale over the batch rows listed (all when None), in place: an
+    adapter's LoRA update (model/adapters.py); False, having done nothing, when the caller should
+    use PyTorch. A row's update is the same bits whatever the other rows (see add_lora_rows in
+    kernels.cpp). As for `linear`: CPU, at most KERNEL_ROWS rows, nothing for autograd to record."""
+    if not x.is_cpu or x.numel() > KERNEL_ROWS * x.shape[-1] or (
+            torch.is_grad_enabled() and any(t.requires_grad for t in (out, x, a, b))):
+        return False
+    kernels = decode_kernels()
+    return kernels is not None and kernels.add_lora(out, x, a, b, scale, rows)
 
 
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
