@@ -264,6 +264,8 @@ def test_add_lora_adds_the_low_rank_update_in_place(in_features, rank, tokens):
     alone = base[3:4].clone()
     kernels.add_lora(alone, x[3:4], a, b, scale, None)
     assert torch.equal(alone[0], out[3])
+    out = base.clone()
+    assert kernels.add_lora(out, x, a, b, scale, torch.tensor([], dtype=torch.long)) and torch.equal(out, base)
     for bad in (dict(a=a.double()), dict(b=b.t().contiguous().t()), dict(rows=torch.tensor([5])),
                 dict(rows=torch.tensor([0.0])), dict(x=x[:, :, :-1])):
         args = dict(out=base.clone(), x=x, a=a, b=b, scale=scale, rows=None) | bad
