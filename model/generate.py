@@ -52,7 +52,12 @@ PREFILL_CHUNK = 512
 
 
 class ContextLengthError(ValueError):
-    """The prompt does not fit in the model's context window."""
+    """The prompt does not fit in the model's context window; `tokens`, where known, is how many
+    tokens the part that cannot shrink needs."""
+
+    def __init__(self, message: str, tokens: int | None = None):
+        super().__init__(message)
+        self.tokens = tokens
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The tasks the app offers, in tab order, and how to run one (see base.py for what a task is)."""
-from .base import Prompt, Task, TaskDone, TaskUpdate, first_sentences, room_to_generate, run_task
+from .base import Prompt, Task, TaskDone, TaskUpdate, first_sentences, run_task
 from .dialogue import DIALOGUE, DialogueInputs
 from .generation import GENERATE, GenerateInputs
 from .summarization import SUMMARIZE, SummarizeInputs
@@ -7,5 +7,5 @@ from .translation import DEFAULT_EXAMPLES, LANGUAGES, TRANSLATE, TranslateInputs
 
 TASKS: dict[str, Task] = {task.name: task for task in (GENERATE, DIALOGUE, TRANSLATE, SUMMARIZE)}
 
-__all__ = ["TASKS", "Task", "Prompt", "TaskUpdate", "TaskDone", "run_task", "room_to_generate", "first_sentences",
+__all__ = ["TASKS", "Task", "Prompt", "TaskUpdate", "TaskDone", "run_task", "first_sentences",
            "GenerateInputs", "DialogueInputs", "TranslateInputs", "SummarizeInputs", "LANGUAGES", "DEFAULT_EXAMPLES"]

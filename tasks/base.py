@@ -37,6 +37,19 @@ class Task:
     adapter: str | None = None
     format_example: Callable[[Any, str], tuple[str, str]] | None = None  # (inputs, target) -> adapter training pair
 
+    def prompt(self, inputs, tokenizer: Tokenizer, n_ctx: int, max_new_tokens: int, adapter_on: bool) -> Prompt:
+        """build_prompt in the room that max_new_tokens leaves the prompt (room_to_generate). A
+        prompt that cannot fit says what would make it fit: the largest max_new_tokens that
+        leaves it room, or (longer than the whole context) only a shorter input."""
+        try:
+            return self.build_prompt(inputs, tokenizer, n_ctx - room_to_generate(n_ctx, max_new_tokens), adapter_on)
+        except ContextLengthError as error:
+            if error.tokens is None:
+                raise
+            advice = (f"shorten it, or set max_new_tokens to {n_ctx - error.tokens} or less" if error.tokens < n_ctx
+                      else f"shorten it: the model's whole context is {n_ctx} tokens")
+            raise ContextLengthError(f"{error}; {advice}") from None
+
 
 @dataclass
 class TaskUpdate:
@@ -73,8 +86,9 @@ def adapter_completion(target: str) -> str:
 
 
 def too_long(what: str, n_tokens: int, max_tokens: int) -> ContextLengthError:
+    """The error of a prompt that needs n_tokens where max_tokens fit (Task.prompt adds what to do)."""
     return ContextLengthError(f"{what}: {n_tokens} tokens, but only {max_tokens} fit in the context next to "
-                              "max_new_tokens; shorten the input or lower max_new_tokens")
+                              "max_new_tokens", tokens=n_tokens)
 
 
 def fit_newest(tokenizer: Tokenizer, max_tokens: int, first: str, parts: list[str], last: str,
@@ -175,8 +189,7 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
     """
     if not isinstance(inputs, task.inputs):
         raise TypeError(f"the {task.name} task takes {task.inputs.__name__}, got {type(inputs).__name__}")
-    n_ctx = model.config.n_positions
-    prompt = task.build_prompt(inputs, tokenizer, n_ctx - room_to_generate(n_ctx, params.max_new_tokens), adapter_on)
+    prompt = task.prompt(inputs, tokenizer, model.config.n_positions, params.max_new_tokens, adapter_on)
     stops = task.defaults.stop + ((ADAPTER_END,) if adapter_on else ()) + params.stop
     params = replace(params, stop=tuple(dict.fromkeys(stops)))
 

@@ -211,8 +211,17 @@ def test_max_new_tokens_as_long_as_the_context_leave_the_prompt_half_of_it(model
     done = run(model, tokenizer, "generate", GenerateInputs(half), max_new_tokens=N_CTX, temperature=0)[-1]
     assert done.result.stop_reason == "context_full"
     assert done.result.prompt_tokens + done.result.generated_tokens == N_CTX
-    with pytest.raises(ContextLengthError, match=f"only {N_CTX // 2} fit in the context next to max_new_tokens"):
-        run(model, tokenizer, "generate", GenerateInputs(half + " world"), max_new_tokens=N_CTX)
+    longer = half + " world"
+    fits_with = N_CTX - (N_CTX // 2 + 1)  # the advice, taken, runs
+    with pytest.raises(ContextLengthError, match=f"only {N_CTX // 2} fit in the context next to max_new_tokens; "
+                                                 f"shorten it, or set max_new_tokens to {fits_with} or less"):
+        run(model, tokenizer, "generate", GenerateInputs(longer), max_new_tokens=N_CTX)
+    with pytest.raises(ContextLengthError):
+        run(model, tokenizer, "generate", GenerateInputs(longer), max_new_tokens=fits_with + 1)
+    done = run(model, tokenizer, "generate", GenerateInputs(longer), max_new_tokens=fits_with, temperature=0)[-1]
+    assert done.result.prompt_tokens == N_CTX // 2 + 1
+    with pytest.raises(ContextLengthError, match=f"shorten it: the model's whole context is {N_CTX} tokens"):
+        run(model, tokenizer, "generate", GenerateInputs(half + half), max_new_tokens=1)
 
 
 def test_inputs_of_another_task_are_refused(model, tokenizer):

@@ -7,7 +7,7 @@ from typing import Callable
 import gradio as gr
 
 from model.generate import brief, new_token_budget
-from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeInputs, TranslateInputs, room_to_generate
+from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeInputs, TranslateInputs
 
 from .i18n import i18n
 from .model_host import ModelHost
@@ -138,10 +138,9 @@ def article_length(host: ModelHost) -> Callable[[str, float, bool], str]:
         if not article.strip():
             return ""
         loaded = host.current
-        room = room_to_generate(loaded.context, int(max_new_tokens))
         try:
-            prompt = TASKS["summarize"].build_prompt(SummarizeInputs(checked_text("article", article)),
-                                                     loaded.tokenizer, loaded.context - room, adapter)
+            prompt = TASKS["summarize"].prompt(SummarizeInputs(checked_text("article", article)), loaded.tokenizer,
+                                               loaded.context, int(max_new_tokens), adapter)
         except ValueError as error:  # too long to send, say: what a run would answer
             return str(error)
         left = new_token_budget(int(max_new_tokens), len(prompt.ids), loaded.context)  # what a run may generate
