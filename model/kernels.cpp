@@ -290,7 +290,8 @@ c10::optional<torch::Tensor> decode_attention(const torch::Tensor& q, const torc
 // model's rank-8 adapters, 25-31 thousand on GPT-2 small), less than a parallel region costs; at
 // rank 64 and more PyTorch's products would be faster (docs/performance.md).
 void add_lora_rows(float* out, const float* x, const float* a, const float* b, float scale, int64_t batch,
-                   int64_t tokens, int64_t in, int64_t rank, int64_t out_features, const int64_t* rows, int64_t n_rows) {
+                   int64_t tokens, int64_t in, int64_t rank, int64_t out_features, const int64_t* rows,
+                   int64_t n_rows) {
   std::vector<float> down(rank);
   const int64_t whole = in / 8 * 8;
   for (int64_t i = 0; i < (rows ? n_rows : batch); i++)
@@ -338,7 +339,8 @@ bool add_lora(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& a,
   const torch::Tensor* listed = rows ? &*rows : nullptr;
   if (listed && !listed->numel()) return true;  // no rows: nothing to add (add_lora_unchecked reads null as all)
   if (!is_cpu_float(out) || !is_cpu_float(x) || !out.is_contiguous() || !x.is_contiguous() || x.dim() < 2
-      || x.numel() == 0 || out.numel() == 0 || out.dim() != x.dim() || out.size(0) != x.size(0) || x.numel() / x.size(-1) != out.numel() / out.size(-1)
+      || x.numel() == 0 || out.numel() == 0 || out.dim() != x.dim() || out.size(0) != x.size(0)
+      || x.numel() / x.size(-1) != out.numel() / out.size(-1)
       || !lora_fits(a, b, x.size(-1), out.size(-1), listed, x.size(0)))
     return false;
   add_lora_unchecked(out, x, a, b, scale, listed);

@@ -232,7 +232,8 @@ def test_a_decode_step_in_one_call_gives_the_modules_bits(monkeypatch, tmp_path,
     base = decode_steps(None)
     answers = []
     one_call = kernels.decode_blocks
-    monkeypatch.setattr(kernels, "decode_blocks", lambda *args: answers.append((args[2], one_call(*args))) or answers[-1][1])
+    monkeypatch.setattr(kernels, "decode_blocks",
+                        lambda *args: answers.append((args[2], one_call(*args))) or answers[-1][1])  # (lora, result)
     fused = decode_steps()
     assert len(answers) == steps.shape[1] and all(a is not None for _, a in answers)  # every step ran in one call
     per_step = {None: 0, "chat": 12, "per row": 12}[adapter]  # 3 blocks x 4 projections, each targeted
