@@ -92,8 +92,11 @@ def add_lora(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tenso
     """out += (x @ a.T) @ b.T * scale over the batch rows listed (all when None), in place: an
     adapter's LoRA update (model/adapters.py); False, having done nothing, when the caller should
     use PyTorch. A row's update is the same bits whatever the other rows (see add_lora_rows in
-    kernels.cpp). As for `linear`: CPU, at most KERNEL_ROWS rows, nothing for autograd to record."""
-    if not x.is_cpu or x.numel() > KERNEL_ROWS * x.shape[-1] or (
+    kernels.cpp). Taken for decode steps, x (rows, 1, in), where that matters: as for `linear`,
+    on a CPU, at most KERNEL_ROWS rows, nothing for autograd to record. A prompt is prefilled
+    alone, and PyTorch's products of its tokens are faster (a 40-token prompt of GPT-2 small
+    with rank-8 updates everywhere: 18 ms for them against 28 on the kernel)."""
+    if not x.is_cpu or x.dim() != 3 or x.shape[1] != 1 or x.shape[0] > KERNEL_ROWS or (
             torch.is_grad_enabled() and any(t.requires_grad for t in (out, x, a, b))):
         return False
     kernels = decode_kernels()

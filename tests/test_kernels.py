@@ -249,28 +249,33 @@ def test_a_decode_step_in_one_call_gives_the_modules_bits(monkeypatch, tmp_path,
 @pytest.mark.parametrize("in_features, rank, tokens", [(64, 4, 1), (100, 8, 3), (768, 16, 1)])
 @torch.inference_mode()
 def test_add_lora_adds_the_low_rank_update_in_place(in_features, rank, tokens):
-    """kernels.add_lora adds (x @ A^T) @ B^T * scale to the listed batch rows (all of them for
-    None), up to rounding; a row's result is the same bits alone; what it cannot take, it leaves."""
+    """add_lora adds (x @ A^T) @ B^T * scale to the listed batch rows (all of them for None), up
+    to rounding; a row's result is the same bits alone; what it cannot take, it leaves. The C++
+    takes prompts (several tokens a row) too; kernels.add_lora leaves them to PyTorch."""
     torch.manual_seed(0)
+    add_lora = kernels.decode_kernels().add_lora
     x, base = torch.randn(5, tokens, in_features), torch.randn(5, tokens, 37)
     a, b, scale = torch.randn(rank, in_features), torch.randn(37, rank), 0.75
     update = (x @ a.t()) @ b.t() * scale
     for rows in (None, torch.tensor([3, 0])):
         out = base.clone()
-        assert kernels.add_lora(out, x, a, b, scale, rows)
+        assert add_lora(out, x, a, b, scale, rows)
         listed = [0, 3] if rows is not None else range(5)
         expected = base.clone()
         expected[list(listed)] += update[list(listed)]
         assert (out - expected).abs().max() <= 1e-5 * expected.abs().max()
     alone = base[3:4].clone()
-    kernels.add_lora(alone, x[3:4], a, b, scale, None)
+    add_lora(alone, x[3:4], a, b, scale, None)
     assert torch.equal(alone[0], out[3])
     out = base.clone()
-    assert kernels.add_lora(out, x, a, b, scale, torch.tensor([], dtype=torch.long)) and torch.equal(out, base)
+    assert add_lora(out, x, a, b, scale, torch.tensor([], dtype=torch.long)) and torch.equal(out, base)
     for bad in (dict(a=a.double()), dict(b=b.t().contiguous().t()), dict(rows=torch.tensor([5])),
                 dict(rows=torch.tensor([0.0])), dict(x=x[:, :, :-1])):
         args = dict(out=base.clone(), x=x, a=a, b=b, scale=scale, rows=None) | bad
-        assert not kernels.add_lora(**args) and torch.equal(args["out"], base), bad
+        assert not add_lora(*args.values()) and torch.equal(args["out"], base), bad
+    out = base.clone()
+    assert kernels.add_lora(out, x, a, b, scale, None) == (tokens == 1)  # a decode step's, not a prompt's
+    assert torch.equal(out, base) == (tokens != 1)
 
 
 @torch.inference_mode()
