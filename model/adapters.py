@@ -140,9 +140,8 @@ def lora_hook(model: GPT2, module_name: str):
         if active is None:
             return []
         named_rows = [(active, None)] if isinstance(active, str) else active.items()
-        return [(rows, *update) for name, rows in named_rows  # never no rows: the C++ reads an empty list as all
-                if (rows is None or len(rows))
-                and (update := model.lora_adapters.get(name, {}).get(module_name)) is not None]
+        return [(rows, *update) for name, rows in named_rows
+                if (update := model.lora_adapters.get(name, {}).get(module_name)) is not None]
 
     def add_update(layer, inputs, output):
         updates = pending_updates()

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import kernels
+from .kernels import LoraUpdate
 from .config import GPT2Config
 from .quantize import Int8Linear
 
@@ -136,11 +137,6 @@ def causal_padding_mask(valid: torch.Tensor, query_slots: torch.Tensor) -> torch
     key_slots = torch.arange(valid.shape[1], device=valid.device)
     query_slots = query_slots[:, None, :, None]
     return ((key_slots <= query_slots) & valid[:, None, None, :]) | (key_slots == query_slots)
-
-
-# An adapter's update to one projection of a one-call decode step: (the projection's number in
-# decode order, 4 per block; batch rows or None for all; lora_A; lora_B; scale).
-LoraUpdate = tuple[int, "torch.Tensor | None", torch.Tensor, torch.Tensor, float]
 
 
 def as_written_params(blocks: nn.Module) -> tuple[list[torch.Tensor | None], list[LoraUpdate]] | None:

@@ -280,8 +280,8 @@ c10::optional<torch::Tensor> decode_attention(const torch::Tensor& q, const torc
   return out.transpose(1, 2);
 }
 
-// LoRA: out[t] += (x[t] @ a^T) @ b^T * scale, in place, for every token t of the listed batch rows
-// (all rows when `rows` is null); x (batch, tokens, in), out (batch, tokens, out_features), a
+// LoRA: out[t] += (x[t] @ a^T) @ b^T * scale, in place, for every token t of the batch rows listed
+// in rows[0..n_rows) (every row when all_rows); x (batch, tokens, in), out (batch, tokens, out_features), a
 // (rank, in), b (out_features, rank), all contiguous. One token at a time, in one fixed order (no
 // fused multiply-add but the dot products' own), so a row's update is the same bits whatever the
 // other rows: the adapters' hooks (model/adapters.py) and decode_blocks both add it here, and a
@@ -290,12 +290,12 @@ c10::optional<torch::Tensor> decode_attention(const torch::Tensor& q, const torc
 // model's rank-8 adapters, 25-31 thousand on GPT-2 small), less than a parallel region costs; at
 // rank 64 and more PyTorch's products would be faster (docs/performance.md).
 void add_lora_rows(float* out, const float* x, const float* a, const float* b, float scale, int64_t batch,
-                   int64_t tokens, int64_t in, int64_t rank, int64_t out_features, const int64_t* rows,
-                   int64_t n_rows) {
+                   int64_t tokens, int64_t in, int64_t rank, int64_t out_features, bool all_rows,
+                   const int64_t* rows, int64_t n_rows) {
   std::vector<float> down(rank);
   const int64_t whole = in / 8 * 8;
-  for (int64_t i = 0; i < (rows ? n_rows : batch); i++)
-    for (int64_t token = (rows ? rows[i] : i) * tokens, last = token + tokens; token < last; token++) {
+  for (int64_t i = 0; i < (all_rows ? batch : n_rows); i++)
+    for (int64_t token = (all_rows ? i : rows[i]) * tokens, last = token + tokens; token < last; token++) {
       const float* xs = x + token * in;
       for (int64_t j = 0; j < rank; j++) {
         float s = dot(xs, a + j * in, whole);
@@ -314,7 +314,7 @@ void add_lora_rows(float* out, const float* x, const float* a, const float* b, f
 // Whether add_lora_rows can take lora_A and lora_B (float CPU tensors in memory order) for a
 // projection from `in` to `out_features`, and rows (null: all) as a list of the batch's rows.
 bool lora_fits(const torch::Tensor& a, const torch::Tensor& b, int64_t in, int64_t out_features,
-               const torch::Tensor* rows, int64_t batch) {
+               const c10::optional<torch::Tensor>& rows, int64_t batch) {
   for (const auto* t : {&a, &b})
     if (!is_cpu_float(*t) || !t->is_contiguous() || t->dim() != 2) return false;
   if (a.size(1) != in || b.size(0) != out_features || b.size(1) != a.size(0)) return false;
@@ -326,34 +326,29 @@ bool lora_fits(const torch::Tensor& a, const torch::Tensor& b, int64_t in, int64
 }
 
 void add_lora_unchecked(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
-                        double scale, const torch::Tensor* rows) {
+                        double scale, const c10::optional<torch::Tensor>& rows) {
   const int64_t batch = x.size(0), in = x.size(-1);
   add_lora_rows(out.data_ptr<float>(), x.data_ptr<float>(), a.data_ptr<float>(), b.data_ptr<float>(),
-                static_cast<float>(scale), batch, x.numel() / in / batch, in, a.size(0), out.size(-1),
+                static_cast<float>(scale), batch, x.numel() / in / batch, in, a.size(0), out.size(-1), !rows,
                 rows ? rows->data_ptr<int64_t>() : nullptr, rows ? rows->numel() : 0);
 }
 
 // add_lora_rows on tensors, for the hooks; false, having done nothing, where it cannot take them.
 bool add_lora(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b, double scale,
               const c10::optional<torch::Tensor>& rows) {
-  const torch::Tensor* listed = rows ? &*rows : nullptr;
-  if (listed && !listed->numel()) return true;  // no rows: nothing to add (add_lora_unchecked reads null as all)
   if (!is_cpu_float(out) || !is_cpu_float(x) || !out.is_contiguous() || !x.is_contiguous() || x.dim() < 2
       || x.numel() == 0 || out.numel() == 0 || out.dim() != x.dim() || out.size(0) != x.size(0)
       || x.numel() / x.size(-1) != out.numel() / out.size(-1)
-      || !lora_fits(a, b, x.size(-1), out.size(-1), listed, x.size(0)))
+      || !lora_fits(a, b, x.size(-1), out.size(-1), rows, x.size(0)))
     return false;
-  add_lora_unchecked(out, x, a, b, scale, listed);
+  add_lora_unchecked(out, x, a, b, scale, rows);
   return true;
 }
 
-// An adapter's update to one projection of a decode step (add_lora_rows).
-struct LoraUpdate {
-  torch::Tensor rows, a, b;  // rows empty: every row (adapters.pending_updates never lists no rows)
-  double scale;
-  int64_t projection;  // in decode order, four per block: c_attn, attn.c_proj, c_fc, mlp.c_proj
-  const torch::Tensor* listed() const { return rows.numel() ? &rows : nullptr; }
-};
+// An adapter's update to one projection of a decode step (add_lora_rows), as kernels.LoraUpdate:
+// the projection's number in decode order (four per block: c_attn, attn.c_proj, c_fc,
+// mlp.c_proj), the batch rows (None: every row), lora_A, lora_B, scale.
+using LoraUpdate = std::tuple<int64_t, c10::optional<torch::Tensor>, torch::Tensor, torch::Tensor, double>;
 
 // The parameters decode_blocks takes for each block, in this order; a bias or scale that is
 // absent (no bias; fp32 weights, which have no scale) is an empty tensor.
@@ -371,15 +366,12 @@ constexpr BlockParam kProjections[] = {kQkvWeight, kOutWeight, kUpWeight, kDownW
 // 150 module calls and tensor views (measured in docs/performance.md). h (rows, 1, width); keys
 // and values the whole KV cache (layers, cache rows, heads, slots, dim), row r's new key and
 // value going to slot slots[r], after which the first `end` slots are attended; `seen` as for
-// decode_attention. Adapter update i is lora_tensors[3i:3i+3] (rows, empty for every row; a; b),
-// lora_scales[i] and lora_projections[i], in the order they apply. None, before anything is
-// done, where the modules would not take the kernels' products and attention throughout, or an
+// decode_attention. `lora` lists the adapters' updates in the order they apply. None, before
+// anything is done, where the modules would not take the kernels' products and attention throughout, or an
 // adapter's update does not fit its projection or the batch (the modules then run, and name
 // what is wrong); arguments that do not fit together are the caller's error and raise.
 c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<torch::Tensor>& params,
-                                           const std::vector<torch::Tensor>& lora_tensors,
-                                           const std::vector<int64_t>& lora_projections,
-                                           const std::vector<double>& lora_scales, double eps, int64_t heads,
+                                           const std::vector<LoraUpdate>& lora, double eps, int64_t heads,
                                            const torch::Tensor& keys, const torch::Tensor& values,
                                            const std::vector<int64_t>& slots, int64_t end,
                                            const c10::optional<torch::Tensor>& seen) {
@@ -388,10 +380,12 @@ c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<to
               && static_cast<int64_t>(slots.size()) == h.size(0) && keys.size(1) >= h.size(0)
               && keys.size(2) == heads && keys.size(4) == h.size(2) / heads && 0 < end && end <= keys.size(3)
               && std::all_of(slots.begin(), slots.end(), [end](int64_t s) { return 0 <= s && s < end; })
-              && lora_tensors.size() == 3 * lora_projections.size() && lora_scales.size() == lora_projections.size()
-              && std::is_sorted(lora_projections.begin(), lora_projections.end())
-              && std::all_of(lora_projections.begin(), lora_projections.end(),
-                             [&keys](int64_t k) { return 0 <= k && k < 4 * keys.size(0); }),
+              && std::is_sorted(lora.begin(), lora.end(), [](const LoraUpdate& u, const LoraUpdate& v) {
+                   return std::get<0>(u) < std::get<0>(v);
+                 })
+              && std::all_of(lora.begin(), lora.end(), [&keys](const LoraUpdate& u) {
+                   return 0 <= std::get<0>(u) && std::get<0>(u) < 4 * keys.size(0);
+                 }),
               "decode_blocks: arguments that do not fit together");
   const int64_t rows = h.size(0), width = h.size(2), dim = width / heads;
   const auto given = [](const torch::Tensor& t) { return t.numel() ? c10::optional<torch::Tensor>(t) : c10::nullopt; };
@@ -404,22 +398,19 @@ c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<to
     for (int w : kProjections)
       if (!takes_weight(params[i + w], given(params[i + w + 1]), given(params[i + w + 2]))) return c10::nullopt;
   }
-  std::vector<LoraUpdate> updates;
-  for (size_t i = 0; i < lora_projections.size(); i++) {
-    const int64_t k = lora_projections[i];
-    updates.push_back({lora_tensors[3 * i], lora_tensors[3 * i + 1], lora_tensors[3 * i + 2], lora_scales[i], k});
+  for (const auto& [k, listed, a, b, scale] : lora) {
     const torch::Tensor& weight = params[k / 4 * kParamsPerBlock + kProjections[k % 4]];
-    if (!lora_fits(updates.back().a, updates.back().b, weight.size(1), weight.size(0), updates.back().listed(), rows))
-      return c10::nullopt;
+    if (!lora_fits(a, b, weight.size(1), weight.size(0), listed, rows)) return c10::nullopt;
   }
-  auto update = updates.begin();
+  auto update = lora.begin();
   int64_t projection = 0;
   const auto project = [&](const torch::Tensor& x, const torch::Tensor* p) {  // p: weight, bias, scale
     c10::optional<torch::Tensor> y = linear(x, p[0], given(p[1]), given(p[2]));
     TORCH_CHECK(y, "decode_blocks: a projection the decode kernels cannot take");
     torch::Tensor out = *y;
-    for (; update != updates.end() && update->projection == projection; ++update)
-      add_lora_unchecked(out, x, update->a, update->b, update->scale, update->listed());
+    for (; update != lora.end() && std::get<0>(*update) == projection; ++update)
+      add_lora_unchecked(out, x, std::get<2>(*update), std::get<3>(*update), std::get<4>(*update),
+                         std::get<1>(*update));
     projection++;
     return out;
   };

@@ -125,9 +125,12 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
 _ABSENT = torch.empty(0)  # a bias or scale a layer does not have, as decode_blocks takes it
 
+# An adapter's update to one projection of a one-call decode step: (the projection's number in
+# decode order, 4 per block; batch rows or None for all; lora_A; lora_B; scale).
+LoraUpdate = tuple[int, "torch.Tensor | None", torch.Tensor, torch.Tensor, float]
 
-def decode_blocks(h: torch.Tensor, params: list[torch.Tensor | None],
-                  lora: list[tuple[int, torch.Tensor | None, torch.Tensor, torch.Tensor, float]], eps: float,
+
+def decode_blocks(h: torch.Tensor, params: list[torch.Tensor | None], lora: list[LoraUpdate], eps: float,
                   n_head: int, keys: torch.Tensor, values: torch.Tensor, slots: list[int], end: int,
                   mask: torch.Tensor | None) -> torch.Tensor | None:
     """One decode step through every Pre-LN block in one call, bit for bit what the blocks'
@@ -137,18 +140,15 @@ def decode_blocks(h: torch.Tensor, params: list[torch.Tensor | None],
     adapter's weights do not fit.
 
     h (rows, 1, width); params as GPT2.one_call_params lists them, None for a bias or scale a
-    layer does not have; lora the adapters' updates as it lists them (gpt2.LoraUpdate: projection
-    number, batch rows or None for all, lora_A, lora_B, scale); keys and values the whole KV
+    layer does not have; lora the adapters' updates as it lists them; keys and values the whole KV
     cache, row r's new key and value going to slot slots[r], after which the first `end` slots
     are attended; mask as for decode_attention.
     """
     kernels = decode_kernels()
     if kernels is None:
         return None
-    lora_tensors = [t for _, rows, a, b, _ in lora for t in (_ABSENT if rows is None else rows, a, b)]
-    return kernels.decode_blocks(h, [_ABSENT if p is None else p for p in params], lora_tensors,
-                                 [update[0] for update in lora], [update[4] for update in lora], eps, n_head, keys,
-                                 values, slots, end, None if mask is None else mask[:, 0, 0])
+    return kernels.decode_blocks(h, [_ABSENT if p is None else p for p in params], lora, eps, n_head, keys, values,
+                                 slots, end, None if mask is None else mask[:, 0, 0])
 
 
 HUGE_PAGE = 2 * 2**20

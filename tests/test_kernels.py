@@ -320,9 +320,21 @@ def test_hooks_and_gradients_keep_decode_steps_on_the_modules_and_adapters_hand_
             assert lora[-1][2] is a and lora[-1][3] is b and lora[-1][4] == scale
         with active_adapter([None, "chat"]):
             assert [rows.tolist() for _, rows, *_ in model.one_call_params(h)[1]] == [[1]] * 4
-        token = ACTIVE.set({"chat": torch.tensor([], dtype=torch.long)})  # no rows: nothing to add (not "all")
-        assert model.one_call_params(h)[1] == []
+
+        def step(active) -> torch.Tensor:
+            cache = model.new_cache(2, 3)
+            model(torch.tensor([[1, 2], [3, 4]]), cache=cache)
+            token = ACTIVE.set(active)
+            try:
+                assert model.one_call_params(h) is not None
+                return model(torch.tensor([[5], [6]]), cache=cache)
+            finally:
+                ACTIVE.reset(token)
+        no_rows = {"chat": torch.tensor([], dtype=torch.long)}
+        token = ACTIVE.set(no_rows)
+        assert [rows.numel() for _, rows, *_ in model.one_call_params(h)[1]] == [0] * 4
         ACTIVE.reset(token)
+        assert torch.equal(step(no_rows), step(None))  # an empty row list adds nothing (not "all rows")
         assert model.one_call_params(h.double()) is None
         assert model.one_call_params(torch.zeros(kernels.KERNEL_ROWS + 1, 1, 64)) is None
         seen = []
