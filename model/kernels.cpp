@@ -9,10 +9,15 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
 #include <limits>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -124,22 +129,24 @@ void blocks(const Weight* w, const float* x, int64_t rows, int64_t in, int64_t b
                             in, o, r, out);
 }
 
-// y = x @ w.T * scale + bias; scale and bias may be null.
-template <typename Weight>
-torch::Tensor rows_times_weight(const torch::Tensor& x, const Weight* w, int64_t out_features,
-                                const float* scale, const float* bias) {
+// How a call's work is shared among threads: at::parallel_for's way (OpenMP) for a call of its
+// own; a TeamThread's inside decode_blocks.
+struct OwnParallelCall {
+  template <typename F>
+  void operator()(int64_t n, int64_t grain, const F& f) const { at::parallel_for(0, n, grain, f); }
+};
+
+// y = x @ w.T * scale + bias over `rows` rows of x (rows, in), into out.
+template <typename Weight, typename Parallel>
+void rows_times_weight(const float* x, int64_t rows, int64_t in, const Weight* w, int64_t out_features,
+                       const Output& out, const Parallel& parallel) {
   using P = Pass<Weight>;
-  const int64_t rows = x.size(0), in = x.size(1);
-  torch::Tensor y = torch::empty({rows, out_features}, x.options());
-  const float* xs = x.data_ptr<float>();
-  const Output out{y.data_ptr<float>(), out_features, scale, bias};
-  at::parallel_for(0, out_features, 64, [&](int64_t begin, int64_t end) {
+  parallel(out_features, 64, [&](int64_t begin, int64_t end) {
     if (rows <= P::rows)
-      blocks<1, P::rows>(w, xs, rows, in, begin, end, out);
+      blocks<1, P::rows>(w, x, rows, in, begin, end, out);
     else
-      blocks<P::block_weights, P::block_rows>(w, xs, rows, in, begin, end, out);
+      blocks<P::block_weights, P::block_rows>(w, x, rows, in, begin, end, out);
   });
-  return y;
 }
 
 bool is_cpu_float(const torch::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == torch::kFloat; }
@@ -157,6 +164,34 @@ bool takes_weight(const torch::Tensor& weight, const c10::optional<torch::Tensor
   return true;
 }
 
+// y = x @ weight.T (* scale) + bias over x's last dimension, for a weight, bias and scale
+// takes_weight takes: set up on one thread (x in memory order, y allocated: PyTorch's calls),
+// then run on one or several (raw memory only).
+struct Product {
+  Product(const torch::Tensor& input, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias,
+          const c10::optional<torch::Tensor>& scale)
+      : x(input.reshape({-1, weight.size(1)}).contiguous()), weight(weight),
+        out{nullptr, weight.size(0), scale ? scale->data_ptr<float>() : nullptr, bias ? bias->data_ptr<float>() : nullptr} {
+    std::vector<int64_t> shape = input.sizes().vec();
+    shape.back() = weight.size(0);
+    y = input.new_empty(shape);
+    out.y = y.data_ptr<float>();
+  }
+
+  template <typename Parallel>
+  void run(const Parallel& parallel) const {
+    const int64_t rows = x.size(0), in = x.size(1);
+    if (out.scale)
+      rows_times_weight(x.data_ptr<float>(), rows, in, weight.data_ptr<int8_t>(), out.out_features, out, parallel);
+    else
+      rows_times_weight(x.data_ptr<float>(), rows, in, weight.data_ptr<float>(), out.out_features, out, parallel);
+  }
+
+  torch::Tensor x, y;  // x (rows, in)
+  const torch::Tensor weight;
+  Output out;
+};
+
 // x @ weight.T (* scale) + bias over x's last dimension, or None where the kernels cannot take
 // the call: another device, dtype or memory order, or mismatched shapes (left to PyTorch, which
 // names them). kernels.py has already decided the call is theirs to take (few rows, no autograd).
@@ -165,16 +200,10 @@ c10::optional<torch::Tensor> linear(const torch::Tensor& x, const torch::Tensor&
                                     const c10::optional<torch::Tensor>& bias,
                                     const c10::optional<torch::Tensor>& scale) {
   if (x.dim() < 1 || !is_cpu_float(x) || !takes_weight(weight, bias, scale)) return c10::nullopt;
-  const int64_t out_features = weight.size(0), in = weight.size(1);
-  if (x.size(-1) != in || x.numel() == 0) return c10::nullopt;
-  const torch::Tensor rows = x.reshape({-1, in}).contiguous();
-  const float* bias_data = bias ? bias->data_ptr<float>() : nullptr;
-  torch::Tensor y = scale ? rows_times_weight<int8_t>(rows, weight.data_ptr<int8_t>(), out_features,
-                                                      scale->data_ptr<float>(), bias_data)
-                          : rows_times_weight<float>(rows, weight.data_ptr<float>(), out_features, nullptr, bias_data);
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape.back() = out_features;
-  return y.view(shape);
+  if (x.size(-1) != weight.size(1) || x.numel() == 0) return c10::nullopt;
+  const Product product(x, weight, bias, scale);
+  product.run(OwnParallelCall());
+  return product.y;
 }
 
 
@@ -250,34 +279,57 @@ bool takes_mask(const c10::optional<torch::Tensor>& seen, int64_t rows, int64_t 
                    && seen->size(1) == slots && seen->stride(1) == 1 && seen->device().is_cpu());
 }
 
+// Whether decode_attention can take q, keys, values and seen (below).
+bool takes_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                     const c10::optional<torch::Tensor>& seen) {
+  for (const auto* t : {&q, &keys, &values})
+    if (t->dim() != 4 || !is_cpu_float(*t) || t->stride(3) != 1) return false;
+  const int64_t rows = q.size(0), heads = q.size(1), slots = keys.size(2), dim = q.size(3);
+  return q.size(2) == 1 && dim != 0 && dim % 8 == 0 && slots != 0 && keys.sizes() == values.sizes()
+         && keys.strides() == values.strides() && keys.size(0) == rows && keys.size(1) == heads && keys.size(3) == dim
+         && takes_mask(seen, rows, slots);
+}
+
+// Attention of one new token per row, for arguments takes_attention takes: set up on one thread
+// (the output allocated), then run on one or several, as Product.
+struct Attention {
+  Attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+            const c10::optional<torch::Tensor>& seen)
+      : q(q), keys(keys), values(values), seen(seen), y(torch::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options())) {}
+
+  template <typename Parallel>
+  void run(const Parallel& parallel) const {
+    const int64_t heads = q.size(1), slots = keys.size(2), dim = q.size(3);
+    const float *qs = q.data_ptr<float>(), *ks = keys.data_ptr<float>(), *vs = values.data_ptr<float>();
+    const bool* seen_data = seen ? seen->data_ptr<bool>() : nullptr;
+    float* outs = y.data_ptr<float>();
+    const int64_t work = std::max<int64_t>(1, 16384 / (slots * dim));  // (row, head) pairs per thread at least
+    parallel(q.size(0) * heads, work, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(padded_slots(slots));
+      for (int64_t i = begin; i < end; i++) {
+        const int64_t r = i / heads, h = i % heads;
+        attend(qs + r * q.stride(0) + h * q.stride(1), ks + r * keys.stride(0) + h * keys.stride(1),
+               vs + r * values.stride(0) + h * values.stride(1), keys.stride(2), slots, dim,
+               seen_data ? seen_data + r * seen->stride(0) : nullptr, scores.data(), outs + (r * heads + h) * dim);
+      }
+    });
+  }
+
+  const torch::Tensor q, keys, values;
+  const c10::optional<torch::Tensor> seen;
+  torch::Tensor y;  // (rows, 1, heads, dim)
+};
+
 // Attention of one new token per row: q (rows, heads, 1, dim), keys and values (rows, heads,
 // slots, dim) as views of the KV cache, `seen` an optional (rows, slots) mask (the query's own
 // row of the causal-padding mask). Returns (rows, heads, 1, dim) as a view of (rows, 1, heads,
 // dim), so the caller's merge of the heads is free. None where the kernel cannot take the call.
 c10::optional<torch::Tensor> decode_attention(const torch::Tensor& q, const torch::Tensor& keys,
                                               const torch::Tensor& values, const c10::optional<torch::Tensor>& seen) {
-  for (const auto* t : {&q, &keys, &values})
-    if (t->dim() != 4 || !is_cpu_float(*t) || t->stride(3) != 1) return c10::nullopt;
-  const int64_t rows = q.size(0), heads = q.size(1), slots = keys.size(2), dim = q.size(3);
-  if (q.size(2) != 1 || dim == 0 || dim % 8 != 0 || slots == 0 || keys.sizes() != values.sizes() || keys.strides() != values.strides()
-      || keys.size(0) != rows || keys.size(1) != heads || keys.size(3) != dim)
-    return c10::nullopt;
-  if (!takes_mask(seen, rows, slots)) return c10::nullopt;
-  torch::Tensor out = torch::empty({rows, 1, heads, dim}, q.options());
-  const float *qs = q.data_ptr<float>(), *ks = keys.data_ptr<float>(), *vs = values.data_ptr<float>();
-  const bool* seen_data = seen ? seen->data_ptr<bool>() : nullptr;
-  float* outs = out.data_ptr<float>();
-  const int64_t work = std::max<int64_t>(1, 16384 / (slots * dim));  // (row, head) pairs per thread at least
-  at::parallel_for(0, rows * heads, work, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(padded_slots(slots));
-    for (int64_t i = begin; i < end; i++) {
-      const int64_t r = i / heads, h = i % heads;
-      attend(qs + r * q.stride(0) + h * q.stride(1), ks + r * keys.stride(0) + h * keys.stride(1),
-             vs + r * values.stride(0) + h * values.stride(1), keys.stride(2), slots, dim,
-             seen_data ? seen_data + r * seen->stride(0) : nullptr, scores.data(), outs + (r * heads + h) * dim);
-    }
-  });
-  return out.transpose(1, 2);
+  if (!takes_attention(q, keys, values, seen)) return c10::nullopt;
+  const Attention attention(q, keys, values, seen);
+  attention.run(OwnParallelCall());
+  return attention.y.transpose(1, 2);
 }
 
 // LoRA: out[t] += (x[t] @ a^T) @ b^T * scale, in place, for every token t of the batch rows listed
@@ -345,6 +397,93 @@ bool add_lora(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& a,
   return true;
 }
 
+// The threads of the one OpenMP region a decode step runs in (decode_blocks).
+//
+// A step makes 30-60 parallel calls (products, attention) of 10-500 us each, and
+// at::parallel_for opens an OpenMP region for each. libgomp's workers wait for the next region
+// spinning, but stop spinning once libgomp manages more threads than there are cores, which
+// happens when a second thread runs parallel work, as the scheduler's thread does beside the
+// main thread: decoding in such a thread, each region then waited for a worker's wake-up (50
+// context switches a token against none in the main thread), and the bundled model's step took
+// 3.6-3.8 ms there against 2.9 in the main thread (docs/performance.md). In one region per step
+// the threads wait for each other at Team's barrier, which spins: 4 context switches a token,
+// and the same time in any thread.
+//
+// Thread 0 is the calling thread and runs PyTorch's calls (layer_norm, gelu, add, allocation)
+// alone: inside a parallel region at::parallel_for runs them on the thread that asks, and
+// PyTorch's thread-local state (inference mode) is the caller's. The products and the attention
+// are shared out as at::parallel_for shares them (TeamThread::operator()), and each number is
+// computed by the same code in the same order as in a call of its own: the same bits.
+struct Team {
+  // Every thread of the region calls this at the same points; it returns when all have. A
+  // thread still waiting after kSpins pauses yields its core (more threads than cores: the one
+  // it waits for may be waiting for a core).
+  void meet(int threads) {
+    const int generation = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) == threads - 1) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.store(generation + 1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; generation_.load(std::memory_order_acquire) == generation; spins++)
+      if (spins < kSpins)
+        _mm_pause();
+      else
+        std::this_thread::yield();
+  }
+
+  void fail(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error) error = e;
+  }
+
+  static constexpr int kSpins = 1 << 15;
+  std::exception_ptr error;  // the first failure: every thread leaves the step, and decode_blocks rethrows it
+
+ private:
+  std::atomic<int> arrived_{0}, generation_{0};
+  std::mutex mutex_;
+};
+
+// One thread's part in a Team.
+struct TeamThread {
+  explicit TeamThread(Team& team) : team(team), id(omp_get_thread_num()), threads(omp_get_num_threads()) {}
+
+  // f on thread 0 alone (nothing once anything has failed), then all meet; false on every thread
+  // once anything has failed.
+  template <typename F>
+  bool alone(const F& f) const {
+    if (id == 0 && !team.error) {
+      try {
+        f();
+      } catch (...) {
+        team.fail(std::current_exception());
+      }
+    }
+    team.meet(threads);
+    return !team.error;
+  }
+
+  // f(begin, end) over [0, n), shared out as at::parallel_for shares it (one contiguous range of
+  // at least `grain` per thread), then all meet.
+  template <typename F>
+  void operator()(int64_t n, int64_t grain, const F& f) const {
+    const int64_t tasks = std::min<int64_t>(threads, (n + grain - 1) / std::max<int64_t>(grain, 1));
+    const int64_t chunk = tasks > 0 ? (n + tasks - 1) / tasks : 0, begin = id * chunk;
+    if (id < tasks && begin < n) {
+      try {
+        f(begin, std::min(n, begin + chunk));
+      } catch (...) {  // out of memory for the attention's scores, say
+        team.fail(std::current_exception());
+      }
+    }
+    team.meet(threads);
+  }
+
+  Team& team;
+  const int id, threads;
+};
+
 // An adapter's update to one projection of a decode step (add_lora_rows), as kernels.LoraUpdate:
 // the projection's number in decode order (four per block: c_attn, attn.c_proj, c_fc,
 // mlp.c_proj), the batch rows (None: every row), lora_A, lora_B, scale.
@@ -402,39 +541,75 @@ c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<to
     const torch::Tensor& weight = params[k / 4 * kParamsPerBlock + kProjections[k % 4]];
     if (!lora_fits(a, b, weight.size(1), weight.size(0), listed, rows)) return c10::nullopt;
   }
+  const auto layer_norm = [&](const torch::Tensor& x, const torch::Tensor* p) {  // p: weight, bias
+    return at::layer_norm(x, {width}, p[0], p[1], eps);
+  };
   auto update = lora.begin();
   int64_t projection = 0;
-  const auto project = [&](const torch::Tensor& x, const torch::Tensor* p) {  // p: weight, bias, scale
-    c10::optional<torch::Tensor> y = linear(x, p[0], given(p[1]), given(p[2]));
-    TORCH_CHECK(y, "decode_blocks: a projection the decode kernels cannot take");
-    torch::Tensor out = *y;
+  const auto add_updates = [&](Product& product) {  // the adapters', to the projection just run
     for (; update != lora.end() && std::get<0>(*update) == projection; ++update)
-      add_lora_unchecked(out, x, std::get<2>(*update), std::get<3>(*update), std::get<4>(*update),
+      add_lora_unchecked(product.y, product.x, std::get<2>(*update), std::get<3>(*update), std::get<4>(*update),
                          std::get<1>(*update));
     projection++;
-    return out;
   };
-  for (int64_t layer = 0; layer < keys.size(0); layer++) {
-    const torch::Tensor* p = params.data() + layer * kParamsPerBlock;
-    const torch::Tensor qkv = project(at::layer_norm(h, {width}, p[kNorm1Weight], p[kNorm1Bias], eps), p + kQkvWeight);
-    torch::Tensor layer_keys = keys.select(0, layer), layer_values = values.select(0, layer);
-    const float* new_kv = qkv.data_ptr<float>();  // (rows, 1, q k v), contiguous: the product's own output
-    float *ks = layer_keys.data_ptr<float>(), *vs = layer_values.data_ptr<float>();
-    for (int64_t r = 0; r < rows; r++)
-      for (int64_t head = 0; head < heads; head++) {
-        const int64_t to = r * layer_keys.stride(0) + head * layer_keys.stride(1) + slots[r] * layer_keys.stride(2);
-        const float* from = new_kv + r * 3 * width + head * dim;
-        std::copy(from + width, from + width + dim, ks + to);
-        std::copy(from + 2 * width, from + 2 * width + dim, vs + to);
-      }
-    const torch::Tensor q = qkv.narrow(2, 0, width).view({rows, 1, heads, dim}).transpose(1, 2);
-    c10::optional<torch::Tensor> y = decode_attention(q, layer_keys.narrow(0, 0, rows).narrow(2, 0, end),
-                                                      layer_values.narrow(0, 0, rows).narrow(2, 0, end), seen);
-    TORCH_CHECK(y, "decode_blocks: attention the decode kernel cannot take");
-    h = h + project(y->transpose(1, 2).reshape({rows, 1, width}), p + kOutWeight);
-    const torch::Tensor up = project(at::layer_norm(h, {width}, p[kNorm2Weight], p[kNorm2Bias], eps), p + kUpWeight);
-    h = h + project(at::gelu(up, "tanh"), p + kDownWeight);
+  // Set up by thread 0, then run by every thread of the team.
+  Team team;
+  c10::optional<Product> product;
+  c10::optional<Attention> attention;
+  const auto project = [&](const torch::Tensor& x, const torch::Tensor* p) {  // p: weight, bias, scale
+    product.emplace(x, p[0], given(p[1]), given(p[2]));
+  };
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+    const TeamThread thread(team);
+    for (int64_t layer = 0; layer < keys.size(0); layer++) {
+      const torch::Tensor* p = params.data() + layer * kParamsPerBlock;
+      if (!thread.alone([&] { project(layer_norm(h, p + kNorm1Weight), p + kQkvWeight); })) break;
+      product->run(thread);
+      if (!thread.alone([&] {
+            add_updates(*product);
+            torch::Tensor layer_keys = keys.select(0, layer), layer_values = values.select(0, layer);
+            const float* new_kv = product->y.data_ptr<float>();  // (rows, 1, q k v), contiguous
+            float *ks = layer_keys.data_ptr<float>(), *vs = layer_values.data_ptr<float>();
+            for (int64_t r = 0; r < rows; r++)
+              for (int64_t head = 0; head < heads; head++) {
+                const int64_t to = r * layer_keys.stride(0) + head * layer_keys.stride(1) + slots[r] * layer_keys.stride(2);
+                const float* from = new_kv + r * 3 * width + head * dim;
+                std::copy(from + width, from + width + dim, ks + to);
+                std::copy(from + 2 * width, from + 2 * width + dim, vs + to);
+              }
+            const torch::Tensor q = product->y.narrow(2, 0, width).view({rows, 1, heads, dim}).transpose(1, 2);
+            const torch::Tensor attended_keys = layer_keys.narrow(0, 0, rows).narrow(2, 0, end);
+            const torch::Tensor attended_values = layer_values.narrow(0, 0, rows).narrow(2, 0, end);
+            TORCH_CHECK(takes_attention(q, attended_keys, attended_values, seen),
+                        "decode_blocks: attention the decode kernel cannot take");
+            attention.emplace(q, attended_keys, attended_values, seen);
+          }))
+        break;
+      attention->run(thread);
+      if (!thread.alone([&] { project(attention->y.view({rows, 1, width}), p + kOutWeight); })) break;
+      product->run(thread);
+      if (!thread.alone([&] {
+            add_updates(*product);
+            h = h + product->y;
+            project(layer_norm(h, p + kNorm2Weight), p + kUpWeight);
+          }))
+        break;
+      product->run(thread);
+      if (!thread.alone([&] {
+            add_updates(*product);
+            project(at::gelu(product->y, "tanh"), p + kDownWeight);
+          }))
+        break;
+      product->run(thread);
+      if (!thread.alone([&] {
+            add_updates(*product);
+            h = h + product->y;
+          }))
+        break;
+    }
   }
+  if (team.error) std::rethrow_exception(team.error);
   return h;
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -244,6 +245,49 @@ def test_a_decode_step_in_one_call_gives_the_modules_bits(monkeypatch, tmp_path,
     if adapter is not None:  # the adapter changed its rows' logits, and only theirs
         assert not torch.equal(fused[1], base[1])
         assert torch.equal(fused[0], base[0]) == (adapter == "per row")
+
+
+@torch.inference_mode()
+def test_a_decode_step_runs_alike_in_any_thread_and_fails_cleanly_inside_its_threads(monkeypatch):
+    """decode_blocks runs a step's blocks in one OpenMP region whose threads meet at a barrier of
+    their own. Steps in two other threads at once give the main thread's bits; a PyTorch call
+    that fails inside the region (a float64 LayerNorm weight, which only layer_norm refuses)
+    raises here, leaving no thread waiting, and the next step runs as before."""
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(vocab_size=64, n_positions=32, n_embd=64, n_layer=3, n_head=2)).eval()
+    one_call = kernels.decode_blocks
+    answers = []
+    monkeypatch.setattr(kernels, "decode_blocks", lambda *args: answers.append(one_call(*args)) or answers[-1])
+
+    def decode_steps(first: int) -> torch.Tensor:
+        with torch.inference_mode():
+            cache = model.new_cache(2, 12)
+            model(torch.tensor([[1, 2, 3], [4, 5, 6]]) + first, cache=cache)
+            return torch.cat([model(torch.tensor([[t], [t + 1]]), cache=cache) for t in range(first, first + 8)], dim=1)
+
+    in_main = [decode_steps(first) for first in (10, 30)]
+    in_threads = [None, None]
+    threads = [threading.Thread(target=lambda i=i: in_threads.__setitem__(i, decode_steps((10, 30)[i]))) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(answers) == 32 and all(a is not None for a in answers)  # every step in one call
+    assert all(torch.equal(a, b) for a, b in zip(in_threads, in_main))
+
+    cache = model.new_cache(1, 8)
+    model(torch.tensor([[1, 2, 3]]), cache=cache)
+    h = torch.randn(1, 1, 64)
+    cache.advance(None, 1, 1)
+    params, lora = model.one_call_params(h)
+    slots, end = cache.last_slots(1)
+    step = lambda params: one_call(h, params, lora, 1e-5, 2, cache.keys, cache.values, slots, end, None)
+    expected = step(params)
+    broken = list(params)
+    broken[16 + 8] = params[16 + 8].double()  # block 1's ln_2: after block 0 and half of block 1 ran
+    with pytest.raises(RuntimeError):
+        step(broken)
+    assert torch.equal(step(params), expected)
 
 
 @pytest.mark.parametrize("in_features, rank, tokens", [(64, 4, 1), (100, 8, 3), (768, 16, 1)])
