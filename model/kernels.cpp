@@ -138,10 +138,10 @@ struct OwnParallelCall {
 
 // y = x @ w.T * scale + bias over `rows` rows of x (rows, in), into out.
 template <typename Weight, typename Parallel>
-void rows_times_weight(const float* x, int64_t rows, int64_t in, const Weight* w, int64_t out_features,
+auto rows_times_weight(const float* x, int64_t rows, int64_t in, const Weight* w, int64_t out_features,
                        const Output& out, const Parallel& parallel) {
   using P = Pass<Weight>;
-  parallel(out_features, 64, [&](int64_t begin, int64_t end) {
+  return parallel(out_features, 64, [&](int64_t begin, int64_t end) {
     if (rows <= P::rows)
       blocks<1, P::rows>(w, x, rows, in, begin, end, out);
     else
@@ -165,8 +165,9 @@ bool takes_weight(const torch::Tensor& weight, const c10::optional<torch::Tensor
 }
 
 // y = x @ weight.T (* scale) + bias over x's last dimension, for a weight, bias and scale
-// takes_weight takes: set up on one thread (x in memory order, y allocated: PyTorch's calls),
-// then run on one or several (raw memory only).
+// takes_weight takes and x of that width (checked by linear, and by decode_blocks for all its
+// projections before its step begins): set up on one thread (x in memory order, y allocated:
+// PyTorch's calls), then run on one or several (raw memory only).
 struct Product {
   Product(const torch::Tensor& input, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias,
           const c10::optional<torch::Tensor>& scale)
@@ -179,12 +180,11 @@ struct Product {
   }
 
   template <typename Parallel>
-  void run(const Parallel& parallel) const {
+  auto run(const Parallel& parallel) const {  // what the parallel call returns
     const int64_t rows = x.size(0), in = x.size(1);
     if (out.scale)
-      rows_times_weight(x.data_ptr<float>(), rows, in, weight.data_ptr<int8_t>(), out.out_features, out, parallel);
-    else
-      rows_times_weight(x.data_ptr<float>(), rows, in, weight.data_ptr<float>(), out.out_features, out, parallel);
+      return rows_times_weight(x.data_ptr<float>(), rows, in, weight.data_ptr<int8_t>(), out.out_features, out, parallel);
+    return rows_times_weight(x.data_ptr<float>(), rows, in, weight.data_ptr<float>(), out.out_features, out, parallel);
   }
 
   torch::Tensor x, y;  // x (rows, in)
@@ -298,13 +298,13 @@ struct Attention {
       : q(q), keys(keys), values(values), seen(seen), y(torch::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options())) {}
 
   template <typename Parallel>
-  void run(const Parallel& parallel) const {
+  auto run(const Parallel& parallel) const {  // what the parallel call returns
     const int64_t heads = q.size(1), slots = keys.size(2), dim = q.size(3);
     const float *qs = q.data_ptr<float>(), *ks = keys.data_ptr<float>(), *vs = values.data_ptr<float>();
     const bool* seen_data = seen ? seen->data_ptr<bool>() : nullptr;
     float* outs = y.data_ptr<float>();
     const int64_t work = std::max<int64_t>(1, 16384 / (slots * dim));  // (row, head) pairs per thread at least
-    parallel(q.size(0) * heads, work, [&](int64_t begin, int64_t end) {
+    return parallel(q.size(0) * heads, work, [&](int64_t begin, int64_t end) {
       std::vector<float> scores(padded_slots(slots));
       for (int64_t i = begin; i < end; i++) {
         const int64_t r = i / heads, h = i % heads;
@@ -405,9 +405,9 @@ bool add_lora(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& a,
 // happens when a second thread runs parallel work, as the scheduler's thread does beside the
 // main thread: decoding in such a thread, each region then waited for a worker's wake-up (50
 // context switches a token against none in the main thread), and the bundled model's step took
-// 3.6-3.8 ms there against 2.9 in the main thread (docs/performance.md). In one region per step
-// the threads wait for each other at Team's barrier, which spins: 4 context switches a token,
-// and the same time in any thread.
+// 3.6-4.0 ms there against 2.9-3.3 in the main thread (docs/performance.md). In one region per
+// step the threads wait for each other at Team's barrier, which spins for a few microseconds and
+// then yields: 4 context switches a token, and the same time in any thread.
 //
 // Thread 0 is the calling thread and runs PyTorch's calls (layer_norm, gelu, add, allocation)
 // alone: inside a parallel region at::parallel_for runs them on the thread that asks, and
@@ -415,33 +415,40 @@ bool add_lora(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& a,
 // are shared out as at::parallel_for shares them (TeamThread::operator()), and each number is
 // computed by the same code in the same order as in a call of its own: the same bits.
 struct Team {
-  // Every thread of the region calls this at the same points; it returns when all have. A
-  // thread still waiting after kSpins pauses yields its core (more threads than cores: the one
-  // it waits for may be waiting for a core).
-  void meet(int threads) {
+  // Every thread of the region calls this at the same points; it returns when all have, with
+  // whether anything has failed so far: the same answer on every thread, since the last to
+  // arrive decides it while the others wait (a failure after this meeting cannot have happened
+  // yet), so all leave the step at the same meeting. A thread that has waited kSpins pauses
+  // (some microseconds) yields its core at each look: where the threads outnumber the free
+  // cores, the one it waits for may be waiting for a core.
+  bool meet(int threads) {
     const int generation = generation_.load(std::memory_order_acquire);
     if (arrived_.fetch_add(1, std::memory_order_acq_rel) == threads - 1) {
       arrived_.store(0, std::memory_order_relaxed);
+      verdict_.store(failed_.load(std::memory_order_acquire), std::memory_order_relaxed);
       generation_.store(generation + 1, std::memory_order_release);
-      return;
+    } else {
+      for (int spins = 0; generation_.load(std::memory_order_acquire) == generation; spins++)
+        if (spins < kSpins)
+          _mm_pause();
+        else
+          std::this_thread::yield();
     }
-    for (int spins = 0; generation_.load(std::memory_order_acquire) == generation; spins++)
-      if (spins < kSpins)
-        _mm_pause();
-      else
-        std::this_thread::yield();
+    return verdict_.load(std::memory_order_relaxed);
   }
 
   void fail(std::exception_ptr e) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!error) error = e;
+    failed_.store(true, std::memory_order_release);
   }
 
-  static constexpr int kSpins = 1 << 15;
-  std::exception_ptr error;  // the first failure: every thread leaves the step, and decode_blocks rethrows it
+  static constexpr int kSpins = 256;
+  std::exception_ptr error;  // the first failure, rethrown by decode_blocks once the region has ended
 
  private:
   std::atomic<int> arrived_{0}, generation_{0};
+  std::atomic<bool> failed_{false}, verdict_{false};
   std::mutex mutex_;
 };
 
@@ -449,25 +456,23 @@ struct Team {
 struct TeamThread {
   explicit TeamThread(Team& team) : team(team), id(omp_get_thread_num()), threads(omp_get_num_threads()) {}
 
-  // f on thread 0 alone (nothing once anything has failed), then all meet; false on every thread
-  // once anything has failed.
+  // f on thread 0 alone, then all meet; false on every thread once anything has failed.
   template <typename F>
   bool alone(const F& f) const {
-    if (id == 0 && !team.error) {
+    if (id == 0) {
       try {
         f();
       } catch (...) {
         team.fail(std::current_exception());
       }
     }
-    team.meet(threads);
-    return !team.error;
+    return !team.meet(threads);
   }
 
   // f(begin, end) over [0, n), shared out as at::parallel_for shares it (one contiguous range of
-  // at least `grain` per thread), then all meet.
+  // at least `grain` per thread), then all meet; false on every thread once anything has failed.
   template <typename F>
-  void operator()(int64_t n, int64_t grain, const F& f) const {
+  bool operator()(int64_t n, int64_t grain, const F& f) const {
     const int64_t tasks = std::min<int64_t>(threads, (n + grain - 1) / std::max<int64_t>(grain, 1));
     const int64_t chunk = tasks > 0 ? (n + tasks - 1) / tasks : 0, begin = id * chunk;
     if (id < tasks && begin < n) {
@@ -477,7 +482,7 @@ struct TeamThread {
         team.fail(std::current_exception());
       }
     }
-    team.meet(threads);
+    return !team.meet(threads);
   }
 
   Team& team;
@@ -514,7 +519,7 @@ c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<to
                                            const torch::Tensor& keys, const torch::Tensor& values,
                                            const std::vector<int64_t>& slots, int64_t end,
                                            const c10::optional<torch::Tensor>& seen) {
-  TORCH_CHECK(h.dim() == 3 && h.size(1) == 1 && keys.dim() == 5 && heads > 0 && h.size(2) % heads == 0
+  TORCH_CHECK(h.dim() == 3 && h.size(0) > 0 && h.size(1) == 1 && keys.dim() == 5 && heads > 0 && h.size(2) % heads == 0
               && params.size() == static_cast<size_t>(kParamsPerBlock * keys.size(0))
               && static_cast<int64_t>(slots.size()) == h.size(0) && keys.size(1) >= h.size(0)
               && keys.size(2) == heads && keys.size(4) == h.size(2) / heads && 0 < end && end <= keys.size(3)
@@ -565,7 +570,7 @@ c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<to
     for (int64_t layer = 0; layer < keys.size(0); layer++) {
       const torch::Tensor* p = params.data() + layer * kParamsPerBlock;
       if (!thread.alone([&] { project(layer_norm(h, p + kNorm1Weight), p + kQkvWeight); })) break;
-      product->run(thread);
+      if (!product->run(thread)) break;
       if (!thread.alone([&] {
             add_updates(*product);
             torch::Tensor layer_keys = keys.select(0, layer), layer_values = values.select(0, layer);
@@ -586,22 +591,22 @@ c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<to
             attention.emplace(q, attended_keys, attended_values, seen);
           }))
         break;
-      attention->run(thread);
+      if (!attention->run(thread)) break;
       if (!thread.alone([&] { project(attention->y.view({rows, 1, width}), p + kOutWeight); })) break;
-      product->run(thread);
+      if (!product->run(thread)) break;
       if (!thread.alone([&] {
             add_updates(*product);
             h = h + product->y;
             project(layer_norm(h, p + kNorm2Weight), p + kUpWeight);
           }))
         break;
-      product->run(thread);
+      if (!product->run(thread)) break;
       if (!thread.alone([&] {
             add_updates(*product);
             project(at::gelu(product->y, "tanh"), p + kDownWeight);
           }))
         break;
-      product->run(thread);
+      if (!product->run(thread)) break;
       if (!thread.alone([&] {
             add_updates(*product);
             h = h + product->y;

@@ -12,10 +12,10 @@ The attention kernel does what PyTorch's scaled_dot_product_attention does for a
 token, in half its time or less at the lengths of a chat (measured in docs/performance.md).
 `decode_blocks` runs a whole decode step's blocks in one call, with the very operations the
 modules would run (adapters' LoRA updates included, which both add with `add_lora`), so that
-Python's part of a step (module calls, views) goes, and in one OpenMP region whose threads wait
-for each other at a spinning barrier of their own, rather than in a region per product (in the
-scheduler's thread each of those waited for a sleeping worker); and `weights_on_huge_pages`
-puts a loaded model's weights where they stream fastest.
+Python's part of a step (module calls, views) goes. It runs them in one OpenMP region, whose
+threads wait for each other at a barrier of their own: in a region per product, as before, each
+region in the scheduler's thread waited for a sleeping worker. `weights_on_huge_pages` puts a
+loaded model's weights where they stream fastest.
 
 Each input row is summed in the same order whatever the number of rows, and a row's attention
 whatever the other rows' lengths (its tokens keeping their cache slots, as the scheduler's do),

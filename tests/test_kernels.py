@@ -247,12 +247,33 @@ def test_a_decode_step_in_one_call_gives_the_modules_bits(monkeypatch, tmp_path,
         assert torch.equal(fused[0], base[0]) == (adapter == "per row")
 
 
+def run_with_timeout(target, seconds: float = 60):
+    """target() in a daemon thread; fails the test if it has not returned in time (a team of
+    threads stuck at its barrier would otherwise hang the test run)."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["result"] = target()
+        except Exception as error:  # raised again here, in the test's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "hung"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
 @torch.inference_mode()
 def test_a_decode_step_runs_alike_in_any_thread_and_fails_cleanly_inside_its_threads(monkeypatch):
     """decode_blocks runs a step's blocks in one OpenMP region whose threads meet at a barrier of
-    their own. Steps in two other threads at once give the main thread's bits; a PyTorch call
-    that fails inside the region (a float64 LayerNorm weight, which only layer_norm refuses)
-    raises here, leaving no thread waiting, and the next step runs as before."""
+    their own. Steps in two other threads at once give the main thread's bits. A PyTorch call
+    that fails inside the region (a float64 LayerNorm weight or bias, which only layer_norm
+    refuses), at every LayerNorm of every block and with more threads than this machine may have
+    cores, raises here with no thread left waiting, and the next step gives the same bits."""
     torch.manual_seed(0)
     model = GPT2(GPT2Config(vocab_size=64, n_positions=32, n_embd=64, n_layer=3, n_head=2)).eval()
     one_call = kernels.decode_blocks
@@ -266,12 +287,7 @@ def test_a_decode_step_runs_alike_in_any_thread_and_fails_cleanly_inside_its_thr
             return torch.cat([model(torch.tensor([[t], [t + 1]]), cache=cache) for t in range(first, first + 8)], dim=1)
 
     in_main = [decode_steps(first) for first in (10, 30)]
-    in_threads = [None, None]
-    threads = [threading.Thread(target=lambda i=i: in_threads.__setitem__(i, decode_steps((10, 30)[i]))) for i in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    in_threads = run_with_timeout(lambda: run_in_threads(decode_steps, (10, 30)))
     assert len(answers) == 32 and all(a is not None for a in answers)  # every step in one call
     assert all(torch.equal(a, b) for a, b in zip(in_threads, in_main))
 
@@ -281,13 +297,35 @@ def test_a_decode_step_runs_alike_in_any_thread_and_fails_cleanly_inside_its_thr
     cache.advance(None, 1, 1)
     params, lora = model.one_call_params(h)
     slots, end = cache.last_slots(1)
-    step = lambda params: one_call(h, params, lora, 1e-5, 2, cache.keys, cache.values, slots, end, None)
+
+    def step(params):
+        with torch.inference_mode():
+            return one_call(h, params, lora, 1e-5, 2, cache.keys, cache.values, slots, end, None)
+
     expected = step(params)
-    broken = list(params)
-    broken[16 + 8] = params[16 + 8].double()  # block 1's ln_2: after block 0 and half of block 1 ran
-    with pytest.raises(RuntimeError):
-        step(broken)
-    assert torch.equal(step(params), expected)
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (2, 3):
+            torch.set_num_threads(n_threads)
+            for index in (16 * block + k for block in range(3) for k in (0, 1, 8, 9)):  # ln_1, ln_2: weight, bias
+                broken = list(params)
+                broken[index] = params[index].double()
+                with pytest.raises(RuntimeError):
+                    run_with_timeout(lambda: step(broken))
+                assert torch.equal(run_with_timeout(lambda: step(params)), expected), (n_threads, index)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run_in_threads(target, arguments) -> list:
+    """target(argument) for each argument, each in a thread of its own, all at once."""
+    results = [None] * len(arguments)
+    threads = [threading.Thread(target=lambda i=i, a=a: results.__setitem__(i, target(a))) for i, a in enumerate(arguments)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
 
 
 @pytest.mark.parametrize("in_features, rank, tokens", [(64, 4, 1), (100, 8, 3), (768, 16, 1)])
