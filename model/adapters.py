@@ -153,7 +153,7 @@ def lora_hook(model: GPT2, module_name: str):
             if kernels.add_lora(output, x, a, b, scale, rows):  # a decode step's few rows: a row's bits alone or not
                 continue
             if rows is None:
-                output = output + lora_update(x, a, b, scale)
+                output += lora_update(x, a, b, scale)  # in place: `output` is the clone above
             else:
                 rows = rows.to(output.device)
                 output.index_add_(0, rows, lora_update(x.index_select(0, rows), a, b, scale))

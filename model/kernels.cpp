@@ -567,12 +567,18 @@ c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<to
 #pragma omp parallel num_threads(at::get_num_threads())
   {
     const TeamThread thread(team);
+    // The product set up last, by every thread; then, on thread 0, the adapters' updates to it
+    // and `then`. False on every thread once anything has failed.
+    const auto run_product = [&](const auto& then) {
+      return product->run(thread) && thread.alone([&] {
+               add_updates(*product);
+               then();
+             });
+    };
     for (int64_t layer = 0; layer < keys.size(0); layer++) {
       const torch::Tensor* p = params.data() + layer * kParamsPerBlock;
       if (!thread.alone([&] { project(layer_norm(h, p + kNorm1Weight), p + kQkvWeight); })) break;
-      if (!product->run(thread)) break;
-      if (!thread.alone([&] {
-            add_updates(*product);
+      if (!run_product([&] {
             torch::Tensor layer_keys = keys.select(0, layer), layer_values = values.select(0, layer);
             const float* new_kv = product->y.data_ptr<float>();  // (rows, 1, q k v), contiguous
             float *ks = layer_keys.data_ptr<float>(), *vs = layer_values.data_ptr<float>();
@@ -593,25 +599,13 @@ c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<to
         break;
       if (!attention->run(thread)) break;
       if (!thread.alone([&] { project(attention->y.view({rows, 1, width}), p + kOutWeight); })) break;
-      if (!product->run(thread)) break;
-      if (!thread.alone([&] {
-            add_updates(*product);
+      if (!run_product([&] {
             h = h + product->y;
             project(layer_norm(h, p + kNorm2Weight), p + kUpWeight);
           }))
         break;
-      if (!product->run(thread)) break;
-      if (!thread.alone([&] {
-            add_updates(*product);
-            project(at::gelu(product->y, "tanh"), p + kDownWeight);
-          }))
-        break;
-      if (!product->run(thread)) break;
-      if (!thread.alone([&] {
-            add_updates(*product);
-            h = h + product->y;
-          }))
-        break;
+      if (!run_product([&] { project(at::gelu(product->y, "tanh"), p + kDownWeight); })) break;
+      if (!run_product([&] { h = h + product->y; })) break;
     }
   }
   if (team.error) std::rethrow_exception(team.error);

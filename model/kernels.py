@@ -72,6 +72,11 @@ def _build():
         return None
 
 
+def recorded(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd would record a call on these tensors: then it is PyTorch's to run."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            scale: torch.Tensor | None = None) -> torch.Tensor | None:
     """x @ weight.T, times `scale` per output channel (int8 weights), plus bias; or None when the
@@ -81,9 +86,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     model never builds them): CPU inputs, at most KERNEL_ROWS rows, nothing for autograd to record.
     kernels.cpp: what they can take (dtypes, memory order, shapes; a mismatch is PyTorch's to name).
     """
-    if not x.is_cpu or x.numel() > KERNEL_ROWS * weight.shape[-1] or (
-            torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                         or (bias is not None and bias.requires_grad))):
+    if not x.is_cpu or x.numel() > KERNEL_ROWS * weight.shape[-1] or recorded(x, weight, bias):
         return None
     kernels = decode_kernels()
     return None if kernels is None else kernels.linear(x, weight, bias, scale)
@@ -98,8 +101,7 @@ def add_lora(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tenso
     on a CPU, at most KERNEL_ROWS rows, nothing for autograd to record. A prompt is prefilled
     alone, and PyTorch's products of its tokens are faster (a 40-token prompt of GPT-2 small
     with rank-8 updates everywhere: 18 ms for them against 28 on the kernel)."""
-    if not x.is_cpu or x.dim() != 3 or x.shape[1] != 1 or x.shape[0] > KERNEL_ROWS or (
-            torch.is_grad_enabled() and any(t.requires_grad for t in (out, x, a, b))):
+    if not x.is_cpu or x.dim() != 3 or x.shape[1] != 1 or x.shape[0] > KERNEL_ROWS or recorded(out, x, a, b):
         return False
     kernels = decode_kernels()
     return kernels is not None and kernels.add_lora(out, x, a, b, scale, rows)
@@ -115,8 +117,7 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     decides which calls are the kernel's (CPU, one query token, nothing for autograd); the C++
     checks what it can take.
     """
-    if q.shape[2] != 1 or not q.is_cpu or (torch.is_grad_enabled() and (q.requires_grad or keys.requires_grad
-                                                                       or values.requires_grad)):
+    if q.shape[2] != 1 or not q.is_cpu or recorded(q, keys, values):
         return None
     if mask is not None and (mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1):
         return None  # a mask per head, or one broadcast over the rows: PyTorch's
