@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -19,6 +20,8 @@ import app
 from bench.load import MALFORMED, free_port, wait_for_app
 from ui.i18n import CHINESE, ENGLISH
 from ui.model_host import ModelHost
+from ui.running import MAX_UPDATES_PER_SECOND, api_endpoint
+from ui.views import GENERATE
 
 from .conftest import REPO, wait_until
 
@@ -60,6 +63,19 @@ def test_every_endpoint_streams_text_and_reports_how_to_reproduce_it(client, api
     assert status.startswith("seed 7 · ") and "generated tokens" in status and "stopped: " in status
     assert prompt  # the exact prompt, for the accordion
     assert updates[-1] == (text, status, prompt)
+
+
+def test_updates_come_at_most_so_often_and_each_holds_all_the_text_so_far(app_models):
+    # The tiny model makes hundreds of tokens a second: an update per token would be far more.
+    endpoint = api_endpoint(GENERATE.api, ModelHost(app_models[1:2], device="cpu"))
+    start = time.monotonic()
+    updates = list(endpoint(prompt="Once upon a time", max_new_tokens=200, temperature=0.8, seed=3))
+    elapsed = time.monotonic() - start
+    text, status, _ = updates[-1]
+    generated = int(re.search(r"\+ (\d+) generated tokens", status).group(1))
+    assert generated > 50 and len(updates) >= 2  # the first update at once, the last with the status
+    assert len(updates) <= 2 + elapsed * MAX_UPDATES_PER_SECOND < generated
+    assert all(text.startswith(earlier) for earlier, _, _ in updates)
 
 
 def test_the_same_seed_gives_the_same_text_and_another_seed_another(client):

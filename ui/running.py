@@ -1,16 +1,18 @@
 """Running a task for the UI and the API: decoding settings, limits, one streaming loop, and Stop.
 
 Both the browser and `gradio_client` end up in `run`, which takes plain values and yields
-(text so far, status line, prompt sent). Bad input of any kind becomes a `gr.Error` carrying
-the message that names the field and the limit, so the caller sees why and the app keeps
-serving; a generation that fails, or is cancelled, or whose client leaves, frees its decoding row
-and is logged in one line.
+(text so far, status line, prompt sent), at most MAX_UPDATES_PER_SECOND times a second. Bad
+input of any kind becomes a `gr.Error` carrying the message that names the field and the limit,
+so the caller sees why and the app keeps serving; a generation that fails, or is cancelled, or
+whose client leaves, frees its decoding row and is logged in one line.
 """
 from __future__ import annotations
 
 import inspect
 import logging
+import math
 import threading
+import time
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
@@ -36,6 +38,12 @@ MAX_EXAMPLE_PAIRS = 64  # `source = target` lines in /translate's examples
 # The most tokens one request may generate: a request holds a row of the decode batch until it
 # is done, so this bounds how long one user can hold it.
 MAX_NEW_TOKENS = 512
+# How often a request's text is sent while it streams. Each update costs the server some
+# milliseconds of Gradio's work (a thread hop, the output's diff, an event to the client), more
+# than a decode step of the bundled model, so an update per token halved the app's speed: one
+# client 95-120 tokens/s against 220 decoding alone, eight 230-260 (docs/performance.md). The
+# first update goes at once and the last always; text-generation-webui sends 12 a second too.
+MAX_UPDATES_PER_SECOND = 12
 SETTING_RANGES = {**LIMITS, "max_new_tokens": (1, MAX_NEW_TOKENS)}  # what the app takes; the sliders span it
 
 
@@ -108,9 +116,10 @@ class TaskAPI:
 def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
         cancel: threading.Event | None = None) -> Iterator[tuple[str, str, str]]:
     """Stream (text so far, status, prompt sent) for one request; status and prompt come with
-    the last update."""
+    the last update. Text that arrives within 1 / MAX_UPDATES_PER_SECOND of the last update
+    waits for the next: each update holds all the text so far."""
     loaded = host.current  # once: a model switch does not reach a running request
-    updates = 0
+    updates, last_sent = 0, -math.inf
     try:
         params = sampling_params(api.task, values)
         inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
@@ -126,7 +135,8 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                     if event.result.stop_reason == "cancelled":
                         log.info("/%s: stopped by its user after %d tokens", api.name, event.result.generated_tokens)
                     yield event.text, status_line(event), event.prompt.text
-                else:
+                elif time.monotonic() - last_sent >= 1 / MAX_UPDATES_PER_SECOND:
+                    last_sent = time.monotonic()
                     yield event.text, "", ""
     except ValueError as error:
         raise gr.Error(str(error), print_exception=False) from error
