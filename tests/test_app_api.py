@@ -78,6 +78,17 @@ def test_updates_come_at_most_so_often_and_each_holds_all_the_text_so_far(app_mo
     assert all(text.startswith(earlier) for earlier, _, _ in updates)
 
 
+def test_bench_stream_measures_each_app_and_number_of_clients(studio_url, capsys):
+    from bench import stream
+
+    stream.main([studio_url, "--clients", "1", "2", "--tokens", "8", "--rounds", "1"])
+    rows = [line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith(f"| {studio_url} |")]
+    assert [clients for _, clients, _, _ in rows] == ["1", "2"]
+    for _, _, tokens_per_s, updates in rows:
+        assert float(tokens_per_s) > 0 and 2 <= float(updates) <= 9  # the first, the last, at most one a token
+
+
 def test_the_same_seed_gives_the_same_text_and_another_seed_another(client):
     first, again, other = (client.predict("The little bird", max_new_tokens=16, seed=seed, api_name="/generate")
                            for seed in (42, 42, 43))

@@ -42,7 +42,8 @@ MAX_NEW_TOKENS = 512
 # milliseconds of Gradio's work (a thread hop, the output's diff, an event to the client), more
 # than a decode step of the bundled model, so an update per token halved the app's speed: one
 # client 95-120 tokens/s against 220 decoding alone, eight 230-260 (docs/performance.md). The
-# first update goes at once and the last always; text-generation-webui sends 12 a second too.
+# first update goes at once and the last always. text-generation-webui has the same cap as a
+# setting, "Maximum UI updates/second", 12 in some of its versions.
 MAX_UPDATES_PER_SECOND = 12
 SETTING_RANGES = {**LIMITS, "max_new_tokens": (1, MAX_NEW_TOKENS)}  # what the app takes; the sliders span it
 
