@@ -12,6 +12,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import gradio as gr
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
@@ -20,7 +21,7 @@ import app
 from bench.load import MALFORMED, free_port, wait_for_app
 from ui.i18n import CHINESE, ENGLISH
 from ui.model_host import ModelHost
-from ui.running import MAX_UPDATES_PER_SECOND, api_endpoint
+from ui.running import MAX_UPDATES_PER_SECOND, Pacer, api_endpoint
 from ui.views import GENERATE
 
 from .conftest import REPO, wait_until
@@ -65,6 +66,12 @@ def test_every_endpoint_streams_text_and_reports_how_to_reproduce_it(client, api
     assert updates[-1] == (text, status, prompt)
 
 
+def test_the_pacer_lets_the_first_update_go_at_once_and_then_one_per_interval():
+    pacer = Pacer(per_second=4)
+    assert [pacer.due(now) for now in (1.0, 1.125, 1.25, 1.375, 1.5, 1.625, 3.0, 3.0)] == [
+        True, False, True, False, True, False, True, False]
+
+
 def test_updates_come_at_most_so_often_and_each_holds_all_the_text_so_far(app_models):
     # The tiny model makes hundreds of tokens a second: an update per token would be far more.
     endpoint = api_endpoint(GENERATE.api, ModelHost(app_models[1:2], device="cpu"))
@@ -76,6 +83,32 @@ def test_updates_come_at_most_so_often_and_each_holds_all_the_text_so_far(app_mo
     assert generated > 50 and len(updates) >= 2  # the first update at once, the last with the status
     assert len(updates) <= 2 + elapsed * MAX_UPDATES_PER_SECOND < generated
     assert all(text.startswith(earlier) for earlier, _, _ in updates)
+
+
+def test_text_held_back_when_a_generation_fails_is_sent_before_the_error(app_models):
+    host = ModelHost(app_models[1:2], device="cpu")
+    endpoint = api_endpoint(GENERATE.api, host)
+    request = dict(prompt="Once upon a time", temperature=0.8, seed=3)
+    twenty_tokens = list(endpoint(**request, max_new_tokens=20))[-1][0]
+    calls = 0
+
+    def fail_after_twenty_tokens(module, args):  # the prompt's call, then one per token
+        nonlocal calls
+        calls += 1
+        if calls > 20:
+            raise RuntimeError("out of memory (injected)")
+
+    hook = host.current.model.register_forward_pre_hook(fail_after_twenty_tokens)
+    updates = []
+    try:
+        with pytest.raises(gr.Error, match="the generation failed"):
+            for update in endpoint(**request, max_new_tokens=200):
+                updates.append(update)
+    finally:
+        hook.remove()
+    # The tiny model makes 20 tokens in far less than 1 / MAX_UPDATES_PER_SECOND: without the
+    # last update the user would see the first token's text and then the error.
+    assert len(updates) >= 2 and updates[-1] == (twenty_tokens, "", "")
 
 
 def test_bench_stream_measures_each_app_and_number_of_clients(studio_url, capsys):

@@ -143,7 +143,7 @@ def test_generate_shows_the_text_as_it_arrives(page):
     page.locator("#generate-run").click()
     wait_for_run(page, "generate", 12)
     shown = [value for value in recorded_values(page) if value]
-    assert len(shown) > 3, "the continuation should arrive in pieces"
+    assert len(shown) >= 2, "the continuation should arrive in pieces"  # the first at once, then the rest
     assert all(later.startswith(earlier) for earlier, later in zip(shown, shown[1:]))
 
 

@@ -38,14 +38,28 @@ MAX_EXAMPLE_PAIRS = 64  # `source = target` lines in /translate's examples
 # The most tokens one request may generate: a request holds a row of the decode batch until it
 # is done, so this bounds how long one user can hold it.
 MAX_NEW_TOKENS = 512
-# How often a request's text is sent while it streams. Each update costs the server some
+# How often a request's text is sent while it streams (Pacer). Each update costs the server some
 # milliseconds of Gradio's work (a thread hop, the output's diff, an event to the client), more
-# than a decode step of the bundled model, so an update per token halved the app's speed: one
-# client 95-120 tokens/s against 220 decoding alone, eight 230-260 (docs/performance.md). The
-# first update goes at once and the last always. text-generation-webui has the same cap as a
-# setting, "Maximum UI updates/second", 12 in some of its versions.
+# than a decode step of the bundled model, so an update per token took about half the app's
+# streaming speed (docs/performance.md, "Streaming through the app"). text-generation-webui has
+# the same cap as a setting, "Maximum UI updates/second", 12 in some of its versions.
 MAX_UPDATES_PER_SECOND = 12
 SETTING_RANGES = {**LIMITS, "max_new_tokens": (1, MAX_NEW_TOKENS)}  # what the app takes; the sliders span it
+
+
+class Pacer:
+    """When an update may go: the first at once, then at most `per_second` a second. Text held
+    back goes with the next update, when the next text arrives (a token after a stall: another
+    request's prompt going in, say) or the run ends."""
+
+    def __init__(self, per_second: float):
+        self.interval, self.last = 1 / per_second, -math.inf
+
+    def due(self, now: float) -> bool:
+        if now - self.last < self.interval:
+            return False
+        self.last = now
+        return True
 
 
 @dataclass(frozen=True)
@@ -116,11 +130,11 @@ class TaskAPI:
 
 def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
         cancel: threading.Event | None = None) -> Iterator[tuple[str, str, str]]:
-    """Stream (text so far, status, prompt sent) for one request; status and prompt come with
-    the last update. Text that arrives within 1 / MAX_UPDATES_PER_SECOND of the last update
-    waits for the next: each update holds all the text so far."""
+    """Stream (text so far, status, prompt sent) for one request, as often as a Pacer of
+    MAX_UPDATES_PER_SECOND lets it; status and prompt come with the last update, which always
+    goes, and each update holds all the text so far."""
     loaded = host.current  # once: a model switch does not reach a running request
-    updates, last_sent = 0, -math.inf
+    sent, held_back, pacer = 0, None, Pacer(MAX_UPDATES_PER_SECOND)
     try:
         params = sampling_params(api.task, values)
         inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
@@ -131,21 +145,25 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
         # events, however this ends, gives the request's row back at once.
         with closing(run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter, cancel)) as events:
             for event in events:
-                updates += 1
                 if isinstance(event, TaskDone):
                     if event.result.stop_reason == "cancelled":
                         log.info("/%s: stopped by its user after %d tokens", api.name, event.result.generated_tokens)
+                    sent += 1
                     yield event.text, status_line(event), event.prompt.text
-                elif time.monotonic() - last_sent >= 1 / MAX_UPDATES_PER_SECOND:
-                    last_sent = time.monotonic()
+                elif pacer.due(time.monotonic()):
+                    sent, held_back = sent + 1, None
                     yield event.text, "", ""
+                else:
+                    held_back = event.text
     except ValueError as error:
         raise gr.Error(str(error), print_exception=False) from error
     except GeneratorExit:  # Gradio closes the run when its client cancels or goes away
-        log.info("/%s: cancelled, or its client left, after %d updates; its decoding row is freed", api.name, updates)
+        log.info("/%s: cancelled, or its client left, after %d updates; its decoding row is freed", api.name, sent)
         raise
     except Exception as error:  # a fault in the app, not in the input: say so, and keep serving
         log.error("/%s: generation failed on %s: %s: %s", api.name, loaded.name, type(error).__name__, error)
+        if held_back is not None:  # the text made before the fault, which the user would not see otherwise
+            yield held_back, "", ""
         raise gr.Error(f"the generation failed ({type(error).__name__}); the app is still serving, "
                        "please try again", print_exception=False) from error
 
