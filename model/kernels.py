@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-KERNEL_ROWS = 48  # calls over more rows than this (long prompts) go to oneDNN, faster there (docs/performance.md)
+KERNEL_ROWS = 48  # calls over more rows than this (long prompts) go to MKL, faster there (docs/performance.md)
 SOURCE = Path(__file__).with_name("kernels.cpp")
 
 log = logging.getLogger(__name__)
@@ -55,15 +55,10 @@ def decode_kernels():
     return _compiled[0]
 
 
-def wanted() -> bool:
-    """Whether this process runs its products on the kernels and oneDNN rather than PyTorch's
-    defaults: on x86 CPUs with AVX2, unless STUDIO_DECODE_KERNELS=0."""
-    return (os.environ.get("STUDIO_DECODE_KERNELS", "1") != "0"
-            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
-
-
 def _build():
-    if not wanted():
+    if os.environ.get("STUDIO_DECODE_KERNELS", "1") == "0":
+        return None
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return None
     from torch.utils.cpp_extension import load  # imported here: it is slow to import, and rarely needed
     log.info("loading the decode kernels (compiled on first use, which takes about a minute)")
@@ -88,30 +83,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     caller should use PyTorch's product.
 
     Here: what the kernels are for, decided before they are ever built (a training step or a GPU
-    model never builds them): CPU inputs, at most KERNEL_ROWS rows, nothing for autograd to record;
-    more rows go to prompt_linear. kernels.cpp: what they can take (dtypes, memory order, shapes;
-    a mismatch is PyTorch's to name).
+    model never builds them): CPU inputs, at most KERNEL_ROWS rows, nothing for autograd to record.
+    kernels.cpp: what they can take (dtypes, memory order, shapes; a mismatch is PyTorch's to name).
     """
-    if not x.is_cpu or recorded(x, weight, bias):
+    if not x.is_cpu or x.numel() > KERNEL_ROWS * weight.shape[-1] or recorded(x, weight, bias):
         return None
-    if x.numel() > KERNEL_ROWS * weight.shape[-1]:
-        return prompt_linear(x, weight, bias) if scale is None else None
     kernels = decode_kernels()
     return None if kernels is None else kernels.linear(x, weight, bias, scale)
-
-
-def prompt_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """x @ weight.T + bias over many rows (a long prompt, or several), fp32, on oneDNN: PyTorch's
-    mkldnn linear, the one its compiler (inductor) calls on a CPU; or None for F.linear (MKL).
-
-    MKL takes a generic code path on AMD CPUs (MKL_VERBOSE names "Intel(R) Architecture
-    processors" on the EPYC of docs/performance.md), while oneDNN compiles its products for the
-    CPU it runs on: GPT-2 small's products ran 18-21% faster at 256-512 rows and 27-64% at
-    64-128. The sums run in another order than MKL's, so results differ in the last bits."""
-    if (x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]
-            or not wanted() or not torch.backends.mkldnn.is_available()):
-        return None  # a mismatch is PyTorch's to name
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 def add_lora(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float,

@@ -72,37 +72,10 @@ def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kind, in_features):
         assert torch.equal(module(x[:rows]), alone[:rows])
 
 
-@pytest.mark.parametrize("bias", [True, False])
-@torch.no_grad()
-def test_a_prompt_runs_on_onednn_and_equals_pytorch(bias):
-    module = Linear(768, 300, bias=bias)
-    x = torch.randn(2, kernels.KERNEL_ROWS + 1, 768)[:, 1:]  # a view, as a prompt's chunk is
-    direct = kernels.linear(x, module.weight, module.bias)
-    assert direct is not None and direct.shape == (2, kernels.KERNEL_ROWS, 300)
-    assert torch.equal(module(x), direct)  # the layer took it
-    expected = F.linear(x, module.weight, module.bias)  # MKL: the same up to the order of the sums
-    assert (direct - expected).abs().max() <= 1e-5 * expected.abs().max()
-    assert kernels.linear(x, module.weight.to(torch.int8), module.bias, torch.ones(300)) is None  # int8: PyTorch
-
-
-def test_prompt_products_stay_pytorch_s_under_autograd_or_when_switched_off(monkeypatch):
-    module = Linear(64, 8)
-    x = torch.randn(kernels.KERNEL_ROWS + 1, 64, requires_grad=True)
-    module(x).square().sum().backward()  # oneDNN's product has no backward: autograd must take PyTorch's
-    x_again = x.detach().requires_grad_()
-    weight = module.weight.detach().requires_grad_()
-    F.linear(x_again, weight, module.bias.detach()).square().sum().backward()
-    assert torch.equal(x.grad, x_again.grad) and torch.equal(module.weight.grad, weight.grad)
-    with torch.no_grad():
-        assert kernels.linear(x, module.weight, module.bias) is not None
-        monkeypatch.setenv("STUDIO_DECODE_KERNELS", "0")
-        assert kernels.linear(x, module.weight, module.bias) is None
-
-
 @torch.no_grad()
 def test_prompts_and_odd_inputs_go_to_pytorch():
     weight, bias = torch.randn(300, 768), torch.randn(300)
-    assert kernels.linear(torch.randn(1, kernels.KERNEL_ROWS + 1, 700), weight, bias) is None  # a prompt, mismatched
+    assert kernels.linear(torch.randn(1, kernels.KERNEL_ROWS + 1, 768), weight, bias) is None  # a prompt
     assert kernels.linear(torch.randn(2, 768, dtype=torch.float64), weight.double(), bias.double()) is None
     assert kernels.linear(torch.randn(2, 768), weight.t().contiguous().t(), bias) is None  # not row-major
     assert kernels.linear(torch.randn(2, 768), weight, bias[:10]) is None
