@@ -18,7 +18,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import app
-from bench.load import MALFORMED, free_port, wait_for_app
+from bench.load import MALFORMED, STATUS, free_port, wait_for_app
 from ui.i18n import CHINESE, ENGLISH
 from ui.model_host import ModelHost
 from ui.running import MAX_UPDATES_PER_SECOND, Pacer, api_endpoint
@@ -72,22 +72,26 @@ def test_the_pacer_lets_the_first_update_go_at_once_and_then_one_per_interval():
         True, False, True, False, True, False, True, False]
 
 
-def test_updates_come_at_most_so_often_and_each_holds_all_the_text_so_far(app_models):
+@pytest.fixture(scope="module")
+def plain_host(app_models) -> ModelHost:
+    return ModelHost(app_models[1:2], device="cpu")
+
+
+def test_updates_come_at_most_so_often_and_each_holds_all_the_text_so_far(plain_host):
     # The tiny model makes hundreds of tokens a second: an update per token would be far more.
-    endpoint = api_endpoint(GENERATE.api, ModelHost(app_models[1:2], device="cpu"))
+    endpoint = api_endpoint(GENERATE.api, plain_host)
     start = time.monotonic()
     updates = list(endpoint(prompt="Once upon a time", max_new_tokens=200, temperature=0.8, seed=3))
     elapsed = time.monotonic() - start
     text, status, _ = updates[-1]
-    generated = int(re.search(r"\+ (\d+) generated tokens", status).group(1))
+    generated = int(STATUS.match(status).group(3))
     assert generated > 50 and len(updates) >= 2  # the first update at once, the last with the status
     assert len(updates) <= 2 + elapsed * MAX_UPDATES_PER_SECOND < generated
     assert all(text.startswith(earlier) for earlier, _, _ in updates)
 
 
-def test_text_held_back_when_a_generation_fails_is_sent_before_the_error(app_models):
-    host = ModelHost(app_models[1:2], device="cpu")
-    endpoint = api_endpoint(GENERATE.api, host)
+def test_text_held_back_when_a_generation_fails_is_sent_before_the_error(plain_host):
+    endpoint = api_endpoint(GENERATE.api, plain_host)
     request = dict(prompt="Once upon a time", temperature=0.8, seed=3)
     twenty_tokens = list(endpoint(**request, max_new_tokens=20))[-1][0]
     calls = 0
@@ -98,7 +102,7 @@ def test_text_held_back_when_a_generation_fails_is_sent_before_the_error(app_mod
         if calls > 20:
             raise RuntimeError("out of memory (injected)")
 
-    hook = host.current.model.register_forward_pre_hook(fail_after_twenty_tokens)
+    hook = plain_host.current.model.register_forward_pre_hook(fail_after_twenty_tokens)
     updates = []
     try:
         with pytest.raises(gr.Error, match="the generation failed"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -287,7 +288,12 @@ def test_a_decode_step_runs_alike_in_any_thread_and_fails_cleanly_inside_its_thr
             return torch.cat([model(torch.tensor([[t], [t + 1]]), cache=cache) for t in range(first, first + 8)], dim=1)
 
     in_main = [decode_steps(first) for first in (10, 30)]
-    in_threads = run_with_timeout(lambda: run_in_threads(decode_steps, (10, 30)))
+
+    def in_two_threads_at_once():
+        with ThreadPoolExecutor(2) as pool:
+            return list(pool.map(decode_steps, (10, 30)))
+
+    in_threads = run_with_timeout(in_two_threads_at_once)
     assert len(answers) == 32 and all(a is not None for a in answers)  # every step in one call
     assert all(torch.equal(a, b) for a, b in zip(in_threads, in_main))
 
@@ -315,17 +321,6 @@ def test_a_decode_step_runs_alike_in_any_thread_and_fails_cleanly_inside_its_thr
                 assert torch.equal(run_with_timeout(lambda: step(params)), expected), (n_threads, index)
     finally:
         torch.set_num_threads(threads)
-
-
-def run_in_threads(target, arguments) -> list:
-    """target(argument) for each argument, each in a thread of its own, all at once."""
-    results = [None] * len(arguments)
-    threads = [threading.Thread(target=lambda i=i, a=a: results.__setitem__(i, target(a))) for i, a in enumerate(arguments)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
 
 
 @pytest.mark.parametrize("in_features, rank, tokens", [(64, 4, 1), (100, 8, 3), (768, 16, 1)])
