@@ -1,4 +1,4 @@
-// Decode kernels for an x86 CPU with AVX2 (see model/kernels.py): matrix-vector products, and
+// Decode kernels for an x86 CPU with AVX2 or AVX-512 (see model/kernels.py): matrix-vector products, and
 // attention for one new token per sequence.
 //
 // A decode step multiplies a few rows (one token per sequence) by every weight matrix, so its
@@ -22,31 +22,70 @@
 
 namespace {
 
-// How the products are blocked, by weight type.
+// How the products are blocked, by weight type and vector width.
 // - `rows`: a call with up to this many rows (a small decode batch) takes one weight row at a
 //   time and runs all its rows over it. Memory sets the speed there, and one stream of weights
 //   reads fastest for a few rows (passes of two to four weight rows over all 8 rows of a batch
 //   measured 20-40% slower than one; the blocks below are what pays at 5-8 rows).
-// - `block_weights` x `block_rows`: a call with more rows (a decode batch of 5-8, a short prompt)
+// - `block_weights` x `block_rows`: a call with more rows (a decode batch of 5-8, a prompt)
 //   takes blocks of that many weight rows and input rows. Arithmetic sets the speed there, and
 //   each weight vector loaded then serves several input rows and each input vector several
-//   weight rows. fp32, decode steps of GPT-2 small (medians of 8-10 interleaved rounds): 8 rows
+//   weight rows; the block's sums fill most of the vector registers (16 with AVX2, 32 with
+//   AVX-512). AVX2, fp32 decode steps of GPT-2 small (medians of 8-10 interleaved rounds): 8 rows
 //   46.1 ms against 50.1 in one pass of 8, 5-6 rows 2-3% faster, 4 rows the same; 32 rows 20-25%
 //   faster than passes of 8. int8, its 12 layers: 5 rows 19 ms against 22 in passes of 4, 8 rows
-//   33.5 against 34, 16 rows 67 against 74.
+//   33.5 against 34, 16 rows 67 against 74. AVX-512 (a Zen 5 machine, docs/performance.md), fp32:
+//   4 x 6 reads GPT-2 small's matrices for 8 rows as fast as AVX2's 3 x 4 (blocks of all 8
+//   rows, 3 x 8 or 1 x 8, were 5-25% slower there), and multiplies 256 prompt rows 1.3-1.6x as
+//   fast as 3 x 8 or AVX2's 3 x 4.
 // - `accumulators` per sum: int8 spends its time converting weights to float, so one sum needs
 //   two independent accumulators to keep the FMA units busy (one is 2x slower).
 template <typename Weight> struct Pass;
+#ifdef __AVX512F__
+template <> struct Pass<float> {
+  static constexpr int rows = 4, block_weights = 4, block_rows = 6, accumulators = 1;
+};
+template <> struct Pass<int8_t> {
+  static constexpr int rows = 4, block_weights = 2, block_rows = 6, accumulators = 2;
+};
+#else
 template <> struct Pass<float> {
   static constexpr int rows = 4, block_weights = 3, block_rows = 4, accumulators = 1;
 };
 template <> struct Pass<int8_t> {
   static constexpr int rows = 4, block_weights = 2, block_rows = 3, accumulators = 2;
 };
+#endif
 
 // Weight rows ahead to prefetch: the hardware prefetcher alone leaves gaps once a pass does
-// more than stream (measured 20-30% slower for a batch of 8).
+// more than stream (measured 20-30% slower for a batch of 8 on AVX2; 8, 12 or 16 rows ahead
+// measured the same as 4).
 constexpr int kPrefetchRows = 4;
+
+// The vectors the products work in: AVX-512's 16 floats where the build targets it (kernels.py
+// asks for that on a CPU that has it), AVX2's 8 otherwise. The attention keeps AVX2's 8: a head
+// is 64 wide, and its time is not in the arithmetic.
+#ifdef __AVX512F__
+using Floats = __m512;
+constexpr int kLanes = 16;
+inline Floats zeros() { return _mm512_setzero_ps(); }
+inline Floats fmadd(Floats a, Floats b, Floats c) { return _mm512_fmadd_ps(a, b, c); }
+inline Floats add(Floats a, Floats b) { return _mm512_add_ps(a, b); }
+inline Floats load_floats(const float* w) { return _mm512_loadu_ps(w); }
+inline Floats load_floats(const int8_t* w) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
+}
+#else
+using Floats = __m256;
+constexpr int kLanes = 8;
+inline Floats zeros() { return _mm256_setzero_ps(); }
+inline Floats fmadd(Floats a, Floats b, Floats c) { return _mm256_fmadd_ps(a, b, c); }
+inline Floats add(Floats a, Floats b) { return _mm256_add_ps(a, b); }
+inline Floats load_floats(const float* w) { return _mm256_loadu_ps(w); }
+inline Floats load_floats(const int8_t* w) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w))));
+}
+#endif
 
 inline float horizontal_sum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -55,11 +94,11 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Eight weights as eight floats.
-inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
-inline __m256 load8(const int8_t* w) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w))));
+#ifdef __AVX512F__
+inline float horizontal_sum(__m512 v) {
+  return horizontal_sum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
+#endif
 
 // Where a block's sums go: y[r, o] = sum * scale[o] + bias[o]; scale and bias may be null.
 struct Output {
@@ -78,29 +117,30 @@ struct Output {
 // a row's result does not depend on the call's other rows.
 template <int WR, int N, typename Weight>
 inline void dot_block(const Weight* w, const float* x, int64_t in, int64_t o, int64_t r, const Output& out) {
-  constexpr int A = Pass<Weight>::accumulators;
-  __m256 acc[WR][N][A];
+  constexpr int A = Pass<Weight>::accumulators, step = kLanes * A;
+  static_assert(64 % (step * sizeof(Weight)) == 0, "a step within one cache line");
+  Floats acc[WR][N][A];
   for (int j = 0; j < WR; j++)
     for (int k = 0; k < N; k++)
-      for (int a = 0; a < A; a++) acc[j][k][a] = _mm256_setzero_ps();
+      for (int a = 0; a < A; a++) acc[j][k][a] = zeros();
   const char* ahead = reinterpret_cast<const char*>(w + kPrefetchRows * in);
   int64_t i = 0;
-  for (; i + 8 * A <= in; i += 8 * A) {
+  for (; i + step <= in; i += step) {
     if ((i * sizeof(Weight)) % 64 == 0)  // once per line
       for (int j = 0; j < WR; j++) _mm_prefetch(ahead + (j * in + i) * sizeof(Weight), _MM_HINT_T0);
-    __m256 wv[WR][A];
+    Floats wv[WR][A];
     for (int j = 0; j < WR; j++)
-      for (int a = 0; a < A; a++) wv[j][a] = load8(w + j * in + i + 8 * a);
+      for (int a = 0; a < A; a++) wv[j][a] = load_floats(w + j * in + i + kLanes * a);
     for (int k = 0; k < N; k++)
       for (int a = 0; a < A; a++) {
-        const __m256 xv = _mm256_loadu_ps(x + k * in + i + 8 * a);
-        for (int j = 0; j < WR; j++) acc[j][k][a] = _mm256_fmadd_ps(wv[j][a], xv, acc[j][k][a]);
+        const Floats xv = load_floats(x + k * in + i + kLanes * a);
+        for (int j = 0; j < WR; j++) acc[j][k][a] = fmadd(wv[j][a], xv, acc[j][k][a]);
       }
   }
   for (int j = 0; j < WR; j++)
     for (int k = 0; k < N; k++) {
-      __m256 total = acc[j][k][0];
-      for (int a = 1; a < A; a++) total = _mm256_add_ps(total, acc[j][k][a]);
+      Floats total = acc[j][k][0];
+      for (int a = 1; a < A; a++) total = add(total, acc[j][k][a]);
       float s = horizontal_sum(total);
       for (int64_t t = i; t < in; t++) s += static_cast<float>(w[j * in + t]) * x[k * in + t];
       out.put(r + k, o + j, s);

@@ -3,6 +3,7 @@ attention up to rounding, the same for a row alone or in a batch, and out of the
 gradients and large calls."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -457,12 +458,30 @@ def test_training_and_long_prompts_never_build_the_kernels():
     code = """
 import torch
 from model import GPT2, GPT2Config, kernels
-model = GPT2(GPT2Config(vocab_size=64, n_positions=128, n_embd=32, n_layer=1, n_head=2))
-ids = torch.randint(0, 64, (2, 40))
+model = GPT2(GPT2Config(vocab_size=64, n_positions=1024, n_embd=32, n_layer=1, n_head=2))
+ids = torch.randint(0, 64, (2, kernels.KERNEL_ROWS // 2 + 1))
 model(ids).sum().backward()  # gradients
 with torch.no_grad():
-    model(ids)  # 80 rows: a long prompt
+    model(ids)  # more rows than the kernels take: long prompts
 assert kernels._compiled == [], kernels._compiled
 """
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_avx2_build_passes_these_tests_too():
+    """The kernels come in two builds, AVX2 and AVX-512 (kernels.WIDE). PyTorch can be told to
+    stop at AVX2, so on a CPU with AVX-512 the narrower build is tested as well: this file's tests
+    and the scheduler's, in a fresh interpreter that builds and runs it."""
+    code = """
+import sys, pytest
+from model import kernels
+assert not kernels.WIDE and kernels.KERNEL_ROWS == 48
+assert kernels.decode_kernels().__name__ == "studio_decode_kernels", kernels.decode_kernels()
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "tests/test_kernels.py", "tests/test_speed.py",
+                      "-k", "not avx2_build"]))
+"""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout
