@@ -36,8 +36,8 @@ namespace {
 //   faster than passes of 8. int8, its 12 layers: 5 rows 19 ms against 22 in passes of 4, 8 rows
 //   33.5 against 34, 16 rows 67 against 74. AVX-512 (a Zen 5 machine, docs/performance.md), fp32:
 //   4 x 6 reads GPT-2 small's matrices for 8 rows as fast as AVX2's 3 x 4 (blocks of all 8
-//   rows, 3 x 8 or 1 x 8, were 5-25% slower there), and multiplies 256 prompt rows 1.3-1.6x as
-//   fast as 3 x 8 or AVX2's 3 x 4.
+//   rows, 3 x 8 or 1 x 8, were 5-25% slower there), and multiplies 256 prompt rows about 1.3x as
+//   fast as 3 x 8 and 1.5x as fast as AVX2's 3 x 4.
 // - `accumulators` per sum: int8 spends its time converting weights to float, so one sum needs
 //   two independent accumulators to keep the FMA units busy (one is 2x slower).
 template <typename Weight> struct Pass;

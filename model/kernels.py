@@ -6,7 +6,9 @@ fast the weights stream from memory. MKL's product reads them at 8-10 GB/s on th
 machine of docs/performance.md; `kernels.cpp` (dot products of contiguous weight rows, several
 input rows sharing each read) reads fp32 weights at about 17 GB/s, and int8 weights, converted
 to float in registers and scaled per output channel afterwards, in a third of the fp32 time. The
-inputs stay fp32: int8 is weight-only, so nothing is rounded per call.
+inputs stay fp32: int8 is weight-only, so nothing is rounded per call. On a CPU with AVX-512 they
+are built for it (vectors of 16 floats, larger blocks), which pays where arithmetic counts:
+prompts, batches, int8.
 
 The attention kernel does what PyTorch's scaled_dot_product_attention does for a query of one
 token, in half its time or less at the lengths of a chat (measured in docs/performance.md).
