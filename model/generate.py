@@ -43,8 +43,8 @@ MAX_STOP_STRINGS, MAX_STOP_LENGTH = 8, 100
 # divided by the temperature overflow to infinity, which no sampler can draw from.
 MIN_TEMPERATURE = 0.01
 # Prompt tokens per forward call (prefill_chunk), about the most a newcomer's prompt stalls the
-# other requests' streams between two steps. Measured for GPT-2 small on the 2-core machine of
-# docs/performance.md: a 1,000-token prompt takes 2.1-2.2 s in one call, stalling every stream
+# other requests' streams between two steps. Measured for GPT-2 small on the 2-core Zen 3 machine
+# of docs/performance.md: a 1,000-token prompt takes 2.1-2.2 s in one call, stalling every stream
 # that long; in chunks of 512, at most 1.2 s at a time. Smaller chunks stall less but prefill
 # more slowly (chunks of 256: a 512-token prompt 1,117 ms against 1,005 in one call), and prompts
 # up to this length go in one call, as fast as before.

@@ -40,13 +40,24 @@ from pathlib import Path
 
 import torch
 
+
+def cpu_vendor() -> str:
+    """The CPU's vendor as Linux names it ("AuthenticAMD", "GenuineIntel"); "" where unknown."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
 # The CPU's widest vectors, as PyTorch found them (ATEN_CPU_CAPABILITY=avx2 makes an AVX-512 CPU
-# build and run the AVX2 kernels).
+# build and run the AVX2 kernels, and PyTorch's own CPU code stop at AVX2 too).
 WIDE = torch.backends.cpu.get_cpu_capability() == "AVX512"
-# Calls over more rows than this go to PyTorch's product (MKL). On the AVX2 machine of
-# docs/performance.md MKL was faster past 48 rows; on the AVX-512 one the kernels multiply up to
-# 512 rows (a whole prompt chunk) 1.2-1.8x as fast as MKL, which takes a generic path there.
-KERNEL_ROWS = 512 if WIDE else 48
+# Calls over more rows than this go to PyTorch's product (MKL). On the AVX2 AMD machine of
+# docs/performance.md MKL was faster past 48 rows; on the AVX-512 AMD one the kernels multiply up
+# to 512 rows (a whole prompt chunk) 1.2-1.8x as fast as MKL, which runs a generic code path on
+# AMD CPUs. On an Intel CPU MKL takes its tuned path, so prompts stay with it (not measured).
+KERNEL_ROWS = 512 if WIDE and cpu_vendor() == "AuthenticAMD" else 48
 SOURCE = Path(__file__).with_name("kernels.cpp")
 
 log = logging.getLogger(__name__)

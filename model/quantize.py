@@ -5,10 +5,10 @@ is set by memory bandwidth: int8 weights are a quarter of fp32's bytes. Each out
 row of the weight) gets its own scale, max|w| / 127, symmetric around zero.
 
 Only the weights are rounded: inputs stay in floating point, so a token's result does not depend
-on the other rows of its call (other users' requests, in a batched decode step). On a CPU a
-decode step runs on the int8 kernel of model/kernels.py, which converts the weights to float in
-registers as it streams them; elsewhere (prompts, a GPU, bf16) the int8 weights are scaled back
-to the input's dtype for PyTorch's product.
+on the other rows of its call (other users' requests, in a batched decode step). On a CPU decode
+steps and prompts of up to kernels.KERNEL_ROWS rows run on the int8 kernel of model/kernels.py,
+which converts the weights to float in registers as it streams them; elsewhere (longer prompts, a
+GPU, bf16) the int8 weights are scaled back to the input's dtype for PyTorch's product.
 
 GPT-2's output head shares its weight with the token embedding. The head gets its own int8 copy
 (it is a quarter of the model's reads per token) while the embedding lookup, which reads one
