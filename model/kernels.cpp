@@ -59,7 +59,8 @@ template <> struct Pass<int8_t> {
 
 // Weight rows ahead to prefetch: the hardware prefetcher alone leaves gaps once a pass does
 // more than stream (measured 20-30% slower for a batch of 8 on AVX2). 8 to 32 rows ahead, or a
-// second prefetch into L2 24 rows ahead, measured the same as 4 or slower, on AVX2 and AVX-512.
+// second prefetch into L2 24 rows ahead, measured the same as 4 or slower, on AVX2 and AVX-512,
+// in slow and fast spells of the machine (docs/performance.md).
 constexpr int kPrefetchRows = 4;
 
 // The vectors the products work in: AVX-512's 16 floats where the build targets it (kernels.py
