@@ -52,7 +52,8 @@ def cpu_vendor() -> str:
 
 # The CPU's widest vectors, as PyTorch found them (ATEN_CPU_CAPABILITY=avx2 makes an AVX-512 CPU
 # build and run the AVX2 kernels, and PyTorch's own CPU code stop at AVX2 too).
-WIDE = torch.backends.cpu.get_cpu_capability() == "AVX512"
+CAPABILITY = torch.backends.cpu.get_cpu_capability()
+WIDE = CAPABILITY == "AVX512"
 # Calls over more rows than this go to PyTorch's product (MKL). On the AVX2 AMD machine of
 # docs/performance.md MKL was faster past 48 rows; on the AVX-512 AMD one the kernels multiply up
 # to 512 rows (a whole prompt chunk) 1.2-1.8x as fast as MKL, which runs a generic code path on
@@ -77,7 +78,7 @@ def decode_kernels():
 def _build():
     if os.environ.get("STUDIO_DECODE_KERNELS", "1") == "0":
         return None
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+    if CAPABILITY not in ("AVX2", "AVX512"):
         return None
     from torch.utils.cpp_extension import load  # imported here: it is slow to import, and rarely needed
     log.info("loading the decode kernels (compiled on first use, which takes about a minute)")
