@@ -23,9 +23,12 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
+import time
 import weakref
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import torch
 
@@ -35,9 +38,15 @@ from . import generate as generation
 from .generate import Sampler, SamplingParams, check_prompt_fits, new_token_budget, pick_tokens, prefill_chunk
 from .gpt2 import GPT2, KVCache
 
+T = TypeVar("T")
 DONE = None  # what a request's queue receives after its last token
 CACHE_STEP = 128  # the batch's cache grows in steps of this many slots
 MAX_BATCH = 8  # rows of one decode step
+# A reader that finds none of its tokens waiting sleeps this long before it waits for the next
+# one, so the tokens of the next few steps wake it once rather than once each: each wake-up cost
+# the reading thread about 20-30 us of CPU, on the cores that decode (docs/performance.md, "Fewer
+# wake-ups"). The app shows text at most 12 times a second (ui/running.py), so no one sees it.
+READ_PAUSE_S = 0.01
 
 
 @dataclass(eq=False)
@@ -268,6 +277,22 @@ def close_all() -> None:
             pass
 
 
+def in_thread_of_its_own(work: Callable[[], T]) -> T:
+    """work() run in a new thread that has ended when this returns; its result, or its exception.
+
+    For PyTorch's parallel work that a server does once, such as loading a model. libgomp
+    (PyTorch's OpenMP) keeps worker threads for every thread that has run parallel work, until
+    that thread ends, and once it manages more threads than there are cores its workers sleep
+    between parallel regions rather than spin, so each region then waits for a wake-up. A
+    scheduler's thread decoding beside a main thread that loaded the model is that case: the
+    bundled model's 8-row step took 1.5-1.7 ms there against 1.0-1.1 ms with the loading done in
+    a thread that had ended (docs/performance.md, "No second thread pool").
+    """
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="load") as pool:
+        future = pool.submit(work)
+    return future.result()  # the pool's thread has ended: leaving `with` waited for it
+
+
 def cache_length(budget: int) -> int:
     """The cache length that holds a request of `budget` tokens, rounded up to CACHE_STEP so that
     the cache grows (and copies itself) a few times, not with each request."""
@@ -296,6 +321,8 @@ class RequestTokens:
             # together (by one caller, or by several within a step) start decoding together.
             self._started = True
             self._scheduler._start_worker()
+        elif self._request.out.empty():  # the first token is waited for at once, the others after a pause
+            time.sleep(READ_PAUSE_S)
         token = self._request.out.get()
         if token is DONE or isinstance(token, BaseException):
             self.close()

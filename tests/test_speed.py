@@ -3,6 +3,8 @@ continuous-batching scheduler. How fast they are is measured by `python -m bench
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import replace
@@ -20,7 +22,7 @@ from model import scheduler as scheduler_module
 from model.scheduler import Scheduler
 from model.train import TrainSettings, mean_loss, random_windows, train
 
-from .conftest import DATA_DIR, make_checkpoint_with_adapters, wait_until
+from .conftest import DATA_DIR, REPO, make_checkpoint_with_adapters, wait_until
 
 TINYSTORIES_VAL = DATA_DIR / "pretrain" / "tinystories" / "yuninxia_tinystories_val.txt"
 
@@ -429,6 +431,74 @@ def test_closing_a_scheduler_whose_worker_never_started_ends_its_queued_requests
     with pytest.raises(RuntimeError, match="decoding failed .RuntimeError: the scheduler was closed"):
         next(queued)
     assert scheduler._worker is None
+
+
+def test_the_app_loads_its_model_in_a_thread_that_ends_so_only_the_scheduler_keeps_openmp_workers():
+    """libgomp keeps worker threads for every thread that has run parallel work until it ends, and
+    with more of them than cores its workers sleep between regions (scheduler.in_thread_of_its_own
+    says why that slows decoding). So loading the bundled model (its copies are parallel work) must
+    leave no thread behind, and after requests from other threads the scheduler's worker, once
+    idle, ends with its own. Counted in a fresh interpreter, after importing torch (which starts
+    one thread of its own)."""
+    code = """
+import os, threading, time, torch
+from model.generate import SamplingParams, generate
+from model.scheduler import in_thread_of_its_own
+from ui.model_host import ModelHost
+
+def threads_settle_at(expected):  # an ended thread may linger a moment in /proc
+    deadline = time.monotonic() + 5
+    while len(os.listdir("/proc/self/task")) != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return len(os.listdir("/proc/self/task")) == expected
+
+before = len(os.listdir("/proc/self/task"))
+host = ModelHost(["bundled"], device="cpu")
+assert threads_settle_at(before), "loading left a thread behind"
+current = host.current
+requests = [threading.Thread(target=generate, args=(current.scheduler, current.tokenizer, "Once upon a time",
+                                                    SamplingParams(max_new_tokens=8, seed=seed))) for seed in range(3)]
+for request in requests:
+    request.start()
+for request in requests:
+    request.join()
+assert current.scheduler.largest_batch > 1
+assert threads_settle_at(before), "the requests left a thread behind"
+assert in_thread_of_its_own(lambda: torch.ones(10**6).sum().item()) == 10**6
+assert threads_settle_at(before)
+try:
+    in_thread_of_its_own(lambda: 1 / 0)
+except ZeroDivisionError:
+    pass
+else:
+    raise AssertionError("the work's exception was not raised")
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_reader_reads_the_tokens_of_several_steps_per_wake_up(loaded, monkeypatch):
+    """A reader that finds no token waiting pauses (READ_PAUSE_S) before it waits, so it wakes
+    once for the tokens of several steps rather than once for each. Steps here take at least 2 ms
+    and the pause 50 ms; counted is how many different steps had run when tokens were read: one
+    per token without the pause, a few with it."""
+    model, tokenizer = loaded
+    monkeypatch.setattr(scheduler_module, "READ_PAUSE_S", 0.05)
+    steps: list[int] = []
+
+    def slow_step(module, args):
+        if args[0].shape[1] == 1:
+            threading.Event().wait(0.002)
+            steps.append(1)
+
+    handle = model.register_forward_pre_hook(slow_step)
+    try:
+        params = SamplingParams(temperature=0, max_new_tokens=30)
+        steps_run_when_read = [len(steps) for _ in Scheduler(model).decode(tokenizer.encode("Once upon"), params, 0)]
+    finally:
+        handle.remove()
+    assert len(steps_run_when_read) == 30
+    assert len(set(steps_run_when_read)) <= 10, steps_run_when_read
 
 
 def test_a_request_closed_before_its_first_token_never_decodes(loaded):

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from model import GPT2, kernels, load_pretrained
 from model.adapters import adapter_names
-from model.scheduler import Scheduler
+from model.scheduler import Scheduler, in_thread_of_its_own
 from model.tokenizer import Tokenizer
 from model.train import pick_device
 
@@ -81,9 +81,9 @@ class ModelHost:
 
     def _load(self, name: str) -> LoadedModel:
         log.info("loading model %s on %s", name, self.device)
-        try:
-            model, tokenizer = load_pretrained(None if name == BUNDLED else name, device=self.device,
-                                               quantize=self.quantize)
+        try:  # in a thread that ends, so that the scheduler's thread decodes without a second OpenMP pool
+            model, tokenizer = in_thread_of_its_own(lambda: load_pretrained(None if name == BUNDLED else name,
+                                                                            device=self.device, quantize=self.quantize))
         except Exception as error:  # whatever goes wrong, the model being served must keep serving
             log.warning("could not load model %s: %s", name, error)
             raise ModelLoadError(f"could not load {name}: {error}") from error
