@@ -23,11 +23,11 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
-import time
 import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from time import sleep
 from typing import Callable, TypeVar
 
 import torch
@@ -42,10 +42,11 @@ T = TypeVar("T")
 DONE = None  # what a request's queue receives after its last token
 CACHE_STEP = 128  # the batch's cache grows in steps of this many slots
 MAX_BATCH = 8  # rows of one decode step
-# A reader that finds none of its tokens waiting sleeps this long before it waits for the next
-# one, so the tokens of the next few steps wake it once rather than once each: each wake-up cost
-# the reading thread about 20-30 us of CPU, on the cores that decode (docs/performance.md, "Fewer
-# wake-ups"). The app shows text at most 12 times a second (ui/running.py), so no one sees it.
+# While other requests decode beside its own, a reader that finds none of its tokens waiting
+# sleeps this long before it waits for the next one, so the tokens of the next few steps wake it
+# once rather than once each: a wake-up cost the reading thread 25-40 us of CPU, taken from the
+# cores and the GIL that decode (docs/performance.md, "The scheduler's thread"). The app shows
+# text at most 12 times a second (ui/running.py), so no one sees it.
 READ_PAUSE_S = 0.01
 
 
@@ -82,6 +83,8 @@ class Request:
         self.tokens[0, self.length] = token
         self.length += 1
         self.out.put(token)
+        if self.length == self.budget:
+            self.out.put(DONE)  # now, not when the row is retired: its reader need not wait a step
 
 
 class Scheduler:
@@ -238,8 +241,7 @@ class Scheduler:
         """Drop the rows that are done; the last row moves into each one's place, so the active
         rows stay the first ones."""
         for row in reversed(range(len(active))):
-            if active[row].done:
-                active[row].out.put(DONE)
+            if active[row].done:  # its reader has had DONE, an error, or has gone (cancelled)
                 last = len(active) - 1
                 if row != last:
                     cache.copy_row(row, cache, last)
@@ -286,9 +288,9 @@ def in_thread_of_its_own(work: Callable[[], T]) -> T:
     between parallel regions rather than spin, so each region then waits for a wake-up. A
     scheduler's thread decoding beside a main thread that loaded the model is that case: the
     bundled model's 8-row step took 1.5-1.7 ms there against 1.0-1.1 ms with the loading done in
-    a thread that had ended (docs/performance.md, "No second thread pool").
+    a thread that had ended (docs/performance.md, "The scheduler's thread").
     """
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="load") as pool:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="passing") as pool:
         future = pool.submit(work)
     return future.result()  # the pool's thread has ended: leaving `with` waited for it
 
@@ -321,8 +323,8 @@ class RequestTokens:
             # together (by one caller, or by several within a step) start decoding together.
             self._started = True
             self._scheduler._start_worker()
-        elif self._request.out.empty():  # the first token is waited for at once, the others after a pause
-            time.sleep(READ_PAUSE_S)
+        elif self._request.out.empty() and self._scheduler.rows_in_use > 1:  # a lone request's never pause
+            sleep(READ_PAUSE_S)
         token = self._request.out.get()
         if token is DONE or isinstance(token, BaseException):
             self.close()

@@ -3,6 +3,7 @@ continuous-batching scheduler. How fast they are is measured by `python -m bench
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -473,32 +474,46 @@ except ZeroDivisionError:
 else:
     raise AssertionError("the work's exception was not raised")
 """
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}  # one OpenMP thread would keep no worker, and prove nothing
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_a_reader_reads_the_tokens_of_several_steps_per_wake_up(loaded, monkeypatch):
-    """A reader that finds no token waiting pauses (READ_PAUSE_S) before it waits, so it wakes
-    once for the tokens of several steps rather than once for each. Steps here take at least 2 ms
-    and the pause 50 ms; counted is how many different steps had run when tokens were read: one
-    per token without the pause, a few with it."""
+def test_a_reader_beside_others_reads_the_tokens_of_several_steps_per_wake_up(loaded, monkeypatch):
+    """With other requests decoding beside its own, a reader that finds no token waiting pauses
+    (READ_PAUSE_S) before it waits, then reads every token that came meanwhile without waiting
+    again. The pause is replaced here by one that lasts until three tokens are waiting (or the
+    request is done), so nothing depends on the machine's speed. A request decoding alone never
+    pauses."""
     model, tokenizer = loaded
-    monkeypatch.setattr(scheduler_module, "READ_PAUSE_S", 0.05)
-    steps: list[int] = []
+    scheduler = Scheduler(model)
+    reading: list = []  # the request being read
+    pauses: list[int] = []  # how many of its tokens had been read at each pause
+    read: list[int] = []
 
-    def slow_step(module, args):
-        if args[0].shape[1] == 1:
-            threading.Event().wait(0.002)
-            steps.append(1)
+    def pause(seconds):
+        assert seconds == scheduler_module.READ_PAUSE_S
+        request = reading[-1]._request
+        pauses.append(len(read))
+        assert wait_until(lambda: request.out.qsize() >= 3 or request.done, timeout_s=30)
 
-    handle = model.register_forward_pre_hook(slow_step)
-    try:
-        params = SamplingParams(temperature=0, max_new_tokens=30)
-        steps_run_when_read = [len(steps) for _ in Scheduler(model).decode(tokenizer.encode("Once upon"), params, 0)]
-    finally:
-        handle.remove()
-    assert len(steps_run_when_read) == 30
-    assert len(set(steps_run_when_read)) <= 10, steps_run_when_read
+    def tokens(request) -> list[int]:
+        reading.append(request)
+        read.clear()
+        read.extend(int(t[0]) for t in request)
+        return list(read)
+
+    monkeypatch.setattr(scheduler_module, "sleep", pause)
+    params = SamplingParams(temperature=0, max_new_tokens=30)
+    alone = tokens(scheduler.decode(tokenizer.encode("The cat"), params, 0))
+    assert len(alone) == 30 and pauses == []
+    beside = scheduler.decode(tokenizer.encode("Once upon a time"), replace(params, max_new_tokens=60), 1)
+    assert tokens(scheduler.decode(tokenizer.encode("The cat"), params, 0)) == alone
+    assert len(list(beside)) == 60
+    assert 0 < len(pauses) <= 10, pauses
+    runs = [b - a for a, b in zip(pauses, pauses[1:] + [len(read)])]  # tokens read after each pause
+    assert all(run >= 3 for run in runs[:-1]), (pauses, runs)
 
 
 def test_a_request_closed_before_its_first_token_never_decodes(loaded):

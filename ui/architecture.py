@@ -9,6 +9,7 @@ from matplotlib.figure import Figure  # not pyplot: figures made per request mus
 
 from model.generate import check_setting
 from model.inspect import Inspection, inspect_prompt
+from model.scheduler import in_thread_of_its_own
 
 from .i18n import i18n
 from .model_host import ModelHost
@@ -97,7 +98,10 @@ def look_inside(host: ModelHost):
             checked_text("prompt", prompt)  # the same limits as the task tabs
             layer = checked_setting("layer", layer, 1, config.n_layer)
             head = checked_setting("head", head, 1, config.n_head)
-            seen = inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1, head - 1)
+            # A forward pass is parallel work: not in Gradio's worker thread, which lives on
+            # (model/scheduler.py, in_thread_of_its_own, says why).
+            seen = in_thread_of_its_own(lambda: inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1,
+                                                               head - 1))
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from error
         top = [[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens]  # a random model's are all tiny
