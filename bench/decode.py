@@ -11,7 +11,9 @@ prompt, prefill included, for ours and for `GPT2LMHeadModel.generate` alike.
 
 Also measured: the memory read bandwidth, in every round like the rest, and from it the roofline
 (bandwidth / weight bytes read per token: at batch 1 every weight is read once per token); peak
-resident memory; and, on the
+resident memory; the time to load a checkpoint of the 124M shape, ours against
+`GPT2LMHeadModel.from_pretrained` (after the peak memory is taken: each load holds another copy
+for a moment); and, on the
 bundled model (assets/, when it has been trained), its load time, its int8 perplexity against
 fp32, and 8 concurrent clients of the continuous-batching scheduler against one.
 
@@ -28,7 +30,9 @@ import json
 import math
 import os
 import resource
+import shutil
 import statistics
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -115,14 +119,19 @@ def random_ids(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
+def random_hf_model() -> transformers.GPT2LMHeadModel:
+    """transformers' GPT2LMHeadModel in the 124M shape, with random weights."""
+    config = GPT2Config.preset("gpt2")
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        **{k: getattr(config, k) for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")}))
+
+
 def build_models(device: torch.device, dtype: torch.dtype):
     """transformers' GPT2LMHeadModel with random weights in the 124M shape, and ours (fp32 and
     int8) holding the very same weights, placed in memory as load_pretrained places them."""
     torch.manual_seed(0)
     config = GPT2Config.preset("gpt2")
-    hf_config = transformers.GPT2Config(**{k: getattr(config, k) for k in ("vocab_size", "n_positions", "n_embd",
-                                                                          "n_layer", "n_head")})
-    hf = transformers.GPT2LMHeadModel(hf_config).to(device=device, dtype=dtype).eval()
+    hf = random_hf_model().to(device=device, dtype=dtype).eval()
     hf.generation_config.eos_token_id = None  # random weights: always make every token asked for
     hf.generation_config.pad_token_id = 0
     state = {k: v.to("cpu", torch.float32) for k, v in hf.state_dict().items()}
@@ -249,6 +258,21 @@ def scheduler_clients(model: GPT2, tokenizer, n_clients: int, new_tokens: int) -
     return sum(r.generated_tokens for r in results) / elapsed
 
 
+def load_times(device: torch.device, dtype: torch.dtype, reps: int) -> dict[str, float]:
+    """Seconds to load a checkpoint of the 124M shape (random weights, saved by transformers, with
+    the bundled tokenizer beside them), ours and transformers' alternating, medians."""
+    with tempfile.TemporaryDirectory() as folder:
+        random_hf_model().save_pretrained(folder)
+        shutil.copy(BUNDLED_DIR / "tokenizer.model", folder)
+        print(f"loading a checkpoint of the 124M shape, {reps} rounds:", flush=True)
+        rounds = alternate({
+            "load_ours_s": lambda: seconds(lambda: load_pretrained(folder, device=device, dtype=dtype), device),
+            "load_hf_s": lambda: seconds(lambda: transformers.GPT2LMHeadModel.from_pretrained(folder, dtype=dtype)
+                                         .to(device), device),
+        }, reps)
+    return medians(rounds)
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
@@ -295,6 +319,8 @@ def table(n: dict, device: torch.device, dtype: torch.dtype, new_tokens: int, re
         ("one batch-1 decode step (ms)", f"{n['decode_step_ms']:.1f}", "",
          f"{1000 / (n['roofline_fp32_tok_s'] * n['decode_step_ms']):.0%} of the roofline"),
         ("peak resident memory of this process (MB)", f"{n['peak_rss_mb']:.0f}", "", "both models loaded"),
+        ("load a checkpoint of the 124M shape (s)", f"{n['load_ours_s']:.2f}", f"{n['load_hf_s']:.2f}",
+         f"{n['load_hf_s'] / n['load_ours_s']:.2f}x as fast"),
         ("bundled model: load time (s)", opt(n["bundled_load_s"], "{:.2f}"), "", ""),
         ("bundled model: int8 / fp32 validation perplexity", opt(n["bundled_int8_ppl_ratio"], "{:.4f}"), "", ""),
     ]
@@ -334,6 +360,7 @@ def main(argv=None) -> None:
     n = in_thread_of_its_own(lambda: against_transformers(args, device, dtype))
     n.update(bundled_checks(args.bundled, device, args.new_tokens, args.reps))
     n["peak_rss_mb"] = peak_rss_mb()
+    n.update(in_thread_of_its_own(lambda: load_times(device, dtype, args.reps)))
     print(table(n, device, dtype, args.new_tokens, args.reps))
     if args.json:
         args.json.write_text(json.dumps({**{k: n[k] for k in KEYS}, **n}, indent=2) + "\n")

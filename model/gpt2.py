@@ -241,12 +241,16 @@ class GPT2(nn.Module):
             ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon) if config.final_norm else nn.Identity(),
         ))
         self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # tied output head
+        self.tie_head()
         self.apply(self._init_weights)
         # GPT-2 scales the projections that write into the residual stream by 1/sqrt(2 * n_layer).
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def tie_head(self) -> None:
+        """The output head is the token embedding's weight (GPT-2's tied head)."""
+        self.lm_head.weight = self.transformer.wte.weight
 
     @staticmethod
     def _init_weights(module):

@@ -20,6 +20,8 @@ def test_the_decode_benchmark_prints_its_table_and_writes_the_required_keys(tmp_
     assert list(numbers)[:len(KEYS)] == list(KEYS)  # the required keys first
     assert all(numbers[key] > 0 for key in KEYS)  # every one measured
     assert 0.99 < numbers["bundled_int8_ppl_ratio"] < 1.01  # the shipped model, int8 against fp32
+    assert numbers["load_ours_s"] > 0 and numbers["load_hf_s"] > 0
     for row in ("| decode, batch 1, fp32 (tokens/s) |", "| roofline, fp32 / int8 (tokens/s) |",
-                "| one batch-1 decode step (ms) |", "| bundled model, fp32: scheduler, 1 / 8 clients"):
+                "| one batch-1 decode step (ms) |", "| load a checkpoint of the 124M shape (s) |",
+                "| bundled model, fp32: scheduler, 1 / 8 clients"):
         assert row in done.stdout

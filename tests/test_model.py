@@ -155,6 +155,24 @@ def test_a_loaded_model_keeps_its_weights_in_one_block_on_huge_pages(tmp_path):
 
 
 @torch.no_grad()
+def test_a_model_loaded_where_its_weights_stay_put_has_them_contiguous_and_its_head_tied(tmp_path, monkeypatch):
+    """load_pretrained takes the file's tensors as they are (Conv1D weights as transposed views)
+    and copies them once, onto huge pages; where they stay put (a GPU, a system without huge
+    pages) each is made contiguous, so that the decode kernels still take them, and the head
+    stays tied. The logits equal transformers'."""
+    from model import checkpoint
+
+    directory = make_hf_checkpoint(tmp_path / "src", n_positions=64, n_embd=64, n_layer=2, n_head=2)
+    monkeypatch.setattr(checkpoint, "weights_on_huge_pages", lambda model: model)
+    model, _ = load_pretrained(directory)
+    assert all(p.is_contiguous() for p in model.parameters())
+    assert model.lm_head.weight is model.transformer.wte.weight
+    hf = GPT2LMHeadModel.from_pretrained(directory).eval()
+    ids = prompt_ids(model, 16, batch=2)
+    assert (hf(ids).logits - model(ids)).abs().max() < 1e-5
+
+
+@torch.no_grad()
 def test_post_ln_and_no_final_norm_differ_from_pre_ln():
     ids = torch.randint(0, 100, (1, 10))
     logits = {}
