@@ -2,6 +2,7 @@
 test_huggingface_import.py): same logits, same greedy continuation, same cache behaviour."""
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,7 @@ def test_a_loaded_model_keeps_its_weights_in_one_block_on_huge_pages(tmp_path):
     assert len(matrices) == 2 + 4 * 2  # wte (the head too), wpe, four per block
     assert len({p.untyped_storage().data_ptr() for p in matrices}) == 1
     assert model.lm_head.weight is model.transformer.wte.weight
+    assert not maps_file(directory / "model.safetensors")  # the vectors too are the model's own memory
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if thp.is_file() and "[never]" not in thp.read_text():
         assert huge_page_kib(model.transformer.wte.weight.data_ptr()) >= 2048  # wte alone is 12.9 MB
@@ -154,12 +156,18 @@ def test_a_loaded_model_keeps_its_weights_in_one_block_on_huge_pages(tmp_path):
     assert torch.equal(reloaded(ids), model(ids))
 
 
+def maps_file(path: Path) -> bool:
+    """Whether this process still maps the file (safetensors maps a checkpoint to read it)."""
+    gc.collect()
+    return any(line.rstrip().endswith(str(path)) for line in Path("/proc/self/maps").read_text().splitlines())
+
+
 @torch.no_grad()
 def test_a_model_loaded_where_its_weights_stay_put_has_them_contiguous_and_its_head_tied(tmp_path, monkeypatch):
     """load_pretrained takes the file's tensors as they are (Conv1D weights as transposed views)
     and copies them once, onto huge pages; where they stay put (a GPU, a system without huge
-    pages) each is made contiguous, so that the decode kernels still take them, and the head
-    stays tied. The logits equal transformers'."""
+    pages) each is made contiguous, so that the decode kernels still take them, and the model's
+    own copy, so that the file is let go; the head stays tied. The logits equal transformers'."""
     from model import checkpoint
 
     directory = make_hf_checkpoint(tmp_path / "src", n_positions=64, n_embd=64, n_layer=2, n_head=2)
@@ -167,6 +175,7 @@ def test_a_model_loaded_where_its_weights_stay_put_has_them_contiguous_and_its_h
     model, _ = load_pretrained(directory)
     assert all(p.is_contiguous() for p in model.parameters())
     assert model.lm_head.weight is model.transformer.wte.weight
+    assert not maps_file(directory / "model.safetensors")  # nothing of the model is a view of the file
     hf = GPT2LMHeadModel.from_pretrained(directory).eval()
     ids = prompt_ids(model, 16, batch=2)
     assert (hf(ids).logits - model(ids)).abs().max() < 1e-5
