@@ -6,7 +6,9 @@ import json
 import subprocess
 import sys
 
-from bench.decode import KEYS
+import torch
+
+from bench.decode import KEYS, table
 
 from .conftest import REPO
 
@@ -25,3 +27,7 @@ def test_the_decode_benchmark_prints_its_table_and_writes_the_required_keys(tmp_
                 "| one batch-1 decode step (ms) |", "| load a checkpoint of the 124M shape (s) |",
                 "| bundled model, fp32: scheduler, 1 / 8 clients"):
         assert row in done.stdout
+    # A run in bf16 (on a GPU, say) labels its GPT-2 small rows bf16; the bundled model stays fp32.
+    bf16 = table(numbers, torch.device("cpu"), torch.bfloat16, 2, 1)
+    assert "| decode, batch 1, bf16 (tokens/s) |" in bf16 and "| roofline, bf16 / int8 (tokens/s) |" in bf16
+    assert "| decode, batch 1, fp32" not in bf16 and "| bundled model, fp32: scheduler" in bf16
