@@ -442,16 +442,14 @@ def test_the_app_loads_its_model_in_a_thread_that_ends_so_only_the_scheduler_kee
     idle, ends with its own. Counted in a fresh interpreter, after importing torch (which starts
     one thread of its own)."""
     code = """
-import os, threading, time, torch
+import os, threading, torch
 from model.generate import SamplingParams, generate
 from model.scheduler import in_thread_of_its_own
+from tests.conftest import wait_until
 from ui.model_host import ModelHost
 
 def threads_settle_at(expected):  # an ended thread may linger a moment in /proc
-    deadline = time.monotonic() + 5
-    while len(os.listdir("/proc/self/task")) != expected and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return len(os.listdir("/proc/self/task")) == expected
+    return wait_until(lambda: len(os.listdir("/proc/self/task")) == expected, timeout_s=5)
 
 before = len(os.listdir("/proc/self/task"))
 host = ModelHost(["bundled"], device="cpu")
