@@ -111,6 +111,67 @@ def test_rows_with_the_same_settings_sample_together_as_each_would_alone():
         assert together == [int(alone[row](logits[row:row + 1], history)) for row in range(4)]
 
 
+def softmax_widths(monkeypatch) -> list[int]:
+    """The number of scores each later torch.softmax call normalises over."""
+    widths, softmax = [], torch.softmax
+    monkeypatch.setattr(torch, "softmax", lambda scores, dim: widths.append(scores.shape[-1]) or softmax(scores, dim))
+    return widths
+
+
+def whole_vocabulary_token(params: SamplingParams, generator: torch.Generator, logits: torch.Tensor) -> int:
+    """One row's token the way sampling went before it narrowed to the top-k candidates: every
+    processor, the softmax and the cumulative sum over the whole vocabulary, then one draw."""
+    scores = logits.float()
+    for processor in params.logits_processors():
+        scores = processor(None, scores)
+    cumulative = scores.softmax(dim=-1).cumsum(dim=-1)  # not torch.softmax, which softmax_widths counts
+    draw = torch.rand(1, generator=generator) * cumulative[:, -1]
+    return int(torch.searchsorted(cumulative, draw[:, None], right=True).clamp(max=cumulative.shape[1] - 1))
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8, top_k=40), SamplingParams(top_k=3),
+                                    SamplingParams(temperature=1.3, top_k=50, top_p=0.9)])
+def test_top_k_sampling_over_the_candidates_draws_what_the_whole_vocabulary_draws(params, monkeypatch):
+    """With top-k on, sampling runs over each row's top_k + TIE_ROOM highest scores: each draw
+    lands on the token it lands on over the whole vocabulary (in vocabulary order, as before)."""
+    widths = softmax_widths(monkeypatch)
+    cpu = torch.device("cpu")
+    samplers = [Sampler(params, seed, cpu) for seed in range(8)]
+    generators = [torch.Generator().manual_seed(seed) for seed in range(8)]
+    history = torch.zeros(1, 3, dtype=torch.long)
+    for step in range(40):
+        logits = 3 * torch.randn(8, 2000, generator=torch.Generator().manual_seed(step))
+        picked = [int(token) for token in pick_tokens(samplers, logits, [history] * 8)]
+        assert picked == [whole_vocabulary_token(params, generators[row], logits[row:row + 1]) for row in range(8)]
+    assert set(widths) == {params.top_k + generate_module.TIE_ROOM}
+
+
+def test_a_row_whose_ties_with_the_kth_score_overflow_the_candidates_samples_over_the_whole_vocabulary(monkeypatch):
+    """Top-k keeps every score tied with the k-th. Row 0 has 30 such ties, more than the candidates
+    hold: it samples over the whole vocabulary, and draws tied tokens the candidates would have
+    missed; row 1, in the same group, samples over its candidates as it would alone."""
+    params = SamplingParams(top_k=4)
+    cpu = torch.device("cpu")
+    logits = torch.randn(2, 500, generator=torch.Generator().manual_seed(0)) - 10
+    logits[0, :3] = torch.tensor([2.0, 1.5, 1.2])
+    ties = torch.arange(100, 400, 10)
+    logits[0, ties] = 1.0  # the 4th highest score, 30 times
+    assert len(ties) > params.top_k + generate_module.TIE_ROOM
+    crowd = [Sampler(params, seed, cpu) for seed in range(2)]
+    alone = [Sampler(params, seed, cpu) for seed in range(2)]
+    generator = torch.Generator().manual_seed(0)
+    drawn = set()
+    widths = softmax_widths(monkeypatch)
+    pick_tokens([Sampler(params, 0, cpu)] * 2, logits, [None, None])
+    assert sorted(widths) == [params.top_k + generate_module.TIE_ROOM, logits.shape[1]]  # row 1 narrow, row 0 not
+    for _ in range(300):
+        together = [int(token) for token in pick_tokens(crowd, logits, [None, None])]
+        assert together == [int(alone[row](logits[row:row + 1], None)) for row in range(2)]
+        assert together[0] == whole_vocabulary_token(params, generator, logits[:1])
+        drawn.add(together[0])
+    assert len(drawn & set(ties.tolist())) > params.top_k + generate_module.TIE_ROOM
+
+
 # --- per-row cache positions and adapters --------------------------------------------------------
 
 @pytest.fixture(scope="module")
