@@ -45,13 +45,17 @@ class KVCache:
         self.lengths = [0] * batch_size  # slots filled in each row; Python ints, so no device sync to read
         self.max_len, self.n_positions = max_len, config.n_positions
         self.has_padding = False
-        self._rows, self._slots, self._end = slice(None), slice(0, 0), 0  # set by advance() for one forward call
+        # Set by advance() for one forward call: the rows and slots it writes, the slots it attends,
+        # and what attention_mask() needs (the mask once built).
+        self._rows, self._slots, self._end = slice(None), slice(0, 0), 0
+        self._call: tuple = (0, 0, 0, None)
+        self._mask: torch.Tensor | None | str = UNBUILT
 
-    def advance(self, new_valid: torch.Tensor | None, batch: int, steps: int):
+    def advance(self, new_valid: torch.Tensor | None, batch: int, steps: int) -> torch.Tensor:
         """Take the next `steps` slots of the first `batch` rows for one forward call.
 
         new_valid (batch, steps) marks real tokens (None: all real). Returns the new tokens'
-        positions and the attention mask (None when plain causal attention over the slots will do).
+        positions; attention_mask() gives the call's mask, where one is needed.
         """
         lengths = self.lengths[:batch]
         self._end = max(lengths) + steps
@@ -76,11 +80,24 @@ class KVCache:
             self._rows, self._slots = torch.arange(batch, device=device)[:, None], query_slots
         self.valid[self._rows, self._slots] = new_valid
         self.lengths[:batch] = [n + steps for n in lengths]
-        if not self.has_padding and isinstance(self._slots, slice) and (steps == 1 or start == 0):
-            return positions, None  # one new token sees every filled slot; a fresh prompt is plain causal
-        if query_slots is None:
-            query_slots = torch.arange(start, self._end, device=device).expand(batch, steps)
-        return positions, causal_padding_mask(self.valid[:batch, :self._end], query_slots)
+        self._call, self._mask = (batch, steps, start, query_slots), UNBUILT
+        return positions
+
+    def attention_mask(self) -> torch.Tensor | None:
+        """The attention mask of the call advance() set up (batch, 1, steps, slots), or None when
+        plain causal attention over the filled slots will do. Built on demand: a decode step of
+        rows at different lengths without padding runs on the kernels, which take each row's
+        causal mask from its slot (kernels.decode_blocks), and building it cost a tenth of the
+        bundled model's step."""
+        if self._mask is UNBUILT:
+            batch, steps, start, query_slots = self._call
+            if not self.has_padding and isinstance(self._slots, slice) and (steps == 1 or start == 0):
+                self._mask = None  # one new token sees every filled slot; a fresh prompt is plain causal
+            else:
+                if query_slots is None:
+                    query_slots = torch.arange(start, self._end, device=self.valid.device).expand(batch, steps)
+                self._mask = causal_padding_mask(self.valid[:batch, :self._end], query_slots)
+        return self._mask
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this call's keys/values (batch, head, steps, dim) for one layer; return every filled slot."""
@@ -126,6 +143,9 @@ class KVCache:
         self.positions[row] = source.positions[source_row]
         self.lengths[row] = n
         self.has_padding = self.has_padding or source.has_padding
+
+
+UNBUILT = "unbuilt"  # KVCache._mask before attention_mask() is first asked for it
 
 
 def causal_padding_mask(valid: torch.Tensor, query_slots: torch.Tensor) -> torch.Tensor:
@@ -294,7 +314,7 @@ class GPT2(nn.Module):
         B, T = input_ids.shape
         new_valid = None if attention_mask is None else attention_mask.bool()
         if cache is not None:
-            positions, mask = cache.advance(new_valid, B, T)
+            positions = cache.advance(new_valid, B, T)
         else:
             if T > self.config.n_positions:
                 raise ValueError(f"sequence of {T} tokens exceeds the context window of {self.config.n_positions}")
@@ -308,11 +328,15 @@ class GPT2(nn.Module):
         fused = None
         if one_call is not None:
             slots, end = cache.last_slots(B)
+            # Without padding, each row's mask is its slots up to its own, which the kernels take from `slots`.
             fused = kernels.decode_blocks(h, *one_call, self.config.layer_norm_epsilon, self.config.n_head,
-                                          cache.keys, cache.values, slots, end, mask)
+                                          cache.keys, cache.values, slots, end,
+                                          cache.attention_mask() if cache.has_padding else None)
         if fused is not None:
             h = fused
         else:
+            if cache is not None:
+                mask = cache.attention_mask()
             for i, block in enumerate(self.transformer.h):
                 h = block(h, mask, cache, i)
         return self.lm_head(self.transformer.ln_f(h[:, -1:] if last_only else h))

@@ -57,11 +57,21 @@ template <> struct Pass<int8_t> {
 };
 #endif
 
-// Weight rows ahead to prefetch: the hardware prefetcher alone leaves gaps once a pass does
-// more than stream (measured 20-30% slower for a batch of 8 on AVX2). 8 to 32 rows ahead, or a
-// second prefetch into L2 24 rows ahead, measured the same as 4 or slower, on AVX2 and AVX-512,
-// in slow and fast spells of the machine (docs/performance.md).
+// How far ahead of the weight rows in use to prefetch: the hardware prefetcher alone leaves gaps
+// once a pass does more than stream (measured 20-30% slower for a batch of 8 on AVX2). At least
+// kPrefetchRows rows, and at least kPrefetchBytes, so that short rows are asked for as early as
+// long ones. GPT-2 small's fp32 rows (3 KB) get 4: 8 to 32 rows ahead, or a second prefetch into
+// L2 24 rows ahead, measured the same or slower, on AVX2 and AVX-512, in slow and fast spells of
+// the machine. The bundled model's (1 KB) get 12, which made its decode step 5-9% faster than 4
+// for one row and 3-6% for eight on the Zen 5 machine (16 or 24 KB ahead measured the same as 12;
+// docs/performance.md).
 constexpr int kPrefetchRows = 4;
+constexpr int64_t kPrefetchBytes = 12 * 1024;
+
+template <typename Weight>
+inline int64_t prefetch_rows(int64_t in) {
+  return std::max<int64_t>(kPrefetchRows, kPrefetchBytes / (in * static_cast<int64_t>(sizeof(Weight))));
+}
 
 // The vectors the products work in: AVX-512's 16 floats where the build targets it (kernels.py
 // asks for that on a CPU that has it), AVX2's 8 otherwise. The attention keeps AVX2's 8: a head
@@ -124,7 +134,7 @@ inline void dot_block(const Weight* w, const float* x, int64_t in, int64_t o, in
   for (int j = 0; j < WR; j++)
     for (int k = 0; k < N; k++)
       for (int a = 0; a < A; a++) acc[j][k][a] = zeros();
-  const char* ahead = reinterpret_cast<const char*>(w + kPrefetchRows * in);
+  const char* ahead = reinterpret_cast<const char*>(w + prefetch_rows<Weight>(in) * in);
   int64_t i = 0;
   for (; i + step <= in; i += step) {
     if ((i * sizeof(Weight)) % 64 == 0)  // once per line
@@ -276,6 +286,23 @@ inline float dot(const float* a, const float* b, int64_t n) {  // n a multiple o
   return horizontal_sum(acc);
 }
 
+// out[0, 8N) = norm * sum_s p[s] v[s][0, 8N) over the slots, one slot after another, skipping
+// masked ones (p = 0): attend's weighted sum of the values, 8N of their dim entries at a time. The
+// sums stay in registers through the slots; in memory, each slot's multiply-adds waited for the
+// previous slot's stores (the bundled model's step, 8 rows at 100-200 slots, spent about a
+// tenth of its time there).
+template <int N>
+inline void weighted_sum(const float* p, const float* v, int64_t slot_stride, int64_t slots, __m256 norm, float* out) {
+  __m256 sums[N];
+  for (int j = 0; j < N; j++) sums[j] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < slots; s++) {
+    if (p[s] == 0.0f) continue;  // masked
+    const __m256 weight = _mm256_set1_ps(p[s]);
+    for (int j = 0; j < N; j++) sums[j] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + s * slot_stride + 8 * j), sums[j]);
+  }
+  for (int j = 0; j < N; j++) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(sums[j], norm));
+}
+
 // Softmax attention of one query over the slots of one (row, head): out = sum_s p[s] v[s] / sum_s p[s],
 // p[s] = exp(q.k[s] / sqrt(dim) - max) over the slots `seen` marks (all when null; the caller
 // lets every query see at least its own slot). `scores` has room for padded_slots(slots).
@@ -301,17 +328,21 @@ void attend(const float* q, const float* k, const float* v, int64_t slot_stride,
     _mm256_storeu_ps(scores + s, p);
     total = _mm256_add_ps(total, p);
   }
-  // out accumulates in place, one slot at a time: its dim / 8 sums are independent, so the
-  // multiply-adds overlap.
-  std::fill(out, out + dim, 0.0f);
-  for (int64_t s = 0; s < slots; s++) {
-    if (scores[s] == 0.0f) continue;  // masked
-    const __m256 p = _mm256_set1_ps(scores[s]);
-    for (int64_t d = 0; d < dim; d += 8)
-      _mm256_storeu_ps(out + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(v + s * slot_stride + d), _mm256_loadu_ps(out + d)));
-  }
   const __m256 norm = _mm256_set1_ps(1.0f / horizontal_sum(total));
-  for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), norm));
+  for (int64_t d = 0; d < dim;) {  // dim a multiple of 8
+    const int64_t vectors = std::min<int64_t>((dim - d) / 8, 8);
+    switch (vectors) {
+      case 8: weighted_sum<8>(scores, v + d, slot_stride, slots, norm, out + d); break;
+      case 7: weighted_sum<7>(scores, v + d, slot_stride, slots, norm, out + d); break;
+      case 6: weighted_sum<6>(scores, v + d, slot_stride, slots, norm, out + d); break;
+      case 5: weighted_sum<5>(scores, v + d, slot_stride, slots, norm, out + d); break;
+      case 4: weighted_sum<4>(scores, v + d, slot_stride, slots, norm, out + d); break;
+      case 3: weighted_sum<3>(scores, v + d, slot_stride, slots, norm, out + d); break;
+      case 2: weighted_sum<2>(scores, v + d, slot_stride, slots, norm, out + d); break;
+      default: weighted_sum<1>(scores, v + d, slot_stride, slots, norm, out + d);
+    }
+    d += 8 * vectors;
+  }
 }
 
 // Whether decode_attention can take this mask for rows x slots (no mask: yes).
@@ -332,11 +363,14 @@ bool takes_attention(const torch::Tensor& q, const torch::Tensor& keys, const to
 }
 
 // Attention of one new token per row, for arguments takes_attention takes: set up on one thread
-// (the output allocated), then run on one or several, as Product.
+// (the output allocated), then run on one or several, as Product. With `last_slots`, row r
+// attends its slots up to last_slots[r] alone (the causal mask of rows at different lengths, with
+// no padding), in the same bits as with them masked (see attend).
 struct Attention {
   Attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
-            const c10::optional<torch::Tensor>& seen)
-      : q(q), keys(keys), values(values), seen(seen), y(torch::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options())) {}
+            const c10::optional<torch::Tensor>& seen, const std::vector<int64_t>* last_slots = nullptr)
+      : q(q), keys(keys), values(values), seen(seen), last_slots(last_slots),
+        y(torch::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options())) {}
 
   template <typename Parallel>
   auto run(const Parallel& parallel) const {  // what the parallel call returns
@@ -350,7 +384,8 @@ struct Attention {
       for (int64_t i = begin; i < end; i++) {
         const int64_t r = i / heads, h = i % heads;
         attend(qs + r * q.stride(0) + h * q.stride(1), ks + r * keys.stride(0) + h * keys.stride(1),
-               vs + r * values.stride(0) + h * values.stride(1), keys.stride(2), slots, dim,
+               vs + r * values.stride(0) + h * values.stride(1), keys.stride(2),
+               last_slots ? (*last_slots)[r] + 1 : slots, dim,
                seen_data ? seen_data + r * seen->stride(0) : nullptr, scores.data(), outs + (r * heads + h) * dim);
       }
     });
@@ -358,6 +393,7 @@ struct Attention {
 
   const torch::Tensor q, keys, values;
   const c10::optional<torch::Tensor> seen;
+  const std::vector<int64_t>* last_slots;
   torch::Tensor y;  // (rows, 1, heads, dim)
 };
 
@@ -550,8 +586,9 @@ constexpr BlockParam kProjections[] = {kQkvWeight, kOutWeight, kUpWeight, kDownW
 // computes it), so it returns the same bits; what it saves is Python's part of a step, about
 // 150 module calls and tensor views (measured in docs/performance.md). h (rows, 1, width); keys
 // and values the whole KV cache (layers, cache rows, heads, slots, dim), row r's new key and
-// value going to slot slots[r], after which the first `end` slots are attended; `seen` as for
-// decode_attention. `lora` lists the adapters' updates in the order they apply. None, before
+// value going to slot slots[r]; row r then attends the slots `seen` marks among the first `end`
+// (as for decode_attention), or with no `seen` its slots up to slots[r] (every row's causal
+// mask where no row has padding, so that rows at different lengths need none built). `lora` lists the adapters' updates in the order they apply. None, before
 // anything is done, where the modules would not take the kernels' products and attention throughout, or an
 // adapter's update does not fit its projection or the batch (the modules then run, and name
 // what is wrong); arguments that do not fit together are the caller's error and raise.
@@ -635,7 +672,7 @@ c10::optional<torch::Tensor> decode_blocks(torch::Tensor h, const std::vector<to
             const torch::Tensor attended_values = layer_values.narrow(0, 0, rows).narrow(2, 0, end);
             TORCH_CHECK(takes_attention(q, attended_keys, attended_values, seen),
                         "decode_blocks: attention the decode kernel cannot take");
-            attention.emplace(q, attended_keys, attended_values, seen);
+            attention.emplace(q, attended_keys, attended_values, seen, seen ? nullptr : &slots);
           }))
         break;
       if (!attention->run(thread)) break;

@@ -167,8 +167,9 @@ def decode_blocks(h: torch.Tensor, params: list[torch.Tensor | None], lora: list
 
     h (rows, 1, width); params as GPT2.one_call_params lists them, None for a bias or scale a
     layer does not have; lora the adapters' updates as it lists them; keys and values the whole KV
-    cache, row r's new key and value going to slot slots[r], after which the first `end` slots
-    are attended; mask as for decode_attention.
+    cache, row r's new key and value going to slot slots[r]; row r then attends the slots the mask
+    marks among the first `end` (mask as for decode_attention), or with no mask (no row has
+    padding) its slots up to slots[r], so that rows at different lengths need no mask built.
     """
     kernels = decode_kernels()
     if kernels is None:

@@ -237,12 +237,14 @@ def test_a_decode_step_in_one_call_gives_the_modules_bits(monkeypatch, tmp_path,
     base = decode_steps(None)
     answers = []
     one_call = kernels.decode_blocks
-    monkeypatch.setattr(kernels, "decode_blocks",
-                        lambda *args: answers.append((args[2], one_call(*args))) or answers[-1][1])  # (lora, result)
+    monkeypatch.setattr(kernels, "decode_blocks",  # (lora, mask, result)
+                        lambda *args: answers.append((args[2], args[-1], one_call(*args))) or answers[-1][2])
     fused = decode_steps()
-    assert len(answers) == steps.shape[1] and all(a is not None for _, a in answers)  # every step ran in one call
+    assert len(answers) == steps.shape[1] and all(a is not None for _, _, a in answers)  # every step ran in one call
     per_step = {None: 0, "chat": 12, "per row": 12}[adapter]  # 3 blocks x 4 projections, each targeted
-    assert all(len(lora) == per_step for lora, _ in answers)
+    assert all(len(lora) == per_step for lora, _, _ in answers)
+    # Only padding needs a mask: rows at different lengths attend their slots up to their own.
+    assert all((mask is not None) == (rows == "left-padded") for _, mask, _ in answers)
     monkeypatch.setattr(GPT2, "one_call_params", lambda self, h: None)
     assert torch.equal(fused, decode_steps())
     assert len(answers) == steps.shape[1]
