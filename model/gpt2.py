@@ -74,7 +74,7 @@ class KVCache:
         start = lengths[0]
         if all(n == start for n in lengths):  # every row writes the same slots: plain slicing
             self._rows, self._slots = slice(None, batch), slice(start, self._end)
-            query_slots = None  # built below only if a mask is needed
+            query_slots = None  # built by attention_mask() if a mask is needed
         else:
             query_slots = torch.tensor(lengths, device=device)[:, None] + torch.arange(steps, device=device)
             self._rows, self._slots = torch.arange(batch, device=device)[:, None], query_slots

@@ -63,8 +63,9 @@ template <> struct Pass<int8_t> {
 // long ones. GPT-2 small's fp32 rows (3 KB) get 4: 8 to 32 rows ahead, or a second prefetch into
 // L2 24 rows ahead, measured the same or slower, on AVX2 and AVX-512, in slow and fast spells of
 // the machine. The bundled model's (1 KB) get 12, which made its decode step 5-9% faster than 4
-// for one row and 3-6% for eight on the Zen 5 machine (16 or 24 KB ahead measured the same as 12;
-// docs/performance.md).
+// for one row and 3-6% for eight on the Zen 5 machine (16 or 24 KB ahead measured the same as 12).
+// int8 rows go 16 (GPT-2 small) and 48 (bundled) rows ahead: the same as 4 or a little faster
+// (docs/performance.md, "Session 13").
 constexpr int kPrefetchRows = 4;
 constexpr int64_t kPrefetchBytes = 12 * 1024;
 

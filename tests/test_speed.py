@@ -129,21 +129,25 @@ def whole_vocabulary_token(params: SamplingParams, generator: torch.Generator, l
     return int(torch.searchsorted(cumulative, draw[:, None], right=True).clamp(max=cumulative.shape[1] - 1))
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8, top_k=40), SamplingParams(top_k=3),
-                                    SamplingParams(temperature=1.3, top_k=50, top_p=0.9)])
-def test_top_k_sampling_over_the_candidates_draws_what_the_whole_vocabulary_draws(params, monkeypatch):
-    """With top-k on, sampling runs over each row's top_k + TIE_ROOM highest scores: each draw
-    lands on the token it lands on over the whole vocabulary (in vocabulary order, as before)."""
+@pytest.mark.parametrize("params, narrows", [
+    (SamplingParams(temperature=0.8, top_k=40), True), (SamplingParams(top_k=3), True),
+    (SamplingParams(temperature=1.3, top_k=50, top_p=0.9), False),  # top-p's sort breaks ties its own way
+    (SamplingParams(top_k=200), False)])  # candidates too many to pay
+def test_top_k_sampling_over_the_candidates_draws_what_the_whole_vocabulary_draws(params, narrows, monkeypatch):
+    """With top-k on (and no top-p), sampling runs over each row's top_k + TIE_ROOM highest
+    scores: each draw lands on the token it lands on over the whole vocabulary (in vocabulary
+    order, as before)."""
+    vocabulary = 8192
     widths = softmax_widths(monkeypatch)
     cpu = torch.device("cpu")
     samplers = [Sampler(params, seed, cpu) for seed in range(8)]
     generators = [torch.Generator().manual_seed(seed) for seed in range(8)]
     history = torch.zeros(1, 3, dtype=torch.long)
     for step in range(40):
-        logits = 3 * torch.randn(8, 2000, generator=torch.Generator().manual_seed(step))
+        logits = 3 * torch.randn(8, vocabulary, generator=torch.Generator().manual_seed(step))
         picked = [int(token) for token in pick_tokens(samplers, logits, [history] * 8)]
         assert picked == [whole_vocabulary_token(params, generators[row], logits[row:row + 1]) for row in range(8)]
-    assert set(widths) == {params.top_k + generate_module.TIE_ROOM}
+    assert set(widths) == {params.top_k + generate_module.TIE_ROOM if narrows else vocabulary}
 
 
 def test_a_row_whose_ties_with_the_kth_score_overflow_the_candidates_samples_over_the_whole_vocabulary(monkeypatch):
@@ -152,7 +156,7 @@ def test_a_row_whose_ties_with_the_kth_score_overflow_the_candidates_samples_ove
     missed; row 1, in the same group, samples over its candidates as it would alone."""
     params = SamplingParams(top_k=4)
     cpu = torch.device("cpu")
-    logits = torch.randn(2, 500, generator=torch.Generator().manual_seed(0)) - 10
+    logits = torch.randn(2, 1000, generator=torch.Generator().manual_seed(0)) - 10
     logits[0, :3] = torch.tensor([2.0, 1.5, 1.2])
     ties = torch.arange(100, 400, 10)
     logits[0, ties] = 1.0  # the 4th highest score, 30 times
