@@ -56,6 +56,7 @@ TIE_ROOM = 8
 # rows of 8,192 scores, top_k 200 took 0.35 ms over them against 0.32 over every score, top_k 40
 # 0.11 against 0.17 (on GPT-2's 50,257 it paid at every top_k tried).
 NARROW_SHARE = 64
+DRAWS_AHEAD = 64  # random numbers a Sampler draws at once
 
 
 class ContextLengthError(ValueError):
@@ -198,10 +199,22 @@ class Sampler:
         self.greedy = params.greedy
         self.processors = params.logits_processors()
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self._uniforms: list[float] = []  # drawn ahead, next last
         # Samplers with the same key pick together (see pick_tokens); None: this one reads its
         # sequence's history (repetition penalty, n-gram blocking), so it picks alone.
         reads_history = params.repetition_penalty != 1.0 or params.no_repeat_ngram_size > 0
         self.key = None if reads_history else (params.temperature, params.top_k, params.top_p)
+
+    def uniform(self) -> float:
+        """The next of this sequence's uniform random numbers in [0, 1), from its own generator.
+
+        Drawn DRAWS_AHEAD at a time: on a CPU, the very numbers one draw at a time would give, in
+        the same order, for one PyTorch call rather than one per token and row (a call in the
+        scheduler's step costs 10-30 us, its caches cold after the forward)."""
+        if not self._uniforms:
+            self._uniforms = torch.rand(DRAWS_AHEAD, generator=self.generator,
+                                        device=self.generator.device).tolist()[::-1]
+        return self._uniforms.pop()
 
     def __call__(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
         """The next token (shape (1,)) from this sequence's logits (1, vocab) and its tokens so far
@@ -232,7 +245,7 @@ def pick_tokens(samplers: list[Sampler], logits: torch.Tensor,
         history = histories[rows[0]] if len(rows) == 1 else None  # a shared key: no processor reads it
         try:
             group_logits = logits if len(rows) == len(samplers) else logits[rows]  # all rows: no copy
-            picked = pick_group(sampler, [samplers[row].generator for row in rows], group_logits, history)
+            picked = pick_group([samplers[row] for row in rows], group_logits, history)
         except Exception as error:  # these rows' settings or scores: they alone stop
             picked = [error] * len(rows)
         for row, token in zip(rows, picked):
@@ -240,40 +253,49 @@ def pick_tokens(samplers: list[Sampler], logits: torch.Tensor,
     return tokens
 
 
-def pick_group(sampler: Sampler, generators: list[torch.Generator], logits: torch.Tensor,
-               history: torch.Tensor | None, narrow: bool = True) -> list[torch.Tensor | Exception]:
-    """The tokens of rows that share one sampler's settings, each drawn with its own generator.
+def pick_group(samplers: list[Sampler], logits: torch.Tensor, history: torch.Tensor | None,
+               narrow: bool = True) -> list[torch.Tensor | Exception]:
+    """The tokens of rows whose samplers share their settings (the first one's), each drawn with
+    its own sampler's random numbers.
 
     A sampled token is where one uniform number falls in the row's cumulative distribution;
     torch.multinomial would draw one exponential number per vocabulary entry (1.7 ms per token
     for GPT-2's 50,257, docs/performance.md). A token of probability 0 takes no width in the
     cumulative sum, so it is never drawn.
 
-    With top-k on, only each row's highest scores can be drawn, so from the top-k warper on the
-    processors, the softmax and the cumulative sum run over those candidates (top_k + TIE_ROOM of
-    them, in vocabulary order) rather than the whole vocabulary: the same distribution, and the
-    same token for each draw up to the rounding of the softmax's sum, in about 60% of the time
-    on 8 rows of the bundled model's 8,192 scores (docs/performance.md, "Sampling over the top-k
-    candidates"). Not with top-p, whose sort breaks ties between equal scores differently over
-    fewer of them (it is not stable), and not where the candidates are a large part of the
-    vocabulary (narrows: their sort then costs more than it saves). A row where scores tied with
-    the k-th could reach past the candidates (narrow=False) runs on the whole vocabulary, as
-    every row did before; each row's way depends on its own scores alone, so it picks the same
-    alone or in a crowd.
+    With top-k on, only each row's highest scores can be drawn, so from the top-k warper on (and
+    from the temperature, which keeps the scores' order) the processors, the softmax and the
+    cumulative sum run over those candidates (top_k + TIE_ROOM of them, in vocabulary order)
+    rather than the whole vocabulary: the same distribution, and the same token for each draw up
+    to the rounding of the softmax's sum, in about half the time on 8 rows of the bundled
+    model's 8,192 scores (docs/performance.md, "Sampling over the top-k candidates"). Not with
+    top-p, whose sort breaks ties between equal scores differently over fewer of them (it is not
+    stable), and not where the candidates are a large part of the vocabulary (narrows: their
+    sort then costs more than it saves). A row where scores tied with the k-th could reach past
+    the candidates (narrow=False) runs on the whole vocabulary, as every row did before; each
+    row's way depends on its own scores alone, so it picks the same alone or in a crowd.
     """
+    sampler = samplers[0]
     scores = logits.float()
     processors = sampler.processors  # not a LogitsProcessorList: it inspects each one's signature every call
     cut = next((i for i, p in enumerate(processors) if isinstance(p, TopKLogitsWarper)), len(processors))
-    for processor in processors[:cut]:
+    # The temperature keeps each row's order of scores (though unequal ones may become equal):
+    # where it comes last before top-k, the candidates are taken before it, and it divides only them.
+    select_at = cut - 1 if cut and isinstance(processors[cut - 1], TemperatureLogitsWarper) else cut
+    narrowed = narrow and narrows(processors[cut:], scores.shape[1])
+    for processor in processors[:select_at if narrowed else cut]:
         scores = processor(history, scores)
     vocabulary_ids = None  # where scores are each row's candidates: the token of each column
-    if narrow and narrows(processors[cut:], scores.shape[1]):
+    if narrowed:
         top_k = processors[cut].top_k
         values, ids = scores.topk(top_k + TIE_ROOM)
-        # A NaN here spills too (a NaN elsewhere fails the row below, as over the whole vocabulary).
+        for processor in processors[select_at:cut]:
+            values = processor(history, values)
+        # Checked after the temperature, which may make scores equal. A NaN here spills too (a
+        # NaN elsewhere fails the row below, as over the whole vocabulary).
         spills = [not fits for fits in (values[:, -1] < values[:, top_k - 1]).tolist()]
         if any(spills):
-            return pick_rows_apart(sampler, generators, logits, history, spills)
+            return pick_rows_apart(samplers, logits, history, spills)
         vocabulary_ids, order = ids.sort(dim=-1)  # the order of the whole row's cumulative sum
         scores = values.gather(1, order)
     for processor in processors[cut:]:
@@ -284,8 +306,8 @@ def pick_group(sampler: Sampler, generators: list[torch.Generator], logits: torc
     totals = cumulative[:, -1:]
     finite = [0 < total < math.inf for total in totals[:, 0].tolist()]  # NaN fails this too
     # One draw per row that can be sampled (a failed row draws nothing, as alone), then one search for all.
-    draws = torch.cat([torch.rand(1, generator=generator, device=cumulative.device) if ok
-                       else totals.new_zeros(1) for ok, generator in zip(finite, generators)])
+    draws = torch.tensor([row.uniform() if ok else 0.0 for ok, row in zip(finite, samplers)],
+                         dtype=totals.dtype, device=totals.device)
     tokens = torch.searchsorted(cumulative, draws[:, None] * totals, right=True).clamp_(max=cumulative.shape[1] - 1)
     if vocabulary_ids is not None:
         tokens = vocabulary_ids.gather(1, tokens)
@@ -301,15 +323,15 @@ def narrows(processors: list[LogitsProcessor], vocabulary: int) -> bool:
             and processors[0].top_k + TIE_ROOM <= vocabulary // NARROW_SHARE)
 
 
-def pick_rows_apart(sampler: Sampler, generators: list[torch.Generator], logits: torch.Tensor,
-                    history: torch.Tensor | None, spills: list[bool]) -> list[torch.Tensor | Exception]:
+def pick_rows_apart(samplers: list[Sampler], logits: torch.Tensor, history: torch.Tensor | None,
+                    spills: list[bool]) -> list[torch.Tensor | Exception]:
     """pick_group for rows some of which (spills) need the whole vocabulary: those on it, the
     others on their candidates."""
     tokens: list = [None] * len(spills)
     for narrow in (False, True):
         rows = [row for row, spill in enumerate(spills) if spill != narrow]
         if rows:
-            picked = pick_group(sampler, [generators[row] for row in rows], logits[rows], history, narrow)
+            picked = pick_group([samplers[row] for row in rows], logits[rows], history, narrow)
             for row, token in zip(rows, picked):
                 tokens[row] = token
     return tokens
