@@ -555,9 +555,8 @@ def test_a_reader_beside_others_reads_the_tokens_of_several_steps_per_wake_up(lo
     pauses: list[int] = []  # how many of its tokens had been read at each pause
     read: list[int] = []
 
-    def pause(seconds):
-        assert seconds == scheduler_module.READ_PAUSE_S
-        request = reading[-1]._request
+    def pause(request):
+        assert request is reading[-1]._request
         pauses.append(len(read))
         assert wait_until(lambda: request.out.qsize() >= 3 or request.done, timeout_s=30)
 
@@ -567,7 +566,7 @@ def test_a_reader_beside_others_reads_the_tokens_of_several_steps_per_wake_up(lo
         read.extend(int(t[0]) for t in request)
         return list(read)
 
-    monkeypatch.setattr(scheduler_module, "sleep", pause)
+    monkeypatch.setattr(scheduler_module, "pause_reading", pause)
     params = SamplingParams(temperature=0, max_new_tokens=30)
     alone = tokens(scheduler.decode(tokenizer.encode("The cat"), params, 0))
     assert len(alone) == 30 and pauses == []
@@ -577,6 +576,26 @@ def test_a_reader_beside_others_reads_the_tokens_of_several_steps_per_wake_up(lo
     assert 0 < len(pauses) <= 10, pauses
     runs = [b - a for a, b in zip(pauses, pauses[1:] + [len(read)])]  # tokens read after each pause
     assert all(run >= 3 for run in runs[:-1]), (pauses, runs)
+
+
+def test_a_paused_reader_hears_at_once_that_its_request_is_done(loaded, monkeypatch):
+    """A reader's pause beside other requests ends when its request is done (its last token and
+    DONE queued), not READ_PAUSE_S later: with the pause an hour long, a short request read beside
+    a long one still ends, with the tokens it gets alone."""
+    model, tokenizer = loaded
+    monkeypatch.setattr(scheduler_module, "READ_PAUSE_S", 3600)
+    scheduler = Scheduler(model)
+    params = SamplingParams(temperature=0, max_new_tokens=6)
+    long = scheduler.decode(tokenizer.encode("Once upon a time"), replace(params, max_new_tokens=200), 1)
+    next(long)  # the long request holds a row, so the short one's reader pauses
+    outcome: list = []
+    reader = threading.Thread(target=lambda: outcome.extend(
+        int(t[0]) for t in scheduler.decode(tokenizer.encode("The cat"), params, 0)), daemon=True)
+    reader.start()
+    reader.join(60)
+    long.close()
+    assert not reader.is_alive(), "the reader slept through the end of its request"
+    assert outcome == tokens_alone(model, tokenizer, "The cat", params, None)
 
 
 def test_a_request_closed_before_its_first_token_never_decodes(loaded):
