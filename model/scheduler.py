@@ -301,8 +301,8 @@ def in_thread_of_its_own(work: Callable[[], T]) -> T:
 def pause_reading(request: Request) -> None:
     """A reader's pause beside other requests: READ_PAUSE_S, or until its request is done if that
     comes sooner. Ending it early took the benchmark's 8 clients of 64 tokens from finishing up
-    to 10 ms after their last step (each reader asleep when its last token came) to within a
-    millisecond of it (docs/performance.md, "Cheaper steps for a crowd")."""
+    to 10 ms after their last step (each reader asleep when its last token came) to 0.6-2 ms
+    after it (docs/performance.md, "Cheaper steps for a crowd")."""
     request.finished.wait(READ_PAUSE_S)
 
 
