@@ -290,8 +290,7 @@ inline float dot(const float* a, const float* b, int64_t n) {  // n a multiple o
 // out[0, 8N) = norm * sum_s p[s] v[s][0, 8N) over the slots, one slot after another, skipping
 // masked ones (p = 0): attend's weighted sum of the values, 8N of their dim entries at a time. The
 // sums stay in registers through the slots; in memory, each slot's multiply-adds waited for the
-// previous slot's stores (the bundled model's step, 8 rows at 100-200 slots, spent about a
-// tenth of its time there).
+// previous slot's stores (the bundled model's 8-row step at 100-200 slots was 5-7% slower so).
 template <int N>
 inline void weighted_sum(const float* p, const float* v, int64_t slot_stride, int64_t slots, __m256 norm, float* out) {
   __m256 sums[N];
@@ -302,6 +301,16 @@ inline void weighted_sum(const float* p, const float* v, int64_t slot_stride, in
     for (int j = 0; j < N; j++) sums[j] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + s * slot_stride + 8 * j), sums[j]);
   }
   for (int j = 0; j < N; j++) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(sums[j], norm));
+}
+
+// weighted_sum for n <= N vectors, with n known at compile time (as dot_block_upto).
+template <int N>
+inline void weighted_sum_upto(int64_t n, const float* p, const float* v, int64_t slot_stride, int64_t slots,
+                              __m256 norm, float* out) {
+  if constexpr (N > 1) {
+    if (n < N) return weighted_sum_upto<N - 1>(n, p, v, slot_stride, slots, norm, out);
+  }
+  weighted_sum<N>(p, v, slot_stride, slots, norm, out);
 }
 
 // Softmax attention of one query over the slots of one (row, head): out = sum_s p[s] v[s] / sum_s p[s],
@@ -330,20 +339,8 @@ void attend(const float* q, const float* k, const float* v, int64_t slot_stride,
     total = _mm256_add_ps(total, p);
   }
   const __m256 norm = _mm256_set1_ps(1.0f / horizontal_sum(total));
-  for (int64_t d = 0; d < dim;) {  // dim a multiple of 8
-    const int64_t vectors = std::min<int64_t>((dim - d) / 8, 8);
-    switch (vectors) {
-      case 8: weighted_sum<8>(scores, v + d, slot_stride, slots, norm, out + d); break;
-      case 7: weighted_sum<7>(scores, v + d, slot_stride, slots, norm, out + d); break;
-      case 6: weighted_sum<6>(scores, v + d, slot_stride, slots, norm, out + d); break;
-      case 5: weighted_sum<5>(scores, v + d, slot_stride, slots, norm, out + d); break;
-      case 4: weighted_sum<4>(scores, v + d, slot_stride, slots, norm, out + d); break;
-      case 3: weighted_sum<3>(scores, v + d, slot_stride, slots, norm, out + d); break;
-      case 2: weighted_sum<2>(scores, v + d, slot_stride, slots, norm, out + d); break;
-      default: weighted_sum<1>(scores, v + d, slot_stride, slots, norm, out + d);
-    }
-    d += 8 * vectors;
-  }
+  for (int64_t d = 0; d < dim; d += 64)  // dim a multiple of 8; up to 8 vectors of it at a time
+    weighted_sum_upto<8>(std::min<int64_t>(dim - d, 64) / 8, scores, v + d, slot_stride, slots, norm, out + d);
 }
 
 // Whether decode_attention can take this mask for rows x slots (no mask: yes).
