@@ -45,11 +45,9 @@ class KVCache:
         self.lengths = [0] * batch_size  # slots filled in each row; Python ints, so no device sync to read
         self.max_len, self.n_positions = max_len, config.n_positions
         self.has_padding = False
-        # Set by advance() for one forward call: the rows and slots it writes, the slots it attends,
-        # and what attention_mask() needs (the mask once built).
+        # Set by advance() for one forward call: the rows and slots it writes (slices where every
+        # row writes the same ones), and the slots it attends.
         self._rows, self._slots, self._end = slice(None), slice(0, 0), 0
-        self._call: tuple = (0, 0, 0, None)
-        self._mask: torch.Tensor | None | str = UNBUILT
 
     def advance(self, new_valid: torch.Tensor | None, batch: int, steps: int) -> torch.Tensor:
         """Take the next `steps` slots of the first `batch` rows for one forward call.
@@ -74,13 +72,11 @@ class KVCache:
         start = lengths[0]
         if all(n == start for n in lengths):  # every row writes the same slots: plain slicing
             self._rows, self._slots = slice(None, batch), slice(start, self._end)
-            query_slots = None  # built by attention_mask() if a mask is needed
         else:
-            query_slots = torch.tensor(lengths, device=device)[:, None] + torch.arange(steps, device=device)
-            self._rows, self._slots = torch.arange(batch, device=device)[:, None], query_slots
+            self._rows = torch.arange(batch, device=device)[:, None]
+            self._slots = torch.tensor(lengths, device=device)[:, None] + torch.arange(steps, device=device)
         self.valid[self._rows, self._slots] = new_valid
         self.lengths[:batch] = [n + steps for n in lengths]
-        self._call, self._mask = (batch, steps, start, query_slots), UNBUILT
         return positions
 
     def attention_mask(self) -> torch.Tensor | None:
@@ -89,15 +85,14 @@ class KVCache:
         rows at different lengths without padding runs on the kernels, which take each row's
         causal mask from its slot (kernels.decode_blocks), and building and reading it cost about
         5% of the bundled model's 8-row step (1.21 against 1.15 ms, docs/performance.md)."""
-        if self._mask is UNBUILT:
-            batch, steps, start, query_slots = self._call
-            if not self.has_padding and isinstance(self._slots, slice) and (steps == 1 or start == 0):
-                self._mask = None  # one new token sees every filled slot; a fresh prompt is plain causal
-            else:
-                if query_slots is None:
-                    query_slots = torch.arange(start, self._end, device=self.valid.device).expand(batch, steps)
-                self._mask = causal_padding_mask(self.valid[:batch, :self._end], query_slots)
-        return self._mask
+        if isinstance(self._slots, slice):  # every row writes the same slots
+            start, steps = self._slots.start, self._end - self._slots.start
+            if not self.has_padding and (steps == 1 or start == 0):
+                return None  # one new token sees every filled slot; a fresh prompt is plain causal
+            query_slots = torch.arange(start, self._end, device=self.valid.device).expand(self._rows.stop, steps)
+        else:
+            query_slots = self._slots  # (batch, steps): each row's own
+        return causal_padding_mask(self.valid[:query_slots.shape[0], :self._end], query_slots)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this call's keys/values (batch, head, steps, dim) for one layer; return every filled slot."""
@@ -143,9 +138,6 @@ class KVCache:
         self.positions[row] = source.positions[source_row]
         self.lengths[row] = n
         self.has_padding = self.has_padding or source.has_padding
-
-
-UNBUILT = "unbuilt"  # KVCache._mask before attention_mask() is first asked for it
 
 
 def causal_padding_mask(valid: torch.Tensor, query_slots: torch.Tensor) -> torch.Tensor:
@@ -313,12 +305,13 @@ class GPT2(nn.Module):
         """
         B, T = input_ids.shape
         new_valid = None if attention_mask is None else attention_mask.bool()
+        mask = None
         if cache is not None:
             positions = cache.advance(new_valid, B, T)
         else:
             if T > self.config.n_positions:
                 raise ValueError(f"sequence of {T} tokens exceeds the context window of {self.config.n_positions}")
-            positions, mask = torch.arange(T, device=input_ids.device), None
+            positions = torch.arange(T, device=input_ids.device)
             if new_valid is not None and not bool(new_valid.all()):
                 positions = (new_valid.cumsum(-1) - 1).clamp(min=0)
                 mask = causal_padding_mask(new_valid, torch.arange(T, device=input_ids.device).expand(B, T))
@@ -329,13 +322,13 @@ class GPT2(nn.Module):
         if one_call is not None:
             slots, end = cache.last_slots(B)
             # Without padding, each row's mask is its slots up to its own, which the kernels take from `slots`.
+            mask = cache.attention_mask() if cache.has_padding else None
             fused = kernels.decode_blocks(h, *one_call, self.config.layer_norm_epsilon, self.config.n_head,
-                                          cache.keys, cache.values, slots, end,
-                                          cache.attention_mask() if cache.has_padding else None)
+                                          cache.keys, cache.values, slots, end, mask)
         if fused is not None:
             h = fused
         else:
-            if cache is not None:
+            if cache is not None and mask is None:  # not built for the kernels
                 mask = cache.attention_mask()
             for i, block in enumerate(self.transformer.h):
                 h = block(h, mask, cache, i)
