@@ -70,7 +70,11 @@ class Request:
 
     def fail(self, error: Exception) -> None:
         self.failed = True
-        self.out.put(error)
+        self.end_with(error)
+
+    def end_with(self, last: Exception | None) -> None:
+        """Queue what ends its stream (DONE or the error that stopped it); a pausing reader wakes."""
+        self.out.put(last)
         self.finished.set()
 
     @property
@@ -86,8 +90,7 @@ class Request:
         self.length += 1
         self.out.put(token)
         if self.length == self.budget:
-            self.out.put(DONE)  # now, not when the row is retired: its reader need not wait a step
-            self.finished.set()
+            self.end_with(DONE)  # now, not when the row is retired: its reader need not wait a step
 
 
 class Scheduler:
