@@ -221,7 +221,14 @@ class MLP(nn.Module):
         self.c_proj = Linear(4 * config.n_embd, config.n_embd)
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        h = self.c_fc(x)
+        if x.shape[0] > 1 and x.is_cpu and not torch.is_grad_enabled():
+            # A batch row at a time, as that row would run alone: PyTorch shares a long elementwise
+            # call among its threads and runs the last few elements of each share through scalar
+            # code, whose tanh rounds differently from the vectorised one, so a row's GELU could
+            # depend on the rows around it (prompts prefilled together, model/scheduler.py).
+            return self.c_proj(torch.cat([F.gelu(row, approximate="tanh") for row in h.split(1)]))
+        return self.c_proj(F.gelu(h, approximate="tanh"))
 
 
 class Block(nn.Module):

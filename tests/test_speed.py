@@ -430,7 +430,57 @@ def test_a_long_prompt_goes_in_by_chunks_between_the_others_steps(loaded, monkey
     assert all(any(a < step < b for step in steps) for a, b in zip(newcomer_calls, newcomer_calls[1:]))
     assert newcomer_output == tokens_alone(model, tokenizer, long_prompt, long_params, None)
     assert output == tokens_alone(model, tokenizer, running_prompt, running_params, None)
-    assert scheduler.largest_batch == 2 and scheduler._newcomer is None
+    assert scheduler.largest_batch == 2 and scheduler._prefill is None
+
+
+def test_prompts_of_one_length_queued_together_go_in_in_one_call_and_each_gets_its_tokens_alone(
+        loaded_any, monkeypatch):
+    """Five fresh prompts of the same length queued together are prefilled in one call of five
+    rows; each request, with its own settings and seed, still gets exactly the tokens it gets
+    alone, with int8 weights too. A prompt of another length, one with an adapter (whose
+    updates are PyTorch's products), and the prompt past PREFILL_CHUNK go in on their own."""
+    model, tokenizer = loaded_any
+    length = 6
+    monkeypatch.setattr(generate_module, "PREFILL_CHUNK", 5 * length)
+    prompts = torch.randint(0, model.config.vocab_size, (8, length), generator=torch.Generator().manual_seed(4)).tolist()
+    prompts[6] = prompts[6][:4]  # another length
+    settings = [SamplingParams(temperature=0, max_new_tokens=12),
+                SamplingParams(temperature=0.8, top_k=40, seed=21, max_new_tokens=14),
+                SamplingParams(temperature=1.1, top_p=0.9, seed=22, max_new_tokens=10),
+                SamplingParams(temperature=0, repetition_penalty=1.3, max_new_tokens=9),
+                SamplingParams(temperature=1.0, seed=23, max_new_tokens=11),
+                SamplingParams(temperature=0.9, seed=24, max_new_tokens=12),  # the sixth: past the chunk
+                SamplingParams(temperature=0.7, top_k=5, seed=25, max_new_tokens=8),
+                SamplingParams(temperature=1.0, seed=26, max_new_tokens=10)]
+    adapters = [None] * 7 + ["summarize"]
+    prompts[7] = prompts[0]  # the same prompt, with an adapter
+    scheduler = Scheduler(model, max_batch=8)
+    rows_per_prompt_call = []
+    handle = model.register_forward_pre_hook(
+        lambda module, args: rows_per_prompt_call.append(args[0].shape[0]) if args[0].shape[1] > 1 else None)
+    try:
+        streams = [scheduler.decode(p, params, params.seed or 0, adapter=a)
+                   for p, params, a in zip(prompts, settings, adapters)]
+        outputs = [[int(t[0]) for t in stream] for stream in streams]
+    finally:
+        handle.remove()
+    assert rows_per_prompt_call == [5, 1, 1, 1]
+    for prompt, params, adapter, output in zip(prompts, settings, adapters, outputs):
+        assert output == tokens_alone(model, tokenizer, prompt, params, adapter)
+
+
+def test_the_mlp_gives_each_row_its_bits_alone():
+    """GELU goes a row at a time: PyTorch's runs the last elements of a call (past whole pairs of
+    vectors) through scalar code that rounds differently, and with a width of 48 those are the
+    end of each row alone but the middle of a batch."""
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(vocab_size=64, n_positions=16, n_embd=12, n_layer=1, n_head=2)).eval()
+    mlp = model.transformer.h[0].mlp
+    x = torch.randn(4, 5, 12) * 4
+    with torch.inference_mode():
+        together = mlp(x)
+        for row in range(4):
+            assert torch.equal(together[row], mlp(x[row:row + 1])[0])
 
 
 def test_a_request_done_at_its_first_token_still_leaves_a_step_between_two_prompts(loaded, monkeypatch):
@@ -627,8 +677,8 @@ def test_a_failed_decode_step_fails_its_rows_and_the_queue_goes_on(loaded, monke
         if args[0].shape[1] == 1:  # one new token per row: a decode step, not a prefill
             steps.append(True)
             if len(steps) == (2 if part_prefilled else 1):  # two rows: after the second prompt's first chunk
-                newcomer = scheduler._newcomer
-                failed_with.append(None if newcomer is None else newcomer.prefilled)
+                newcomers = scheduler._prefill
+                failed_with.append(None if newcomers is None else newcomers.prefilled)
                 raise MemoryError("no memory for this step")
 
     handle = model.register_forward_pre_hook(fail_a_decode_step)
