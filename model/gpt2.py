@@ -223,10 +223,12 @@ class MLP(nn.Module):
     def forward(self, x):
         h = self.c_fc(x)
         if x.shape[0] > 1 and x.is_cpu and not torch.is_grad_enabled():
-            # A batch row at a time, as that row would run alone: PyTorch shares a long elementwise
-            # call among its threads and runs the last few elements of each share through scalar
-            # code, whose tanh rounds differently from the vectorised one, so a row's GELU could
-            # depend on the rows around it (prompts prefilled together, model/scheduler.py).
+            # A batch row at a time, as that row would run alone: PyTorch's elementwise loop runs the
+            # last elements of a call (past its last whole pair of vectors, and likewise of each
+            # thread's share of a long call) through scalar code whose tanh rounds differently. For
+            # a width that is not a multiple of 32 those are the end of a row alone but the middle
+            # of a batch, so a row's GELU could depend on the rows around it (prompts prefilled
+            # together, model/scheduler.py). It costs a few microseconds a call.
             return self.c_proj(torch.cat([F.gelu(row, approximate="tanh") for row in h.split(1)]))
         return self.c_proj(F.gelu(h, approximate="tanh"))
 

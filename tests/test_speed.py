@@ -435,25 +435,25 @@ def test_a_long_prompt_goes_in_by_chunks_between_the_others_steps(loaded, monkey
 
 def test_prompts_of_one_length_queued_together_go_in_in_one_call_and_each_gets_its_tokens_alone(
         loaded_any, monkeypatch):
-    """Five fresh prompts of the same length queued together are prefilled in one call of five
-    rows; each request, with its own settings and seed, still gets exactly the tokens it gets
-    alone, with int8 weights too. A prompt of another length, one with an adapter (whose
-    updates are PyTorch's products), and the prompt past PREFILL_CHUNK go in on their own."""
+    """Fresh prompts of one length queued together go in in one call, as many as PREFILL_CHUNK's
+    room takes, and each request, with its own settings and seed, still gets exactly the tokens it
+    gets alone, with int8 weights too. A prompt with an adapter (whose updates are PyTorch's
+    products) goes in alone, whether it comes first or behind others of its length, and so does
+    a prompt of another length."""
     model, tokenizer = loaded_any
     length = 6
     monkeypatch.setattr(generate_module, "PREFILL_CHUNK", 5 * length)
     prompts = torch.randint(0, model.config.vocab_size, (8, length), generator=torch.Generator().manual_seed(4)).tolist()
-    prompts[6] = prompts[6][:4]  # another length
+    prompts[7] = prompts[7][:4]  # another length
+    adapters = ["summarize", None, None, None, "translate", None, None, None]
     settings = [SamplingParams(temperature=0, max_new_tokens=12),
                 SamplingParams(temperature=0.8, top_k=40, seed=21, max_new_tokens=14),
                 SamplingParams(temperature=1.1, top_p=0.9, seed=22, max_new_tokens=10),
                 SamplingParams(temperature=0, repetition_penalty=1.3, max_new_tokens=9),
                 SamplingParams(temperature=1.0, seed=23, max_new_tokens=11),
-                SamplingParams(temperature=0.9, seed=24, max_new_tokens=12),  # the sixth: past the chunk
+                SamplingParams(temperature=0.9, seed=24, max_new_tokens=12),
                 SamplingParams(temperature=0.7, top_k=5, seed=25, max_new_tokens=8),
                 SamplingParams(temperature=1.0, seed=26, max_new_tokens=10)]
-    adapters = [None] * 7 + ["summarize"]
-    prompts[7] = prompts[0]  # the same prompt, with an adapter
     scheduler = Scheduler(model, max_batch=8)
     rows_per_prompt_call = []
     handle = model.register_forward_pre_hook(
@@ -464,7 +464,9 @@ def test_prompts_of_one_length_queued_together_go_in_in_one_call_and_each_gets_i
         outputs = [[int(t[0]) for t in stream] for stream in streams]
     finally:
         handle.remove()
-    assert rows_per_prompt_call == [5, 1, 1, 1]
+    # The adapter's alone; three together, up to the next adapter's; it alone, filling the chunk;
+    # after a step the sixth alone (it met the chunk's end), the seventh (the eighth is shorter), the eighth.
+    assert rows_per_prompt_call == [1, 3, 1, 1, 1, 1]
     for prompt, params, adapter, output in zip(prompts, settings, adapters, outputs):
         assert output == tokens_alone(model, tokenizer, prompt, params, adapter)
 
