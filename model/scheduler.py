@@ -1,5 +1,7 @@
 """Continuous batching: one thread decodes every running request in one batch.
 
+One thread (DECODER) decodes for every scheduler of the process, and stays between requests.
+
 Requests arrive from many threads (the app's workers) at any time, each with its own prompt,
 sampling settings, seed and adapter. Between two decode steps the scheduler retires the
 requests that are done or cancelled and admits waiting ones (each prompt is prefilled apart
@@ -114,29 +116,35 @@ class Scheduler:
         self.max_batch = max_batch
         self.largest_batch = 0  # the most rows one decode step has run: shows that requests shared steps
         self.rows_in_use = 0  # requests decoding now: shows that a finished or cancelled one let go of its row
-        self._lock = threading.Lock()  # guards _waiting and _worker
+        self._lock = threading.Lock()  # guards _waiting and _served
         self._waiting: deque[Request] = deque()
-        # The newcomers whose prompts are going in: set and cleared by the worker, read by close()
-        # when no worker runs.
+        # Whether the decode thread (DECODER) serves it now; _left is set whenever it does not.
+        self._served = False
+        self._left = threading.Event()
+        self._left.set()
+        # The decode thread's, while it serves it: the running requests (row i of the batch is
+        # _active[i]), the batch's KV cache, and the newcomers whose prompts are going in (read by
+        # close() when it is not served).
+        self._active: list[Request] = []
+        self._cache: KVCache | None = None
         self._prefill: Prefill | None = None
-        self._worker: threading.Thread | None = None
         self._closed = False
         OPEN.add(self)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop decoding: the running and waiting requests end with an error at the next step,
-        new ones are refused, and the worker thread is waited for (at most timeout_s).
+        new ones are refused, and the decode thread's turn at it is waited for (at most timeout_s).
 
-        Called for every scheduler at interpreter exit: a worker still inside a matrix kernel
-        while the interpreter tears itself down aborts the process.
+        Called for every scheduler at interpreter exit: a decode thread still inside a matrix
+        kernel while the interpreter tears itself down aborts the process.
         """
         with self._lock:
             self._closed = True
-            worker = self._worker
-        if worker is None:  # no worker to fail the queued requests: fail them here
+            served = self._served
+        if not served:  # the decode thread will not fail the queued requests: fail them here
             self._end_all([], RuntimeError("the scheduler was closed"))
-        elif worker.is_alive() and worker is not threading.current_thread():
-            worker.join(timeout_s)
+        elif threading.current_thread() is not DECODER.thread:
+            self._left.wait(timeout_s)
 
     @property
     def config(self) -> GPT2Config:
@@ -161,33 +169,47 @@ class Scheduler:
             self._waiting.append(request)
         return RequestTokens(self, request)
 
-    def _start_worker(self) -> None:
+    def _serve(self) -> None:
+        """Have the decode thread serve this scheduler, unless it does already."""
         with self._lock:
-            if self._worker is None and not self._closed:
-                worker = threading.Thread(target=self._run, name="decode-scheduler", daemon=True)
-                worker.start()  # if it cannot start, no dead worker is left behind to wait for
-                self._worker = worker
-
-    def _run(self) -> None:
-        while True:
-            active: list[Request] = []  # row i of the batch is active[i]
-            try:
-                with torch.inference_mode():
-                    # The batch's cache lives while the worker runs: an idle app holds none. It
-                    # starts empty and grows to what the admitted requests can reach.
-                    cache = self.model.new_cache(self.max_batch, max_len=0)
-                    while self._admit(active, cache):
-                        self._step(active, cache)
+            if self._served or self._closed:
                 return
-            except Exception as error:  # a failed step: its rows hear of it; the queue goes on, on a fresh cache
-                self._fail(active, error)
-                with self._lock:
-                    if not self._waiting and self._prefill is None:
-                        self._worker = None
-                        return
-            except BaseException as error:  # the interpreter is stopping: every caller hears of it
-                self._end_all(active, error)
-                raise
+            self._served = True
+            self._left.clear()
+        try:
+            DECODER.serve(self)
+        except BaseException:  # no thread could start: not served, as before
+            with self._lock:
+                self._leave()
+            raise
+
+    def _leave(self) -> None:
+        """It is no longer served (the lock is held)."""
+        self._served = False
+        self._left.set()
+
+    def _tick(self) -> bool:
+        """One turn on the decode thread: retire finished rows and admit waiting ones, then one
+        decode step for every active row. False once nothing is left to run: it has left the
+        thread, and holds no cache."""
+        try:
+            with torch.inference_mode():
+                if self._cache is None:
+                    # The batch's cache lives while requests run: an idle app holds none. It starts
+                    # empty and grows to what the admitted requests can reach.
+                    self._cache = self.model.new_cache(self.max_batch, max_len=0)
+                if self._admit(self._active, self._cache):
+                    self._step(self._active, self._cache)
+                    return True
+        except Exception as error:  # a failed step: its rows hear of it; the queue goes on, on a fresh cache
+            self._fail(self._active, error)
+            self._active, self._cache = [], None
+            with self._lock:
+                if self._waiting or self._prefill is not None:
+                    return True
+                self._leave()
+        self._active, self._cache = [], None
+        return False
 
     def _fail(self, requests: list[Request], error: BaseException) -> None:
         self.rows_in_use = 0
@@ -195,9 +217,10 @@ class Scheduler:
             request.fail(error)
 
     def _end_all(self, active: list[Request], error: BaseException) -> None:
-        """Fail the active requests and every waiting one; the worker, if any, is ending."""
+        """Fail the active requests and every waiting one; it leaves the decode thread, if there."""
         with self._lock:
-            stranded, self._worker = list(self._waiting), None
+            stranded = list(self._waiting)
+            self._leave()
             self._waiting.clear()
         prefill, self._prefill = self._prefill, None
         if prefill is not None:
@@ -205,8 +228,8 @@ class Scheduler:
         self._fail(active + stranded, error)
 
     def _admit(self, active: list[Request], cache: KVCache) -> bool:
-        """Retire finished rows and fill free ones from the queue; False (and the worker ends)
-        when nothing is left to run or the scheduler was closed.
+        """Retire finished rows and fill free ones from the queue; False (and it leaves the decode
+        thread) when nothing is left to run or the scheduler was closed.
 
         Newcomers' prompts go in chunk by chunk, at most PREFILL_CHUNK tokens before each step
         (several short prompts, or one chunk of a long one), so that the running rows are never
@@ -219,7 +242,7 @@ class Scheduler:
                 with self._lock:
                     if not self._waiting:
                         if not active:
-                            self._worker = None
+                            self._leave()
                             self.rows_in_use = 0
                             return False
                         break
@@ -318,6 +341,54 @@ class Scheduler:
             request.take(token)
 
 
+class Decoder:
+    """The one thread that decodes for every scheduler of the process, a turn each
+    (Scheduler._tick), and waits for the next request when none has work.
+
+    One thread for the life of the process rather than one per scheduler, started with its
+    requests and ended with them as before: PyTorch's OpenMP keeps worker threads for each thread
+    that runs parallel work (see in_thread_of_its_own), so a new thread's first parallel calls
+    started a pool of its own, and the bundled model's first prompt after a pause took 12-15 ms
+    in the median (up to 50) against 2-3 here, which was the time to first token of every request
+    after a quiet moment (docs/performance.md). And two schedulers (two models, as the benchmark
+    alternates, or an app switching models while a request runs) share one pool rather than
+    each slowing the other's."""
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._schedulers: list[Scheduler] = []  # those with work, in turn
+        self.thread: threading.Thread | None = None
+
+    def serve(self, scheduler: Scheduler) -> None:
+        with self._changed:
+            self._schedulers.append(scheduler)
+            if self.thread is None:
+                thread = threading.Thread(target=self._run, name="decoder", daemon=True)
+                thread.start()  # if it cannot start, the scheduler hears of it and is not served
+                self.thread = thread
+            self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._schedulers:
+                    self._changed.wait()
+                turn = list(self._schedulers)
+            for scheduler in turn:
+                try:
+                    more = scheduler._tick()
+                except BaseException as error:  # the interpreter is stopping: every caller hears of it
+                    with self._changed:
+                        stranded, self._schedulers, self.thread = self._schedulers, [], None
+                    for each in stranded:
+                        each._end_all(each._active, error)
+                    raise
+                if not more:
+                    with self._changed:
+                        self._schedulers.remove(scheduler)
+
+
+DECODER = Decoder()
 OPEN: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()  # every scheduler not yet collected
 
 
@@ -378,10 +449,10 @@ class RequestTokens:
         if self._ended:
             raise StopIteration
         if not self._started:
-            # The worker starts when a caller first waits for a token, so requests queued
-            # together (by one caller, or by several within a step) start decoding together.
+            # Decoding starts when a caller first waits for a token, so requests queued together
+            # (by one caller, or by several within a step) start decoding together.
             self._started = True
-            self._scheduler._start_worker()
+            self._scheduler._serve()
         elif self._request.out.empty() and self._scheduler.rows_in_use > 1:  # a lone request's never pause
             pause_reading(self._request)
         token = self._request.out.get()

@@ -520,7 +520,7 @@ def test_a_request_done_at_its_first_token_still_leaves_a_step_between_two_promp
     assert output == tokens_alone(model, tokenizer, running_prompt, running_params, None)
 
 
-def test_closing_the_scheduler_ends_its_requests_and_its_worker(loaded):
+def test_closing_the_scheduler_ends_its_requests_and_its_turns_on_the_decode_thread(loaded):
     model, tokenizer = loaded
     scheduler = Scheduler(model)
     params = SamplingParams(temperature=0, max_new_tokens=50)
@@ -528,36 +528,68 @@ def test_closing_the_scheduler_ends_its_requests_and_its_worker(loaded):
     with forward_calls(model, gate):
         tokens = scheduler.decode(tokenizer.encode("Once upon"), params, 0)
         next(tokens)  # the token from the prompt; the first decode step is now held
-        worker = scheduler._worker
+        assert scheduler._served
         closer = threading.Thread(target=scheduler.close)
         closer.start()
         assert wait_until(lambda: scheduler._closed)
         gate.set()
         closer.join(10)
-    assert not worker.is_alive() and scheduler.rows_in_use == 0
+    assert not closer.is_alive() and not scheduler._served and scheduler.rows_in_use == 0
+    assert scheduler._cache is None and scheduler not in scheduler_module.DECODER._schedulers
     with pytest.raises(RuntimeError, match="decoding failed .RuntimeError: the scheduler was closed"):
         list(tokens)
     with pytest.raises(RuntimeError, match="the scheduler was closed"):
         scheduler.decode(tokenizer.encode("The cat"), params, 0)
 
 
-def test_closing_a_scheduler_whose_worker_never_started_ends_its_queued_requests(loaded):
+def test_one_decode_thread_serves_every_scheduler_in_turn_and_stays_for_the_next_request(loaded):
+    """Two schedulers (two models) with requests at once are decoded by the same thread, taking
+    turns, each request getting its tokens alone; the thread outlives them, holding no cache, and
+    decodes the next request too."""
+    model, tokenizer = loaded
+    twin = copy_of(model)
+    schedulers = [Scheduler(model), Scheduler(twin)]
+    params = [SamplingParams(temperature=0.8, top_k=40, seed=5, max_new_tokens=20),
+              SamplingParams(temperature=0, max_new_tokens=25)]
+    threads_by_model = {id(model): set(), id(twin): set()}
+    def record(module, args):
+        threads_by_model[id(module)].add(threading.current_thread())
+
+    handles = [m.register_forward_pre_hook(record) for m in (model, twin)]
+    try:
+        outputs = run_in_threads(lambda i: [int(t[0]) for t in schedulers[i].decode(
+            tokenizer.encode("Once upon a time"), params[i], 5)], 2)
+        thread = scheduler_module.DECODER.thread
+        assert threads_by_model[id(model)] == threads_by_model[id(twin)] == {thread}
+        assert thread.is_alive() and all(s._cache is None and not s._served for s in schedulers)
+        later = [int(t[0]) for t in schedulers[0].decode(tokenizer.encode("The cat"), params[1], 0)]
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert scheduler_module.DECODER.thread is thread and threads_by_model[id(model)] == {thread}
+    for m, p, output in zip((model, twin), params, outputs):
+        assert output == tokens_alone(m, tokenizer, "Once upon a time", p, None)
+    assert later == tokens_alone(model, tokenizer, "The cat", params[1], None)
+
+
+def test_closing_a_scheduler_never_served_ends_its_queued_requests(loaded):
     model, tokenizer = loaded
     scheduler = Scheduler(model)
     queued = scheduler.decode(tokenizer.encode("Once upon"), SamplingParams(temperature=0, max_new_tokens=5), 0)
-    scheduler.close()  # before anyone waited for a token: no worker was started
+    scheduler.close()  # before anyone waited for a token: the decode thread was never asked to serve it
     with pytest.raises(RuntimeError, match="decoding failed .RuntimeError: the scheduler was closed"):
         next(queued)
-    assert scheduler._worker is None
+    assert not scheduler._served
 
 
-def test_the_app_loads_its_model_in_a_thread_that_ends_so_only_the_scheduler_keeps_openmp_workers():
+def test_the_app_loads_its_model_in_a_thread_that_ends_so_only_the_decode_thread_keeps_openmp_workers():
     """libgomp keeps worker threads for every thread that has run parallel work until it ends, and
     with more of them than cores its workers sleep between regions (scheduler.in_thread_of_its_own
     says why that slows decoding). So loading the bundled model (its copies are parallel work) must
-    leave no thread behind, and after requests from other threads the scheduler's worker, once
-    idle, ends with its own. Counted in a fresh interpreter, after importing torch (which starts
-    one thread of its own)."""
+    leave no thread behind; requests from other threads start the one decode thread, which keeps
+    its one OpenMP worker (two threads with OMP_NUM_THREADS=2) and nothing else, through more
+    requests and other parallel work in passing threads. Counted in a fresh interpreter, after
+    importing torch (which starts one thread of its own)."""
     code = """
 import os, threading, torch
 from model.generate import SamplingParams, generate
@@ -572,16 +604,21 @@ before = len(os.listdir("/proc/self/task"))
 host = ModelHost(["bundled"], device="cpu")
 assert threads_settle_at(before), "loading left a thread behind"
 current = host.current
-requests = [threading.Thread(target=generate, args=(current.scheduler, current.tokenizer, "Once upon a time",
-                                                    SamplingParams(max_new_tokens=8, seed=seed))) for seed in range(3)]
-for request in requests:
-    request.start()
-for request in requests:
-    request.join()
+
+def three_requests():
+    requests = [threading.Thread(target=generate, args=(current.scheduler, current.tokenizer, "Once upon a time",
+                                                        SamplingParams(max_new_tokens=8, seed=seed))) for seed in range(3)]
+    for request in requests:
+        request.start()
+    for request in requests:
+        request.join()
+
+three_requests()
 assert current.scheduler.largest_batch > 1
-assert threads_settle_at(before), "the requests left a thread behind"
+assert threads_settle_at(before + 2), "the requests left other threads than the decode thread and its worker"
 assert in_thread_of_its_own(lambda: torch.ones(10**6).sum().item()) == 10**6
-assert threads_settle_at(before)
+three_requests()
+assert threads_settle_at(before + 2)
 try:
     in_thread_of_its_own(lambda: 1 / 0)
 except ZeroDivisionError:
