@@ -8,9 +8,9 @@ requests that are done or cancelled and admits waiting ones (each prompt is pref
 from the running rows, then copied into a free row of the batch's KV cache); each step then
 runs every active row through the model at once. Newcomers queued together with prompts of one
 length (several users sending the same example, say) are prefilled in one call, which reads the
-weights once for all of them (Scheduler._take_newcomers). A long prompt is prefilled a chunk at a time (PREFILL_CHUNK tokens),
-with the running rows' steps in between, so a newcomer stalls the others' streams for one chunk
-at a time, not for its whole prompt. Decoding is bound by reading the weights, and one step reads them
+weights once for all of them (Scheduler._take_newcomers). A long prompt is prefilled a chunk at
+a time (PREFILL_CHUNK tokens), with the running rows' steps in between, so a newcomer stalls the
+others' streams for one chunk at a time, not for its whole prompt. Decoding is bound by reading the weights, and one step reads them
 once for all rows, so eight requests cost little more than one.
 
 A request samples with its own `Sampler` (its settings and its own random generator), so a
@@ -118,7 +118,8 @@ class Scheduler:
         self.rows_in_use = 0  # requests decoding now: shows that a finished or cancelled one let go of its row
         self._lock = threading.Lock()  # guards _waiting and _served
         self._waiting: deque[Request] = deque()
-        # Whether the decode thread (DECODER) serves it now; _left is set whenever it does not.
+        # Whether the decode thread (DECODER) serves it now; _left is set whenever it does not and
+        # holds nothing of it (close() waits for that).
         self._served = False
         self._left = threading.Event()
         self._left.set()
@@ -181,12 +182,21 @@ class Scheduler:
         except BaseException:  # no thread could start: not served, as before
             with self._lock:
                 self._leave()
+            self._let_go()
             raise
 
     def _leave(self) -> None:
-        """It is no longer served (the lock is held)."""
+        """It is no longer served (the lock is held); _let_go follows."""
         self._served = False
-        self._left.set()
+
+    def _let_go(self) -> None:
+        """The decode thread drops its requests and cache; unless it serves it again already, it
+        has left. Only then does close() return: a tensor freed while the interpreter shuts down
+        aborts the process."""
+        self._active, self._cache = [], None
+        with self._lock:
+            if not self._served:
+                self._left.set()
 
     def _tick(self) -> bool:
         """One turn on the decode thread: retire finished rows and admit waiting ones, then one
@@ -208,7 +218,7 @@ class Scheduler:
                 if self._waiting or self._prefill is not None:
                     return True
                 self._leave()
-        self._active, self._cache = [], None
+        self._let_go()
         return False
 
     def _fail(self, requests: list[Request], error: BaseException) -> None:
@@ -345,14 +355,13 @@ class Decoder:
     """The one thread that decodes for every scheduler of the process, a turn each
     (Scheduler._tick), and waits for the next request when none has work.
 
-    One thread for the life of the process rather than one per scheduler, started with its
-    requests and ended with them as before: PyTorch's OpenMP keeps worker threads for each thread
-    that runs parallel work (see in_thread_of_its_own), so a new thread's first parallel calls
-    started a pool of its own, and the bundled model's first prompt after a pause took 12-15 ms
-    in the median (up to 50) against 2-3 here, which was the time to first token of every request
-    after a quiet moment (docs/performance.md). And two schedulers (two models, as the benchmark
-    alternates, or an app switching models while a request runs) share one pool rather than
-    each slowing the other's."""
+    Before, each scheduler started a thread with its requests and ended it with them. PyTorch's
+    OpenMP keeps worker threads for each thread that runs parallel work (see in_thread_of_its_own),
+    so that fresh thread's first parallel calls started a pool of their own: a lone request's
+    first token on the bundled model after a 0.3 s pause took 15.7-16.3 ms in the median, against
+    7.3-8.3 on this one thread, which lives as long as the process (docs/performance.md). And two
+    schedulers (two models, as the benchmark alternates, or an app switching models while a
+    request runs) share one pool rather than each slowing the other's."""
 
     def __init__(self):
         self._changed = threading.Condition()
@@ -361,11 +370,11 @@ class Decoder:
 
     def serve(self, scheduler: Scheduler) -> None:
         with self._changed:
-            self._schedulers.append(scheduler)
             if self.thread is None:
                 thread = threading.Thread(target=self._run, name="decoder", daemon=True)
-                thread.start()  # if it cannot start, the scheduler hears of it and is not served
+                thread.start()  # if it cannot start, the scheduler hears of it and is not listed
                 self.thread = thread
+            self._schedulers.append(scheduler)
             self._changed.notify()
 
     def _run(self) -> None:
@@ -382,6 +391,7 @@ class Decoder:
                         stranded, self._schedulers, self.thread = self._schedulers, [], None
                     for each in stranded:
                         each._end_all(each._active, error)
+                        each._let_go()
                     raise
                 if not more:
                     with self._changed:
@@ -407,8 +417,8 @@ def in_thread_of_its_own(work: Callable[[], T]) -> T:
     For PyTorch's parallel work that a server does once, such as loading a model. libgomp
     (PyTorch's OpenMP) keeps worker threads for every thread that has run parallel work, until
     that thread ends, and once it manages more threads than there are cores its workers sleep
-    between parallel regions rather than spin, so each region then waits for a wake-up. A
-    scheduler's thread decoding beside a main thread that loaded the model is that case: the
+    between parallel regions rather than spin, so each region then waits for a wake-up. The
+    decode thread (DECODER) beside a main thread that loaded the model is that case: the
     bundled model's 8-row step took 1.5-1.7 ms there against 1.0-1.1 ms with the loading done in
     a thread that had ended (docs/performance.md, "The scheduler's thread").
     """

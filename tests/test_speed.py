@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Iterator
@@ -520,11 +521,21 @@ def test_a_request_done_at_its_first_token_still_leaves_a_step_between_two_promp
     assert output == tokens_alone(model, tokenizer, running_prompt, running_params, None)
 
 
-def test_closing_the_scheduler_ends_its_requests_and_its_turns_on_the_decode_thread(loaded):
+def test_closing_the_scheduler_ends_its_requests_and_its_turns_on_the_decode_thread(loaded, monkeypatch):
+    """close() returns once the decode thread has ended the requests and let go of the batch's
+    cache (at interpreter exit a tensor freed later aborts the process): here the decode thread
+    is slowed right after it ends the requests, which is where an early return would show."""
     model, tokenizer = loaded
     scheduler = Scheduler(model)
     params = SamplingParams(temperature=0, max_new_tokens=50)
     gate = threading.Event()
+    end_all = Scheduler._end_all
+
+    def slow_end_all(self, active, error):
+        end_all(self, active, error)
+        time.sleep(0.3)
+
+    monkeypatch.setattr(Scheduler, "_end_all", slow_end_all)
     with forward_calls(model, gate):
         tokens = scheduler.decode(tokenizer.encode("Once upon"), params, 0)
         next(tokens)  # the token from the prompt; the first decode step is now held
@@ -535,7 +546,8 @@ def test_closing_the_scheduler_ends_its_requests_and_its_turns_on_the_decode_thr
         gate.set()
         closer.join(10)
     assert not closer.is_alive() and not scheduler._served and scheduler.rows_in_use == 0
-    assert scheduler._cache is None and scheduler not in scheduler_module.DECODER._schedulers
+    assert scheduler._cache is None and scheduler._active == []
+    assert wait_until(lambda: scheduler not in scheduler_module.DECODER._schedulers)  # its turn has ended
     with pytest.raises(RuntimeError, match="decoding failed .RuntimeError: the scheduler was closed"):
         list(tokens)
     with pytest.raises(RuntimeError, match="the scheduler was closed"):
@@ -561,7 +573,9 @@ def test_one_decode_thread_serves_every_scheduler_in_turn_and_stays_for_the_next
             tokenizer.encode("Once upon a time"), params[i], 5)], 2)
         thread = scheduler_module.DECODER.thread
         assert threads_by_model[id(model)] == threads_by_model[id(twin)] == {thread}
-        assert thread.is_alive() and all(s._cache is None and not s._served for s in schedulers)
+        # A reader has its last token a turn before its scheduler retires the row and leaves.
+        assert wait_until(lambda: all(s._left.is_set() and s._cache is None for s in schedulers))
+        assert thread.is_alive()
         later = [int(t[0]) for t in schedulers[0].decode(tokenizer.encode("The cat"), params[1], 0)]
     finally:
         for handle in handles:
@@ -607,7 +621,8 @@ current = host.current
 
 def three_requests():
     requests = [threading.Thread(target=generate, args=(current.scheduler, current.tokenizer, "Once upon a time",
-                                                        SamplingParams(max_new_tokens=8, seed=seed))) for seed in range(3)]
+                                                        SamplingParams(max_new_tokens=8, seed=seed)))
+                for seed in range(3)]
     for request in requests:
         request.start()
     for request in requests:
