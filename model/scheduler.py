@@ -1,6 +1,7 @@
 """Continuous batching: one thread decodes every running request in one batch.
 
-One thread (DECODER) decodes for every scheduler of the process, and stays between requests.
+That thread (DECODER) decodes for every scheduler of the process, a turn each, and stays
+between requests.
 
 Requests arrive from many threads (the app's workers) at any time, each with its own prompt,
 sampling settings, seed and adapter. Between two decode steps the scheduler retires the
@@ -186,7 +187,8 @@ class Scheduler:
             raise
 
     def _leave(self) -> None:
-        """It is no longer served (the lock is held); _let_go follows."""
+        """It is no longer served (the lock is held). Where the decode thread was serving it, that
+        thread lets go of it next (_let_go)."""
         self._served = False
 
     def _let_go(self) -> None:
