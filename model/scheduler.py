@@ -144,7 +144,7 @@ class Scheduler:
             self._closed = True
             served = self._served
         if not served:  # the decode thread will not fail the queued requests: fail them here
-            self._end_all([], RuntimeError("the scheduler was closed"))
+            self._end_all(RuntimeError("the scheduler was closed"))
         elif threading.current_thread() is not DECODER.thread:
             self._left.wait(timeout_s)
 
@@ -210,14 +210,14 @@ class Scheduler:
                     # The batch's cache lives while requests run: an idle app holds none. It starts
                     # empty and grows to what the admitted requests can reach.
                     self._cache = self.model.new_cache(self.max_batch, max_len=0)
-                if self._admit(self._active, self._cache):
-                    self._step(self._active, self._cache)
+                if self._admit():
+                    self._step()
                     return True
         except Exception as error:  # a failed step: its rows hear of it; the queue goes on, on a fresh cache
             self._fail(self._active, error)
-            self._active, self._cache = [], None
             with self._lock:
                 if self._waiting or self._prefill is not None:
+                    self._active, self._cache = [], None
                     return True
                 self._leave()
         self._let_go()
@@ -228,7 +228,7 @@ class Scheduler:
         for request in requests:
             request.fail(error)
 
-    def _end_all(self, active: list[Request], error: BaseException) -> None:
+    def _end_all(self, error: BaseException) -> None:
         """Fail the active requests and every waiting one; it leaves the decode thread, if there."""
         with self._lock:
             stranded = list(self._waiting)
@@ -237,9 +237,9 @@ class Scheduler:
         prefill, self._prefill = self._prefill, None
         if prefill is not None:
             stranded += prefill.requests
-        self._fail(active + stranded, error)
+        self._fail(self._active + stranded, error)
 
-    def _admit(self, active: list[Request], cache: KVCache) -> bool:
+    def _admit(self) -> bool:
         """Retire finished rows and fill free ones from the queue; False (and it leaves the decode
         thread) when nothing is left to run or the scheduler was closed.
 
@@ -247,7 +247,8 @@ class Scheduler:
         (several short prompts, or one chunk of a long one), so that the running rows are never
         stalled for long.
         """
-        self._retire_done(active, cache)
+        active, cache = self._active, self._cache  # row i of the batch is active[i]
+        self._retire_done()
         fed = 0  # prompt tokens prefilled before this step
         while len(active) < self.max_batch and not self._closed:
             if self._prefill is None:
@@ -295,7 +296,7 @@ class Scheduler:
             for request, token in zip(requests, picked):
                 request.take(token)
         if self._closed:  # checked before each prefill too, so that close() waits for one at most
-            self._end_all(active, RuntimeError("the scheduler was closed"))
+            self._end_all(RuntimeError("the scheduler was closed"))
             return False
         self.rows_in_use = len(active)
         return True
@@ -323,9 +324,10 @@ class Scheduler:
             newcomers.append(self._waiting.popleft())
         return newcomers
 
-    def _retire_done(self, active: list[Request], cache: KVCache) -> None:
+    def _retire_done(self) -> None:
         """Drop the rows that are done; the last row moves into each one's place, so the active
         rows stay the first ones."""
+        active, cache = self._active, self._cache
         for row in reversed(range(len(active))):
             if active[row].done:  # its reader has had DONE, an error, or has gone (cancelled)
                 last = len(active) - 1
@@ -335,13 +337,14 @@ class Scheduler:
                 active.pop()
         self.rows_in_use = len(active)
 
-    def _step(self, active: list[Request], cache: KVCache) -> None:
+    def _step(self) -> None:
         """One decode step for every active row.
 
         Rows done since _admit (a newcomer's first token finished it, a caller left) leave first,
         and the others still step: skipping the step would let the next newcomer's prompt go in
         right after this one's, stalling the running rows longer than one chunk."""
-        self._retire_done(active, cache)
+        self._retire_done()
+        active, cache = self._active, self._cache
         if not active or self._closed:
             return  # only a newcomer's prompt going in, or closing
         self.largest_batch = max(self.largest_batch, len(active))
@@ -392,7 +395,7 @@ class Decoder:
                     with self._changed:
                         stranded, self._schedulers, self.thread = self._schedulers, [], None
                     for each in stranded:
-                        each._end_all(each._active, error)
+                        each._end_all(error)
                         each._let_go()
                     raise
                 if not more:

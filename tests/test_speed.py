@@ -531,8 +531,8 @@ def test_closing_the_scheduler_ends_its_requests_and_its_turns_on_the_decode_thr
     gate = threading.Event()
     end_all = Scheduler._end_all
 
-    def slow_end_all(self, active, error):
-        end_all(self, active, error)
+    def slow_end_all(self, error):
+        end_all(self, error)
         time.sleep(0.3)
 
     monkeypatch.setattr(Scheduler, "_end_all", slow_end_all)
