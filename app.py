@@ -19,8 +19,8 @@ from typing import Sequence
 import gradio as gr
 from huggingface_hub.constants import HF_HUB_CACHE
 
-from model.quantize import QUANTIZATIONS
-from model.scheduler import MAX_BATCH
+from engine.quantize import QUANTIZATIONS
+from engine.scheduler import MAX_BATCH
 from tasks import TASKS
 from ui.architecture import architecture_tab
 from ui.chat import CHAT
@@ -32,7 +32,7 @@ from ui.views import GENERATE, SUMMARIZE, TRANSLATE
 
 VIEWS: dict[str, TaskView] = {view.task.name: view for view in (GENERATE, CHAT, TRANSLATE, SUMMARIZE)}
 
-# Generations running at once share one batched decode step (model/scheduler.py), so as many as
+# Generations running at once share one batched decode step (engine/scheduler.py), so as many as
 # it has rows cost little more than one; the queue bounds how many more can wait.
 DEFAULT_CONCURRENCY, DEFAULT_QUEUE_SIZE = MAX_BATCH, 64
 APP_DIR = Path(__file__).resolve().parent

@@ -45,15 +45,17 @@ import transformers
 from bench import cpu_name
 from model import GPT2, GPT2Config, load_pretrained
 from model.checkpoint import BUNDLED_DIR, WEIGHT_FILES, to_our_layout
-from model.generate import SamplingParams, decode_tokens, generate
-from model.kernels import weights_on_huge_pages
-from model.quantize import Int8Linear, quantize_weights
-from model.scheduler import Scheduler, in_thread_of_its_own
+from engine import kernels, prepare_for_serving
+from engine.cache import new_cache
+from engine.generate import SamplingParams, decode_tokens, generate
+from engine.quantize import Int8Linear
+from engine.scheduler import Scheduler, in_thread_of_its_own
 
 PROMPT_TOKENS, PREFILL_TOKENS, BATCH, CLIENTS = 32, 512, 8, 8
 # What bundled_checks measures (None for each when the bundled model has not been trained).
 BUNDLED_KEYS = ("bundled_load_s", "bundled_int8_ppl_ratio", "clients1_tok_s", "clients8_tok_s", "clients1_int8_tok_s",
-                "clients8_int8_tok_s", "clients8_per_round", "clients8_int8_per_round")
+                "clients8_int8_tok_s", "clients8_nokernels_tok_s", "clients8_per_round", "clients8_int8_per_round",
+                "clients8_kernels_gain_per_round")
 KEYS = ("ours_fp32_tok_s", "ours_int8_tok_s", "hf_sdpa_tok_s", "hf_eager_tok_s", "ours_batch8_tok_s",
         "prefill512_ours_ms", "prefill512_hf_ms", "ttft_ms", "peak_rss_mb", "roofline_fp32_tok_s")
 
@@ -107,7 +109,7 @@ def roofline_breakdown(model: GPT2, prompt: torch.Tensor) -> dict[str, float]:
     inputs = [torch.randn(1, 1, m.in_features, device=device, dtype=dtype) for m in layers]
     sum_s = min(seconds(lambda: [m.weight.sum() for m in layers], device) for _ in range(5))
     products_s = min(seconds(lambda: [m(x) for m, x in zip(layers, inputs)], device) for _ in range(5))
-    cache = model.new_cache(1, prompt.shape[1] + 6)
+    cache = new_cache(model, 1, prompt.shape[1] + 6)
     model(prompt, cache=cache, last_only=True)
     step_s = min(seconds(lambda: model(prompt[:, -1:], cache=cache), device) for _ in range(5))
     weight_bytes = weight_bytes_per_token(model)
@@ -128,7 +130,7 @@ def random_hf_model() -> transformers.GPT2LMHeadModel:
 
 def build_models(device: torch.device, dtype: torch.dtype):
     """transformers' GPT2LMHeadModel with random weights in the 124M shape, and ours (fp32 and
-    int8) holding the very same weights, placed in memory as load_pretrained places them."""
+    int8) holding the very same weights, prepared as the app prepares them (engine.prepare_for_serving)."""
     torch.manual_seed(0)
     config = GPT2Config.preset("gpt2")
     hf = random_hf_model().to(device=device, dtype=dtype).eval()
@@ -140,8 +142,8 @@ def build_models(device: torch.device, dtype: torch.dtype):
     int8 = GPT2(config)
     int8.load_state_dict(ours.state_dict())
     ours.to(device=device, dtype=dtype).eval()
-    int8 = quantize_weights(int8.to(device=device, dtype=dtype).eval())
-    return weights_on_huge_pages(ours), weights_on_huge_pages(int8), hf  # as load_pretrained does
+    int8.to(device=device, dtype=dtype).eval()
+    return prepare_for_serving(ours), prepare_for_serving(int8, "int8"), hf
 
 
 @torch.inference_mode()
@@ -170,7 +172,7 @@ def hf_decode(hf, implementation: str, prompt: torch.Tensor, new_tokens: int) ->
 @torch.inference_mode()
 def ours_prefill(model: GPT2, prompt: torch.Tensor) -> float:
     """Seconds from a prompt to its next token's logits, the KV cache filled."""
-    return seconds(lambda: model(prompt, cache=model.new_cache(1, prompt.shape[1]), last_only=True), prompt.device)
+    return seconds(lambda: model(prompt, cache=new_cache(model, 1, prompt.shape[1]), last_only=True), prompt.device)
 
 
 @torch.inference_mode()
@@ -208,9 +210,9 @@ def bundled_checks(directory: Path, device: torch.device, new_tokens: int, reps:
         print(f"bundled model: missing (no weights in {directory})")
         return dict.fromkeys(BUNDLED_KEYS)
     start = time.perf_counter()
-    model, tokenizer = in_thread_of_its_own(lambda: load_pretrained(directory, device=device))  # as the app loads it
+    model, tokenizer = in_thread_of_its_own(lambda: serving(directory, device))  # as the app loads it
     load_s = time.perf_counter() - start
-    int8, _ = in_thread_of_its_own(lambda: load_pretrained(directory, device=device, quantize="int8"))
+    int8, _ = in_thread_of_its_own(lambda: serving(directory, device, "int8"))
     ppl = in_thread_of_its_own(lambda: validation_perplexity({"fp32": model, "int8": int8}, tokenizer, device))
     print(f"bundled model, 1 and {CLIENTS} scheduler clients, fp32 and int8, {reps} rounds:", flush=True)
     clients = alternate({
@@ -218,17 +220,33 @@ def bundled_checks(directory: Path, device: torch.device, new_tokens: int, reps:
         "clients8_tok_s": lambda: scheduler_clients(model, tokenizer, CLIENTS, new_tokens),
         "clients1_int8_tok_s": lambda: scheduler_clients(int8, tokenizer, 1, new_tokens),
         "clients8_int8_tok_s": lambda: scheduler_clients(int8, tokenizer, CLIENTS, new_tokens),
+        "clients8_nokernels_tok_s": without_kernels(lambda: scheduler_clients(model, tokenizer, CLIENTS, new_tokens)),
     }, reps)
     per_round = {f"clients8{suffix}_per_round": ratio_per_round(clients[f"clients8{suffix}_tok_s"],
                                                                 clients[f"clients1{suffix}_tok_s"])
                  for suffix in ("", "_int8")}
+    per_round["clients8_kernels_gain_per_round"] = ratio_per_round(clients["clients8_tok_s"],
+                                                                   clients["clients8_nokernels_tok_s"])
     return {"bundled_load_s": load_s, "bundled_int8_ppl_ratio": ppl["int8"] / ppl["fp32"], **medians(clients),
             **per_round}
 
 
+def serving(directory: Path, device: torch.device, quantize: str | None = None):
+    model, tokenizer = load_pretrained(directory, device=device)
+    return prepare_for_serving(model, quantize), tokenizer
+
+
+def without_kernels(run: Callable[[], float]) -> Callable[[], float]:
+    """`run` on PyTorch's path: the side-by-side that decides whether the kernels stay."""
+    def switched_off() -> float:
+        with kernels.switched_off():
+            return run()
+    return switched_off
+
+
 def validation_perplexity(models: dict[str, GPT2], tokenizer, device: torch.device) -> dict[str, float]:
     """Each model's perplexity on the first windows of each pretraining validation source, averaged."""
-    from model.train import pretraining_streams, validation_loss
+    from train.pretrain import pretraining_streams, validation_loss
 
     val_data = pretraining_streams(tokenizer, "val")
     return {name: math.exp(validation_loss(model, val_data, model.config.n_positions, device, max_windows=16)["val_loss"])
@@ -321,10 +339,14 @@ def table(n: dict, device: torch.device, dtype: torch.dtype, new_tokens: int, re
          "", f"{n['products_gb_s'] / n['bandwidth_gb_s']:.0%} of the bandwidth"),
         ("one batch-1 decode step (ms)", f"{n['decode_step_ms']:.1f}", "",
          f"{1000 / (n['roofline_fp32_tok_s'] * n['decode_step_ms']):.0%} of the roofline"),
+        *[(f"the decode kernels' gain: {label} (tokens/s, on / off)",
+            f"{n[f'ours_{key}_tok_s']:.1f} / {n[f'ours_{key}_nokernels_tok_s']:.1f}", "",
+            f"{n[f'ours_{key}_tok_s'] / n[f'ours_{key}_nokernels_tok_s']:.2f}x" + per_round(f"{key}_kernels_gain_per_round"))
+          for key, label in (("fp32", f"batch 1 {width}"), ("int8", "batch 1 int8"), ("batch8", f"batch {BATCH} {width}"))],
         ("peak resident memory of this process (MB)", f"{n['peak_rss_mb']:.0f}", "", "both models loaded"),
         ("load a checkpoint of the 124M shape (s)", f"{n['load_ours_s']:.2f}", f"{n['load_hf_s']:.2f}",
-         f"{n['load_hf_s'] / n['load_ours_s']:.2f}x as fast (ours copies onto huge pages and loads the tokenizer; "
-         "transformers reads each weight when first used)"),
+         f"{n['load_hf_s'] / n['load_ours_s']:.2f}x as fast (ours makes every weight its own memory and loads the "
+         "tokenizer; transformers reads each weight when first used)"),
         ("bundled model: load time (s)", opt(n["bundled_load_s"], "{:.2f}"), "", ""),
         ("bundled model: int8 / fp32 validation perplexity", opt(n["bundled_int8_ppl_ratio"], "{:.4f}"), "", ""),
     ]
@@ -333,6 +355,11 @@ def table(n: dict, device: torch.device, dtype: torch.dtype, new_tokens: int, re
         rows.append((f"bundled model, {label}: scheduler, 1 / {CLIENTS} clients (tokens/s, all clients)",
                      f"{opt(one)} / {opt(many)}", "",
                      "" if one is None else f"{many / one:.2f}x" + per_round(f"clients{CLIENTS}{suffix}_per_round")))
+    if n.get("clients8_nokernels_tok_s") is not None:
+        rows.append((f"the decode kernels' gain: bundled fp32, {CLIENTS} clients (tokens/s, on / off)",
+                     f"{n['clients8_tok_s']:.1f} / {n['clients8_nokernels_tok_s']:.1f}", "",
+                     f"{n['clients8_tok_s'] / n['clients8_nokernels_tok_s']:.2f}x"
+                     + per_round("clients8_kernels_gain_per_round")))
     lines = [f"GPT-2 124M shape, random weights, {device.type} {str(dtype).removeprefix('torch.')}, greedy, "
              f"{new_tokens} new tokens, median of {reps} alternating runs",
              f"machine: {machine()}", "",
@@ -358,9 +385,10 @@ def main(argv=None) -> None:
     transformers.logging.set_verbosity_error()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     print(f"machine: {machine()}", flush=True)
+    print(f"decode kernels: {'built' if kernels.wait_until_built() else kernels.decode_path()}", flush=True)
     # As in the app (ui/model_host.py), PyTorch's parallel work other than the scheduler's runs in
     # threads that have ended before the clients run, so the scheduler's thread keeps the only
-    # OpenMP workers (model/scheduler.py, in_thread_of_its_own).
+    # OpenMP workers (engine/scheduler.py, in_thread_of_its_own).
     n = in_thread_of_its_own(lambda: against_transformers(args, device, dtype))
     n.update(bundled_checks(args.bundled, device, args.new_tokens, args.reps))
     n["peak_rss_mb"] = peak_rss_mb()
@@ -395,6 +423,9 @@ def against_transformers(args: argparse.Namespace, device: torch.device, dtype: 
         "hf_sdpa_tok_s": lambda: hf_decode(hf, "sdpa", prompt, args.new_tokens),
         "hf_eager_tok_s": lambda: hf_decode(hf, "eager", prompt, args.new_tokens),
         "ours_batch8_tok_s": lambda: ours_decode(ours, batch, args.new_tokens)[0],
+        "ours_fp32_nokernels_tok_s": without_kernels(lambda: ours_decode(ours, prompt, args.new_tokens)[0]),
+        "ours_int8_nokernels_tok_s": without_kernels(lambda: ours_decode(int8, prompt, args.new_tokens)[0]),
+        "ours_batch8_nokernels_tok_s": without_kernels(lambda: ours_decode(ours, batch, args.new_tokens)[0]),
         "prefill512_ours_ms": lambda: 1000 * ours_prefill(ours, long_prompt),
         "prefill512_hf_sdpa_ms": lambda: 1000 * hf_prefill(hf, "sdpa", long_prompt),
         "prefill512_hf_eager_ms": lambda: 1000 * hf_prefill(hf, "eager", long_prompt),
@@ -414,6 +445,9 @@ def against_transformers(args: argparse.Namespace, device: torch.device, dtype: 
         "batch8_per_round": ratio_per_round(rounds["ours_batch8_tok_s"], rounds["ours_fp32_tok_s"]),
         "prefill_per_round": ratio_per_round(list(map(min, rounds["prefill512_hf_sdpa_ms"],
                                                       rounds["prefill512_hf_eager_ms"])), rounds["prefill512_ours_ms"]),
+        **{f"{name}_kernels_gain_per_round": ratio_per_round(rounds[f"ours_{name}_tok_s"],
+                                                             rounds[f"ours_{name}_nokernels_tok_s"])
+           for name in ("fp32", "int8", "batch8")},
         "roofline_fp32_per_round": ratio_per_round(rounds["ours_fp32_tok_s"],
                                                    [gb_s * 1e9 / fp32_bytes for gb_s in rounds["bandwidth_gb_s"]]),
     })

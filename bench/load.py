@@ -49,7 +49,7 @@ import psutil
 from gradio_client import Client
 
 from app import VIEWS
-from model.generate import MAX_SEED
+from engine.generate import MAX_SEED
 from ui.running import MAX_CHARS, MAX_CHAT_TURNS, MAX_EXAMPLE_PAIRS, MAX_NEW_TOKENS
 from ui.views import ANT_AND_DOVE, FOX_AND_CROW
 

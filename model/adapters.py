@@ -11,8 +11,8 @@ two requests running in two threads each see their own choice. It may also name 
 batch row, so that requests with different adapters share one batched forward call (the
 scheduler's decode step).
 
-The hooks work on int8-quantised layers too (model/quantize.py): the LoRA update stays in
-floating point on top of the int8 base, as in QLoRA.
+The hooks work on any layer with in_features and out_features, int8-quantised ones too
+(engine/quantize.py): the LoRA update stays in floating point on top of the base, as in QLoRA.
 """
 from __future__ import annotations
 
@@ -23,12 +23,9 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-import torch.nn as nn
 from safetensors.torch import load_file
 
-from . import kernels
 from .gpt2 import GPT2
-from .quantize import Int8Linear
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
@@ -92,7 +89,7 @@ def load_adapter(model: GPT2, directory: str | Path, name: str) -> str:
         module_name = key.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight")
         b = weights.get(key.replace(".lora_A.", ".lora_B."))
         layer = modules.get(module_name)
-        if b is None or not isinstance(layer, (nn.Linear, Int8Linear)):
+        if b is None or not hasattr(layer, "in_features"):
             raise ValueError(f"{weights_path}: {key} does not match a Linear layer of this model with a lora_B")
         if a.shape[1] != layer.in_features or b.shape != (layer.out_features, a.shape[0]):
             raise ValueError(f"{weights_path}: {module_name} LoRA shapes {tuple(a.shape)}, {tuple(b.shape)} do not "
@@ -133,37 +130,32 @@ def read_adapter_config(path: Path) -> dict:
 
 
 def lora_hook(model: GPT2, module_name: str):
-    def pending_updates() -> list[tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, float]]:
-        """The updates this layer adds under the active adapter(s), in order: (batch rows, or None
-        for all; lora_A; lora_B; scale). Empty with no adapter on, or none that targets it."""
+    def add_update(layer, inputs, output):
         active = ACTIVE.get()
         if active is None:
-            return []
-        named_rows = [(active, None)] if isinstance(active, str) else active.items()
-        return [(rows, *update) for name, rows in named_rows
-                if (update := model.lora_adapters.get(name, {}).get(module_name)) is not None]
-
-    def add_update(layer, inputs, output):
-        updates = pending_updates()
-        if not updates:
             return None  # keep the base output exactly
+        named_rows = [(active, None)] if isinstance(active, str) else active.items()
+        updates = [(rows, *update) for name, rows in named_rows
+                   if (update := model.lora_adapters.get(name, {}).get(module_name)) is not None]
+        if not updates:
+            return None
         x = inputs[0]
         output = output.clone()  # rows that run the base model keep its output exactly
         for rows, a, b, scale in updates:
-            if kernels.add_lora(output, x, a, b, scale, rows):  # a decode step's few rows: a row's bits alone or not
-                continue
             if rows is None:
                 output += lora_update(x, a, b, scale)  # in place: `output` is the clone above
             else:
                 rows = rows.to(output.device)
                 output.index_add_(0, rows, lora_update(x.index_select(0, rows), a, b, scale))
         return output
-    # GPT2.one_call_params hands these to the one-call decode step, which adds them as add_update does.
-    add_update.pending_updates = pending_updates
     return add_update
 
 
 def lora_update(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
-    """LoRA's low-rank update on PyTorch's products, where the kernels' add_lora does not take the
-    call (prompts, autograd, a GPU)."""
-    return (x @ a.t()) @ b.t() * scale
+    """LoRA's low-rank update (x @ a.T) @ b.T * scale, with x (batch, tokens, in).
+
+    As one product per batch row (bmm), so that a row's update is the same bits whatever the other
+    rows of its call: a request gets the same text with its adapter alone or in a batched decode
+    step beside others. One product over all rows would pick its kernel by their number."""
+    batch = x.shape[0]
+    return torch.bmm(torch.bmm(x, a.t().expand(batch, -1, -1)), b.t().expand(batch, -1, -1)) * scale

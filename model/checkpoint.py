@@ -17,8 +17,6 @@ from safetensors.torch import load_file, save_file
 from .adapters import load_adapters
 from .config import GPT2Config
 from .gpt2 import GPT2
-from .kernels import weights_on_huge_pages
-from .quantize import quantize_weights
 from .tokenizer import Tokenizer, load_tokenizer
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "assets"
@@ -34,20 +32,24 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message names the file and the problem."""
 
 
+def pick_device(name: str | torch.device = "auto") -> torch.device:
+    """"auto": a GPU where there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def load_pretrained(name_or_path: str | os.PathLike | None = None, device: str | torch.device = "cpu",
-                    dtype: torch.dtype = torch.float32, quantize: str | None = None) -> tuple[GPT2, Tokenizer]:
+                    dtype: torch.dtype = torch.float32) -> tuple[GPT2, Tokenizer]:
     """Model and tokenizer from a local directory, a hub id, or (with no name) the bundled model.
 
     Adapters in the checkpoint's adapters/ folder are loaded too (see model.adapters).
-    quantize="int8" stores every Linear layer's weights as int8 (see model.quantize).
     """
     directory = resolve_checkpoint(name_or_path)
     config = GPT2Config.load(directory)
     # Built on the meta device, with no memory and no random initialisation, then given the
     # file's tensors themselves (assign): every weight comes from the checkpoint (to_our_layout
-    # refuses one that lacks any), and the matrices are copied once, into their place on huge
-    # pages. Random initialisation and two copies had taken 3.4 of the 4.4 s that gpt2-medium's
-    # shape took (docs/performance.md).
+    # refuses one that lacks any), and nothing is initialised only to be overwritten.
     with torch.device("meta"):
         model = GPT2(config)
     weights_path = next((directory / f for f in WEIGHT_FILES if (directory / f).is_file()), None)
@@ -56,13 +58,9 @@ def load_pretrained(name_or_path: str | os.PathLike | None = None, device: str |
     weights = read_weights(weights_path)
     model.load_state_dict(to_our_layout(weights, model, weights_path), assign=True)
     model.tie_head()  # assign gave the head a parameter of its own
-    model.to(device=device, dtype=dtype).eval()
-    if quantize is not None:
-        quantize_weights(model, quantize)  # before the adapters, whose hooks go on the quantized layers
-    weights_on_huge_pages(model)  # a CPU model's decode steps read them faster there
-    # What is still the file's own tensor (safetensors maps the file: the vectors, and everything
-    # where nothing moved, with no huge pages) becomes the model's memory, so that the file is
-    # let go; so do Conv1D's transposed views, for the decode kernels.
+    model.to(device=pick_device(device), dtype=dtype).eval()
+    # What is still the file's own tensor (safetensors maps the file) becomes the model's memory,
+    # so that the file is let go; so do Conv1D's transposed views, in nn.Linear's memory order.
     from_file = {tensor.untyped_storage().data_ptr() for tensor in weights.values()}
     for p in model.parameters():
         if not p.is_contiguous() or p.untyped_storage().data_ptr() in from_file:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build what assets/ ships from a pretrained base (python -m model.train --out runs/bundled ...):
+# Build what assets/ ships from a pretrained base (python -m train.pretrain --out runs/bundled ...):
 # the task data splits, one LoRA adapter per task, the evaluation table, and the model card.
 # Usage: bash scripts/build_bundled.sh "TRAINING TIME" ["NOTES FOR THE CARD"]
 set -euo pipefail

@@ -57,7 +57,7 @@ def make_samples(model, tokenizer) -> list[dict]:
 def train_command(train_args: dict) -> str:
     flags = ["n_layer", "n_embd", "n_head", "block_size", "batch_size", "max_steps", "warmup_steps", "lr",
              "tinystories_fraction", "seed"]
-    return "python -m model.train --out runs/bundled " + " ".join(
+    return "python -m train.pretrain --out runs/bundled " + " ".join(
         f"--{name.replace('_', '-')} {train_args[name]}" for name in flags)
 
 
@@ -147,7 +147,7 @@ torch and transformers.
   stripped; *Tik-Tok of Oz* and *The Happy Prince and Other Tales* held out for validation), and
   TinyStories (Eldan and Li, 2023; CDLA-Sharing-1.0): the normal-cased file, less its last 10%
   held out, plus the lowercased file's stories that are not in it, with their casing restored by a
-  truecaser learned from the normal-cased stories (see `model/corpus.py`).
+  truecaser learned from the normal-cased stories (see `train/corpus.py`).
 - Translation adapter: Tatoeba English-French and English-German sentence pairs
   (Tatoeba.org, CC BY 2.0 FR), both directions.
 - Dialogue adapter: Topical-Chat (Amazon, CDLA-Sharing-1.0), Schema-Guided Dialogue (Google,

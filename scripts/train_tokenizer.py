@@ -18,7 +18,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from model import corpus  # noqa: E402
+from train import corpus  # noqa: E402
 from model.tokenizer import GPT2BPETokenizer, Tokenizer, train_sentencepiece  # noqa: E402
 
 

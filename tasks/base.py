@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
-from model.generate import ContextLengthError, Result, SamplingParams, stream
+from engine.generate import ContextLengthError, Result, SamplingParams, stream
 from model.gpt2 import GPT2
 from model.tokenizer import Tokenizer
 

@@ -56,7 +56,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from model.corpus import DATA_DIR, read_text, translation_pairs
+from train.corpus import DATA_DIR, read_text, translation_pairs
 
 from . import TASKS
 from .dialogue import DialogueInputs

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from model.generate import SamplingParams
+from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
 from .base import Prompt, Task, adapter_completion, fit_newest, one_line, require_text

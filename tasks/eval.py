@@ -3,7 +3,7 @@
     python -m tasks.eval --model bundled --data runs/task-data --out docs/eval-bundled.md
 
 Writes a markdown table and a JSON file with the same numbers (same name, .json):
-- bits per byte of the TinyStories validation text (model.metrics.bits_per_byte): the base model
+- bits per byte of the TinyStories validation text (train.metrics.bits_per_byte): the base model
   only, since no adapter is on when the app generates freely;
 - translation: chrF and BLEU (sacrebleu, corpus level) per direction and over all directions;
 - summarisation: ROUGE-1/2/L F1 (rouge-score, Porter stemming), mean over the Aesop fables, and
@@ -29,10 +29,9 @@ from rouge_score import rouge_scorer
 from tqdm import tqdm
 
 from model.adapters import active_adapter, adapter_names, load_adapters
-from model.checkpoint import load_pretrained
-from model.corpus import tinystories_validation_text
-from model.metrics import bits_per_byte
-from model.train import pick_device
+from model.checkpoint import load_pretrained, pick_device
+from train.corpus import tinystories_validation_text
+from train.metrics import bits_per_byte
 
 from . import TASKS, TaskDone, run_task
 from .data import example_from_record, read_records

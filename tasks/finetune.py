@@ -8,7 +8,7 @@ Each record becomes the task's own training pair, `task.format_example(inputs, t
 is learned (the prompt's labels are IGNORE), a prompt too long for the context loses its oldest
 tokens, and batches are padded to their longest example. The base can be the bundled model, a
 hub id such as `gpt2`, or any GPT-2 checkpoint directory; its weights stay frozen. The loop is
-model.train.train; the adapter is saved by PEFT itself (adapter_config.json +
+train.pretrain.train; the adapter is saved by PEFT itself (adapter_config.json +
 adapter_model.safetensors), which model.adapters.load_adapter and PEFT + transformers both load.
 """
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from model.checkpoint import load_pretrained
+from model.checkpoint import load_pretrained, pick_device
 from model.tokenizer import Tokenizer
-from model.train import IGNORE, TrainSettings, pick_device, seed_everything, train
+from train.pretrain import IGNORE, TrainSettings, seed_everything, train
 
 from . import TASKS
 from .data import RECORD_FORMATS, example_from_record, read_records

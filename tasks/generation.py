@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model.generate import SamplingParams
+from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
 from .base import Prompt, Task, require_text, too_long

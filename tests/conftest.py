@@ -16,6 +16,33 @@ GPT2_BPE = DATA_DIR / "gpt2-bpe"
 ALL_PROJECTIONS = ("c_attn", "c_proj", "c_fc")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def decode_kernels_built():
+    """The decode kernels built before any test runs (the app builds them in the background): a
+    test that compares a request alone with it in a crowd must not see them arrive in between.
+    Where they cannot be built the tests run on PyTorch's path."""
+    from engine import kernels
+
+    kernels.wait_until_built()
+
+
+def serving(loaded, quantize: str | None = None):
+    """A (model, tokenizer) from load_pretrained as the app serves it (engine.prepare_for_serving)."""
+    from engine import prepare_for_serving
+
+    model, tokenizer = loaded
+    return prepare_for_serving(model, quantize), tokenizer
+
+
+def copy_of(model):
+    """A plain GPT2 with the same config and weights (no adapters, no engine on it)."""
+    from model import GPT2
+
+    twin = GPT2(model.config).eval()
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
 def copy_gpt2_tokenizer(directory: Path) -> None:
     """The real GPT-2 vocabulary, under the names HF checkpoints give it."""
     shutil.copy(GPT2_BPE / "encoder.json", directory / "vocab.json")
@@ -140,6 +167,13 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run"]
 SCREENSHOTS = REPO / "test-output"
 TIMEOUT_MS = 60_000  # a generation on a busy 2-core machine
+
+
+@pytest.fixture(scope="session")
+def adapter_checkpoint(tmp_path_factory):
+    """A small GPT-2 with the real GPT-2 tokenizer and two PEFT adapters."""
+    return make_checkpoint_with_adapters(tmp_path_factory.mktemp("speed"), n_positions=128, n_embd=64, n_layer=2,
+                                         n_head=2)
 
 
 @pytest.fixture(scope="module")

@@ -83,5 +83,5 @@ def test_bad_adapter_files_are_named(checkpoint, tmp_path):
     with pytest.raises(ValueError, match="adapter_model.safetensors: cannot read adapter weights"):
         load_adapter(model, broken, "broken")
     with pytest.raises(ValueError, match="this model has no 'dialogue' adapter"):
-        from model.generate import SamplingParams, decode_tokens
+        from engine.generate import SamplingParams, decode_tokens
         next(decode_tokens(model, [[1, 2]], SamplingParams(), [0], adapter="dialogue"))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from model import corpus
+from train import corpus
 
 
 BOOK = """The Project Gutenberg EBook of A Test, by Someone

@@ -14,7 +14,7 @@ from transformers import GPT2LMHeadModel
 
 from model import GPT2, GPT2Config, load_pretrained, save_pretrained
 from model.adapters import active_adapter, load_adapter
-from model.metrics import bits_per_byte
+from train.metrics import bits_per_byte
 from model.tokenizer import SentencePieceTokenizer
 from tasks import TASKS, data, eval as task_eval, finetune
 

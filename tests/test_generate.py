@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 
 from model import load_pretrained
-from model.generate import LIMITS, Chunk, ContextLengthError, Result, SamplingParams, generate, stream
+from engine import generate as generate_module
+from engine.generate import LIMITS, Chunk, ContextLengthError, Result, SamplingParams, generate, stream
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +105,8 @@ def test_cancel_stops_within_one_token(loaded):
 def test_closing_the_stream_frees_the_cache(loaded, monkeypatch):
     model, tokenizer = loaded
     caches = []
-    new_cache = model.new_cache
-    monkeypatch.setattr(model, "new_cache", lambda *a, **k: caches.append(c := new_cache(*a, **k)) or c)
+    new_cache = generate_module.new_cache
+    monkeypatch.setattr(generate_module, "new_cache", lambda *a, **k: caches.append(c := new_cache(*a, **k)) or c)
     events = stream(model, tokenizer, "Hello", replace(SAMPLED, max_new_tokens=100))
     next(events)
     alive = weakref.ref(caches.pop())

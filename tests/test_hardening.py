@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 import app
 from bench.load import APIS, OUT_OF_RANGE, TOO_LONG
 from model.checkpoint import BUNDLED_DIR
-from model.generate import MAX_SEED, SamplingParams, generate
-from model.scheduler import Scheduler
+from engine.generate import MAX_SEED, SamplingParams, generate
+from engine.scheduler import Scheduler
 from model.tokenizer import load_tokenizer
 from tasks import LANGUAGES
 from ui import chat

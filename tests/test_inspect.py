@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from model import load_pretrained
-from model.inspect import MAX_TOKENS, inspect_prompt, recording_outputs
+from train.inspect import MAX_TOKENS, inspect_prompt, recording_outputs
 
 from .conftest import copy_gpt2_tokenizer
 

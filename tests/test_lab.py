@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from model.config import GPT2Config
-from model.lab import VARIANTS, build, main, mlp_out_grad_norms, residual_sq_norms
+from train.lab import VARIANTS, build, main, mlp_out_grad_norms, residual_sq_norms
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_MODEL = ["--n-embd", "32", "--n-head", "2", "--block-size", "16", "--batch-size", "4"]
@@ -100,7 +100,7 @@ def test_gradnorm_command_writes_the_measurements(tmp_path):
     assert json.loads(out.read_text()) == results
     text = doc.read_text()
     assert text.startswith("# Notes\n\nProse written by a person.\n")
-    assert text.count("<!-- model.lab gradnorm: begin -->") == 1
+    assert text.count("<!-- train.lab gradnorm: begin -->") == 1
     assert "| pre_no_final_norm |" in text and "L=3" in text
 
 

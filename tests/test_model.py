@@ -3,6 +3,8 @@ test_huggingface_import.py): same logits, same greedy continuation, same cache b
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,10 +12,11 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from model import GPT2, GPT2Config, load_pretrained, save_pretrained
-from model import generate
-from model.generate import SamplingParams, decode_tokens
+from engine import generate
+from engine.cache import new_cache
+from engine.generate import SamplingParams, decode_tokens
 
-from .conftest import make_hf_checkpoint
+from .conftest import REPO, make_hf_checkpoint
 
 SHAPES = {
     "gpt2-124M": dict(n_positions=1024, n_embd=768, n_layer=12, n_head=12),
@@ -64,7 +67,7 @@ def test_kv_cache_steps_equal_full_recompute(pair):
     ours, _ = pair
     ids = prompt_ids(ours, 20, batch=2)
     full = ours(ids)
-    cache = ours.new_cache(2, 20)
+    cache = new_cache(ours, 2, 20)
     steps = [ours(ids[:, :6], cache=cache)] + [ours(ids[:, t:t + 1], cache=cache) for t in range(6, 20)]
     assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-5
 
@@ -80,7 +83,7 @@ def test_a_prompt_in_chunks_gives_the_logits_of_one_call(pair, monkeypatch, padd
     real = torch.ones_like(ids)
     if padded:
         real[0, :9] = 0  # row 0: two real tokens after a whole chunk and more of padding
-    whole_cache, chunks_cache = ours.new_cache(2, 12), ours.new_cache(2, 12)
+    whole_cache, chunks_cache = new_cache(ours, 2, 12), new_cache(ours, 2, 12)
     whole = ours(ids, attention_mask=real, cache=whole_cache, last_only=True)[:, -1]
     done = 0
     while done < ids.shape[1]:
@@ -134,12 +137,15 @@ def huge_page_kib(address: int) -> int:
 
 
 @torch.no_grad()
-def test_a_loaded_model_keeps_its_weights_in_one_block_on_huge_pages(tmp_path):
-    """load_pretrained moves the weight matrices into one block of memory on 2 MiB pages
-    (model.kernels.weights_on_huge_pages): the same values, the head still tied, and the model
+def test_a_served_model_keeps_its_weights_in_one_block_on_huge_pages(tmp_path):
+    """The engine moves a loaded model's weight matrices into one block of memory on 2 MiB pages
+    (engine.kernels.weights_on_huge_pages): the same values, the head still tied, and the model
     saves and loads back as before."""
+    from engine import prepare_for_serving
+
     directory = make_hf_checkpoint(tmp_path / "src", n_positions=64, n_embd=64, n_layer=2, n_head=2)
     model, tokenizer = load_pretrained(directory)
+    prepare_for_serving(model)
     matrices = [p for p in model.parameters() if p.dim() == 2]
     assert len(matrices) == 2 + 4 * 2  # wte (the head too), wpe, four per block
     assert len({p.untyped_storage().data_ptr() for p in matrices}) == 1
@@ -153,7 +159,7 @@ def test_a_loaded_model_keeps_its_weights_in_one_block_on_huge_pages(tmp_path):
     assert (hf(ids).logits - model(ids)).abs().max() < 1e-5
     save_pretrained(model, tokenizer, tmp_path / "saved")
     reloaded, _ = load_pretrained(tmp_path / "saved")
-    assert torch.equal(reloaded(ids), model(ids))
+    assert torch.equal(prepare_for_serving(reloaded)(ids), model(ids))
 
 
 def maps_file(path: Path) -> bool:
@@ -163,15 +169,12 @@ def maps_file(path: Path) -> bool:
 
 
 @torch.no_grad()
-def test_a_model_loaded_where_its_weights_stay_put_has_them_contiguous_and_its_head_tied(tmp_path, monkeypatch):
-    """load_pretrained takes the file's tensors as they are (Conv1D weights as transposed views)
-    and copies them once, onto huge pages; where they stay put (a GPU, a system without huge
-    pages) each is made contiguous, so that the decode kernels still take them, and the model's
-    own copy, so that the file is let go; the head stays tied. The logits equal transformers'."""
-    from model import checkpoint
-
+def test_a_loaded_model_has_its_weights_contiguous_its_own_and_its_head_tied(tmp_path):
+    """load_pretrained takes the file's tensors as they are (Conv1D weights as transposed views):
+    each is made contiguous, in nn.Linear's memory order (the decode kernels take only that), and
+    the model's own copy, so that the file is let go; the head stays tied. The logits equal
+    transformers'."""
     directory = make_hf_checkpoint(tmp_path / "src", n_positions=64, n_embd=64, n_layer=2, n_head=2)
-    monkeypatch.setattr(checkpoint, "weights_on_huge_pages", lambda model: model)
     model, _ = load_pretrained(directory)
     assert all(p.is_contiguous() for p in model.parameters())
     assert model.lm_head.weight is model.transformer.wte.weight
@@ -212,3 +215,20 @@ def test_config_json_round_trip_with_transformers(tmp_path):
     hf = HFConfig.from_pretrained(tmp_path)
     assert (hf.vocab_size, hf.n_positions, hf.n_embd, hf.n_layer, hf.n_head) == (1234, 77, 40, 5, 5)
     assert GPT2Config.load(tmp_path) == config
+
+
+def test_the_model_package_imports_nothing_of_the_engine_training_or_ui():
+    """model/ is the network and its files: importing it (and loading a checkpoint) brings in no
+    engine, training, task or UI code, no Gradio and no compiled kernels."""
+    code = """
+import sys
+import model
+from model import GPT2, GPT2Config, load_pretrained, save_pretrained
+from model import adapters, checkpoint, config, gpt2, tokenizer
+model.load_pretrained()
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("engine", "train", "tasks", "ui", "gradio", "app")
+                or "studio_decode_kernels" in m)
+assert not loaded, loaded
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model.config import GPT2Config
-from model.generate import ContextLengthError
+from engine.generate import ContextLengthError
 from model.gpt2 import GPT2
 from model.tokenizer import GPT2BPETokenizer
 from .conftest import make_lora_adapter
@@ -279,7 +279,7 @@ def test_adapter_on_runs_the_task_adapter(model, tokenizer, tmp_path):
     import copy
 
     from model.adapters import load_adapter
-    from model.generate import generate
+    from engine.generate import generate
 
     with_adapter = copy.deepcopy(model)
     load_adapter(with_adapter, make_lora_adapter(model, tmp_path / "summarize"), "summarize")

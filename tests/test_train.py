@@ -7,8 +7,8 @@ import json
 import torch
 
 from model import load_pretrained
-from model.corpus import tinystories_validation_text
-from model.train import TrainSettings, learning_rate, main
+from train.corpus import tinystories_validation_text
+from train.pretrain import TrainSettings, learning_rate, main
 
 TINY = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--block-size", "32", "--batch-size", "8",
         "--warmup-steps", "5", "--lr", "3e-3", "--eval-every", "10", "--save-every", "10", "--device", "cpu"]

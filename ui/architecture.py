@@ -1,5 +1,5 @@
 """The Architecture tab: the Pre-LN and Post-LN blocks side by side, the measurements of
-`python -m model.lab` (docs/img), and a live look inside the loaded model for the user's prompt."""
+`python -m train.lab` (docs/img), and a live look inside the loaded model for the user's prompt."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,9 +7,9 @@ from pathlib import Path
 import gradio as gr
 from matplotlib.figure import Figure  # not pyplot: figures made per request must not pile up in its registry
 
-from model.generate import check_setting
-from model.inspect import Inspection, inspect_prompt
-from model.scheduler import in_thread_of_its_own
+from engine.generate import check_setting
+from train.inspect import Inspection, inspect_prompt
+from engine.scheduler import in_thread_of_its_own
 
 from .i18n import i18n
 from .model_host import ModelHost
@@ -99,7 +99,7 @@ def look_inside(host: ModelHost):
             layer = checked_setting("layer", layer, 1, config.n_layer)
             head = checked_setting("head", head, 1, config.n_head)
             # A forward pass is parallel work: not in Gradio's worker thread, which lives on
-            # (model/scheduler.py, in_thread_of_its_own, says why).
+            # (engine/scheduler.py, in_thread_of_its_own, says why).
             seen = in_thread_of_its_own(lambda: inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1,
                                                                head - 1))
         except ValueError as error:

@@ -81,7 +81,7 @@ LayerNorm it applies after the addition is the *next* sub-block's input norm (`l
 gain and bias), and the stream itself carries on unnormalised; "Add & Normalize" is the Post-LN
 step. Both placements use two LayerNorms per block, so neither is cheaper to compute. Its claims
 that Pre-LN trains faster and more stably come without numbers: the measurements below put them
-to the test (`python -m model.lab`, findings in `docs/pre-ln.md`).""",
+to the test (`python -m train.lab`, findings in `docs/pre-ln.md`).""",
     "measurements": """## Measurements
 
 What the project measured (every number, and how to re-run it: `docs/pre-ln.md`). At
@@ -89,9 +89,9 @@ initialisation, Pre-LN's last-layer gradient falls as 1/√L with depth under Xi
 initialisation, and stays flat under GPT-2's own. In 72 short training runs nothing diverged,
 Post-LN without warmup included; but Post-LN stalled near a loss of 6.7 at the higher learning
 rate and at 12 layers while Pre-LN kept improving, and warmup did not close the gap.""",
-    "gradnorm_caption": "Gradient norms at initialisation (python -m model.lab gradnorm)",
-    "train_caption": "Training runs without gradient clipping (python -m model.lab train)",
-    "not_measured": "*Not measured yet: run `python -m model.lab` (see docs/pre-ln.md) to make this plot.*",
+    "gradnorm_caption": "Gradient norms at initialisation (python -m train.lab gradnorm)",
+    "train_caption": "Training runs without gradient clipping (python -m train.lab train)",
+    "not_measured": "*Not measured yet: run `python -m train.lab` (see docs/pre-ln.md) to make this plot.*",
     "live_view": """## Look inside the loaded model
 
 For your prompt: the norm of the residual stream after each layer, one attention head's map over
@@ -172,7 +172,7 @@ GPT-2 是 **Pre-LN**（前置层归一化）Transformer：每个块先对注意�
 但在 Pre-LN 中那里什么也没有被归一化：相加之后的 LayerNorm 是*下一个*子层的输入归一化
 （`ln_2`，有自己的增益和偏置），残差流本身继续保持未归一化；"Add & Normalize"是 Post-LN
 的步骤。两种放置方式每个块都用两个 LayerNorm，谁的计算量也不更小。它说 Pre-LN
-训练更快、更稳定，却没有给出数字：下面的实测对这些说法做了检验（`python -m model.lab`，
+训练更快、更稳定，却没有给出数字：下面的实测对这些说法做了检验（`python -m train.lab`，
 结论见 `docs/pre-ln.md`）。""",
     "measurements": """## 实测
 
@@ -180,9 +180,9 @@ GPT-2 是 **Pre-LN**（前置层归一化）Transformer：每个块先对注意�
 初始化下，Pre-LN 最后一层的梯度随深度按 1/√L 下降；在 GPT-2 自己的初始化下则基本不变。在 72 次
 短训练中没有一次发散，包括不做预热的 Post-LN；但在较大学习率和 12 层时，Post-LN 的损失停在 6.7
 左右，而 Pre-LN 继续下降，预热也没能弥补这一差距。""",
-    "gradnorm_caption": "初始化时的梯度范数（python -m model.lab gradnorm）",
-    "train_caption": "不做梯度裁剪的训练（python -m model.lab train）",
-    "not_measured": "*尚未测量：运行 `python -m model.lab`（见 docs/pre-ln.md）即可生成此图。*",
+    "gradnorm_caption": "初始化时的梯度范数（python -m train.lab gradnorm）",
+    "train_caption": "不做梯度裁剪的训练（python -m train.lab train）",
+    "not_measured": "*尚未测量：运行 `python -m train.lab`（见 docs/pre-ln.md）即可生成此图。*",
     "live_view": """## 查看当前模型的内部
 
 针对你的提示词：每一层之后残差流的范数、某个注意力头在提示词各 token 上的注意力图

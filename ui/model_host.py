@@ -4,7 +4,7 @@ The app is started with a list of models (the bundled one, hub ids, local direct
 first is loaded, and the UI may switch among the others, never to a path typed in the browser.
 Each request takes `host.current` once, at its start, so a switch never changes a request that
 is already running. Each loaded model has its own Scheduler, which decodes the requests running
-on it in one batch (see model/scheduler.py).
+on it in one batch (see engine/scheduler.py).
 """
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import threading
 from dataclasses import dataclass
 from typing import Sequence
 
-from model import GPT2, kernels, load_pretrained
+from engine import kernels, prepare_for_serving
+from engine.scheduler import Scheduler, in_thread_of_its_own
+from model import GPT2, load_pretrained
 from model.adapters import adapter_names
-from model.scheduler import Scheduler, in_thread_of_its_own
+from model.checkpoint import pick_device
 from model.tokenizer import Tokenizer
-from model.train import pick_device
 
 BUNDLED = "bundled"
 log = logging.getLogger(__name__)
@@ -49,14 +50,15 @@ class LoadedModel:
         return (f"**{self.name}** · {self.model.num_parameters() / 1e6:.1f}M parameters · "
                 f"context {self.context} tokens · tokenizer {self.tokenizer.name} "
                 f"({self.tokenizer.vocab_size:,} tokens) · adapters: {', '.join(self.adapters) or 'none'} · {device}"
-                + (f" · {self.quantize} weights" if self.quantize else ""))
+                + (f" · {self.quantize} weights" if self.quantize else "")
+                + (f" · decoding on {kernels.decode_path()}" if device.type == "cpu" else ""))
 
 
 class ModelHost:
     def __init__(self, names: Sequence[str], device: str = "auto", quantize: str | None = None):
         """Load the first of `names`; the others can be switched to later. Raises ModelLoadError
         when the first cannot be loaded: there is nothing to serve without it. quantize="int8"
-        loads every model with int8 weights (see model/quantize.py)."""
+        loads every model with int8 weights (see engine/quantize.py)."""
         self.names = tuple(dict.fromkeys(str(name) for name in names))
         if not self.names:
             raise ValueError("at least one model is needed")
@@ -79,14 +81,18 @@ class ModelHost:
                 self._current = self._load(name)
         return self._current
 
+    def _prepare(self, name: str) -> tuple[GPT2, Tokenizer]:
+        """The model as it will serve: loaded, quantised if asked, with the engine's fast paths on
+        (the kernels build in the background; until then it decodes on PyTorch)."""
+        model, tokenizer = load_pretrained(None if name == BUNDLED else name, device=self.device)
+        return prepare_for_serving(model, self.quantize), tokenizer
+
     def _load(self, name: str) -> LoadedModel:
         log.info("loading model %s on %s", name, self.device)
         try:  # in a thread that ends, so that the scheduler's thread decodes without a second OpenMP pool
-            model, tokenizer = in_thread_of_its_own(lambda: load_pretrained(None if name == BUNDLED else name,
-                                                                            device=self.device, quantize=self.quantize))
+            model, tokenizer = in_thread_of_its_own(lambda: self._prepare(name))
         except Exception as error:  # whatever goes wrong, the model being served must keep serving
             log.warning("could not load model %s: %s", name, error)
             raise ModelLoadError(f"could not load {name}: {error}") from error
-        if model.device.type == "cpu":
-            kernels.decode_kernels()  # built now, at start-up, rather than in the first request
+        log.info("model %s decodes on %s", name, kernels.decode_path() if model.device.type == "cpu" else model.device)
         return LoadedModel(name, model, tokenizer, Scheduler(model), self.quantize)

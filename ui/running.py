@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from model.generate import LIMITS, SamplingParams, brief, check_setting
+from engine.generate import LIMITS, SamplingParams, brief, check_setting
 from tasks import Task, TaskDone, run_task
 
 from .model_host import ModelHost

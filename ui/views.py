@@ -6,7 +6,7 @@ from typing import Callable
 
 import gradio as gr
 
-from model.generate import brief, new_token_budget
+from engine.generate import brief, new_token_budget
 from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeInputs, TranslateInputs
 
 from .i18n import i18n

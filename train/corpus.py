@@ -38,7 +38,7 @@ TinyStories (one document per story)
   (it capitalises King, Queen, and animal characters such as Lion).
   `measure_truecasing()` scores the truecaser on the held-out ajaykumar
   stories (lowercase them, restore, compare words): 99.55% of words and
-  98.3% of capitalised words come back right. `python -m model.corpus`
+  98.3% of capitalised words come back right. `python -m train.corpus`
   prints these numbers for the model card.
 - All three files contain UTF-8 decoded as Windows-1252 (`â€œ` for `“`);
   the few sequences that occur are mapped back (MOJIBAKE).

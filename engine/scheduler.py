@@ -7,20 +7,18 @@ Requests arrive from many threads (the app's workers) at any time, each with its
 sampling settings, seed and adapter. Between two decode steps the scheduler retires the
 requests that are done or cancelled and admits waiting ones (each prompt is prefilled apart
 from the running rows, then copied into a free row of the batch's KV cache); each step then
-runs every active row through the model at once. Newcomers queued together with prompts of one
-length (several users sending the same example, say) are prefilled in one call, which reads the
-weights once for all of them (Scheduler._take_newcomers). A long prompt is prefilled a chunk at
-a time (PREFILL_CHUNK tokens), with the running rows' steps in between, so a newcomer stalls the
-others' streams for one chunk at a time, not for its whole prompt. Decoding is bound by reading the weights, and one step reads them
-once for all rows, so eight requests cost little more than one.
+runs every active row through the model at once. A long prompt is prefilled a chunk at a time
+(PREFILL_CHUNK tokens), with the running rows' steps in between, so a newcomer stalls the
+others' streams for one chunk at a time, not for its whole prompt. One step reads the weights
+once for all its rows, so eight requests cost far less than eight times one.
 
 A request samples with its own `Sampler` (its settings and its own random generator), so a
 seeded request gives the same tokens alone or in a crowd (on a CPU with the decode kernels of
-model/kernels.py bit for bit; on PyTorch's products up to their order of additions, which may
+engine/kernels.py bit for bit; on PyTorch's products up to their order of additions, which may
 differ with the number of rows). A prefill or a sampling that
 fails ends its own request; a decode step that fails ends the requests in it, and the waiting
 ones go on. Callers use the scheduler through
-`model.generate.stream(scheduler, ...)`, which turns its tokens into text, stop strings and a
+`engine.generate.stream(scheduler, ...)`, which turns its tokens into text, stop strings and a
 `Result` exactly as for a model run alone.
 """
 from __future__ import annotations
@@ -36,11 +34,13 @@ from typing import Callable, TypeVar
 
 import torch
 
-from .adapters import active_adapter, check_adapter
-from .config import GPT2Config
-from . import generate as generation, kernels
+from model.adapters import active_adapter, check_adapter
+from model.config import GPT2Config
+from model.gpt2 import GPT2
+
+from . import generate as generation
+from .cache import KVCache, new_cache
 from .generate import Sampler, SamplingParams, check_prompt_fits, new_token_budget, pick_tokens, prefill_chunk
-from .gpt2 import GPT2, KVCache
 
 T = TypeVar("T")
 DONE = None  # what a request's queue receives after its last token
@@ -98,15 +98,10 @@ class Request:
 
 @dataclass(eq=False)
 class Prefill:
-    """Newcomers whose prompts are going in: one prompt, a chunk at a time, or several fresh
-    prompts of one length, in one call; row i of `cache` is requests[i]'s."""
-    requests: list[Request]
-    prefilled: int = 0  # prompt tokens of each row in `cache` so far
+    """A newcomer whose prompt is going in, a chunk at a time, into a cache of its own."""
+    request: Request
+    prefilled: int = 0  # prompt tokens in `cache` so far
     cache: KVCache | None = None
-
-    @property
-    def length(self) -> int:
-        return self.requests[0].length
 
 
 class Scheduler:
@@ -209,7 +204,7 @@ class Scheduler:
                 if self._cache is None:
                     # The batch's cache lives while requests run: an idle app holds none. It starts
                     # empty and grows to what the admitted requests can reach.
-                    self._cache = self.model.new_cache(self.max_batch, max_len=0)
+                    self._cache = new_cache(self.model, self.max_batch, max_len=0)
                 if self._admit():
                     self._step()
                     return True
@@ -236,7 +231,7 @@ class Scheduler:
             self._waiting.clear()
         prefill, self._prefill = self._prefill, None
         if prefill is not None:
-            stranded += prefill.requests
+            stranded.append(prefill.request)
         self._fail(self._active + stranded, error)
 
     def _admit(self) -> bool:
@@ -259,70 +254,38 @@ class Scheduler:
                             self.rows_in_use = 0
                             return False
                         break
-                    self._prefill = Prefill(self._take_newcomers(self.max_batch - len(active),
-                                                                 generation.PREFILL_CHUNK - fed))
+                    self._prefill = Prefill(self._waiting.popleft())
             prefill = self._prefill
-            # Only a prompt going in alone has chunks left after a step, so only one prefilled
-            # so far can leave, and with it its cache.
-            requests = prefill.requests = [request for request in prefill.requests if not request.cancelled]
-            if not requests:
+            request = prefill.request
+            if request.cancelled:  # its caller left while it waited or between its chunks
                 self._prefill = None
                 continue
-            chunk = len(requests) * min(generation.PREFILL_CHUNK, prefill.length - prefill.prefilled)
+            chunk = min(generation.PREFILL_CHUNK, request.length - prefill.prefilled)
             if fed and fed + chunk > generation.PREFILL_CHUNK:
                 break  # after the step
             try:
                 if prefill.cache is None:
-                    prefill.cache = self.model.new_cache(len(requests), prefill.length)
-                with active_adapter([request.adapter for request in requests]):
-                    prefill.prefilled, logits = prefill_chunk(
-                        self.model, torch.cat([request.history for request in requests]), prefill.cache,
-                        prefill.prefilled)
+                    prefill.cache = new_cache(self.model, 1, request.length)
+                with active_adapter(request.adapter):
+                    prefill.prefilled, logits = prefill_chunk(self.model, request.history, prefill.cache,
+                                                              prefill.prefilled)
                 fed += chunk
-                if prefill.prefilled < prefill.length:
+                if prefill.prefilled < request.length:
                     continue
-                cache.grow(cache_length(max(request.budget for request in requests)))
-                for row in range(len(requests)):
-                    cache.copy_row(len(active) + row, prefill.cache, row)
-            except Exception as error:  # e.g. out of memory for these prompts: the batch goes on without them
+                cache.grow(cache_length(request.budget))
+                cache.copy_row(len(active), prefill.cache)
+            except Exception as error:  # e.g. out of memory for this prompt: the batch goes on without it
                 self._prefill = None
-                for request in requests:
-                    request.fail(error)
+                request.fail(error)
                 continue
-            self._prefill = None  # they are in the batch's cache now
-            active += requests
-            picked = pick_tokens([request.sampler for request in requests], logits,
-                                 [request.history for request in requests])
-            for request, token in zip(requests, picked):
-                request.take(token)
+            self._prefill = None  # it is in the batch's cache now
+            active.append(request)
+            request.take(pick_tokens([request.sampler], logits, [request.history])[0])
         if self._closed:  # checked before each prefill too, so that close() waits for one at most
             self._end_all(RuntimeError("the scheduler was closed"))
             return False
         self.rows_in_use = len(active)
         return True
-
-    def _take_newcomers(self, free_rows: int, room: int) -> list[Request]:
-        """The first waiting request, with those queued right behind it whose prompts can go in
-        with its own in one call: fresh prompts of the same length, at most `room` tokens in all,
-        none with an adapter, at most `free_rows` requests. The lock is held.
-
-        One call reads the weights once for all of them: eight prompts of 4 tokens on the bundled
-        model took 2.1 ms against 7 ms one by one (docs/performance.md). Each still gets its bits
-        alone: every operation of a prompt's forward computes a row from that row alone (on the
-        CPU kernels, which take its products while they are at most kernels.KERNEL_ROWS rows,
-        and with the MLP's GELU row by row; see MLP.forward). Adapters' updates to a prompt are
-        PyTorch's products, whose additions may depend on the number of rows: those prompts go
-        in alone."""
-        first = self._waiting.popleft()
-        newcomers = [first]
-        limit = min(room, kernels.KERNEL_ROWS)
-        while (first.adapter is None and self._waiting and len(newcomers) < free_rows
-               and (len(newcomers) + 1) * first.length <= limit):
-            following = self._waiting[0]
-            if following.length != first.length or following.adapter is not None:
-                break
-            newcomers.append(self._waiting.popleft())
-        return newcomers
 
     def _retire_done(self) -> None:
         """Drop the rows that are done; the last row moves into each one's place, so the active

@@ -1,8 +1,9 @@
-"""The speed work kept correct: int8 weights, per-row cache positions, per-row adapters and the
-continuous-batching scheduler. How fast they are is measured by `python -m bench.decode`, not here."""
+"""Batched decoding (engine/cache.py, engine/scheduler.py): rows of different lengths and
+adapters in one step, and the continuous-batching scheduler: every request gets the tokens it
+gets alone, Stop and failures end only their own requests, one decode thread serves them all.
+How fast they are is measured by `python -m bench.decode`, not here."""
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -15,180 +16,22 @@ from typing import Iterator
 import pytest
 import torch
 
-from model import GPT2, GPT2Config, load_pretrained
+from engine import generate as generate_module, kernels, scheduler as scheduler_module
+from engine.cache import new_cache
+from engine.generate import Chunk, Result, SamplingParams, decode_tokens, generate, stream
+from engine.scheduler import Scheduler
+from model import GPT2, load_pretrained
 from model.adapters import active_adapter
-from model.generate import Chunk, Result, Sampler, SamplingParams, decode_tokens, generate, pick_tokens, stream
-from model.quantize import Int8Linear, quantize_weights
-from model import generate as generate_module
-from model import scheduler as scheduler_module
-from model.scheduler import Scheduler
-from model.train import TrainSettings, mean_loss, random_windows, train
 
-from .conftest import DATA_DIR, REPO, make_checkpoint_with_adapters, wait_until
+from .conftest import REPO, copy_of, serving, wait_until
 
-TINYSTORIES_VAL = DATA_DIR / "pretrain" / "tinystories" / "yuninxia_tinystories_val.txt"
-
-
-def copy_of(model: GPT2) -> GPT2:
-    twin = GPT2(model.config).eval()
-    twin.load_state_dict(model.state_dict())
-    return twin
-
-
-# --- int8 weights -------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def byte_model_and_text():
-    """A small GPT-2 trained here for 150 steps on TinyStories bytes, so that its perplexity
-    means something (far below the 256 of guessing), and held-out text to measure it on."""
-    data = torch.tensor(list(TINYSTORIES_VAL.read_bytes()[:300_000]), dtype=torch.int32)
-    train_data, held_out = data[:250_000], data[250_000:]
-    torch.manual_seed(0)
-    model = GPT2(GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=4))
-    windows = torch.Generator().manual_seed(0)
-    train(model, lambda step: random_windows(train_data, 16, 64, windows, "cpu"),
-          TrainSettings(max_steps=150, lr=3e-3, warmup_steps=10, eval_every=10**9, save_every=10**9),
-          log=lambda record: None, progress=False)
-    return model.eval(), held_out
-
-
-def test_int8_perplexity_within_one_percent_of_fp32(byte_model_and_text):
-    model, held_out = byte_model_and_text
-    fp32_ppl = math.exp(mean_loss(model, held_out, 64, "cpu"))
-    assert fp32_ppl < 20  # trained (guessing gives 256): the comparison below is between useful models
-    quantized = quantize_weights(copy_of(model))
-    assert not any(isinstance(m, torch.nn.Linear) for m in quantized.modules())
-    assert isinstance(quantized.lm_head, Int8Linear) and quantized.lm_head.weight.dtype == torch.int8
-    assert quantized.transformer.wte.weight.dtype == torch.float32  # the embedding lookup stays fp32
-    assert quantized.num_parameters() == model.num_parameters()
-    int8_ppl = math.exp(mean_loss(quantized, held_out, 64, "cpu"))
-    assert int8_ppl != fp32_ppl  # the weights really were rounded
-    assert abs(int8_ppl / fp32_ppl - 1) < 0.01
-
-
-def test_unknown_quantization_and_late_quantization_are_refused(adapter_checkpoint):
-    with pytest.raises(ValueError, match="unknown quantization 'int4'; known: int8"):
-        load_pretrained(adapter_checkpoint, quantize="int4")
-    model, _ = load_pretrained(adapter_checkpoint)  # adapters loaded: their hooks sit on the Linear layers
-    with pytest.raises(ValueError, match="quantize the model before loading adapters"):
-        quantize_weights(model)
-
-
-@torch.no_grad()
-def test_adapters_work_on_the_int8_model(adapter_checkpoint):
-    """LoRA stays in floating point on top of the int8 base: off gives the int8 base exactly, and
-    on changes the int8 model's logits as it changes the fp32 model's, up to the rounding."""
-    fp32, _ = load_pretrained(adapter_checkpoint)
-    int8, _ = load_pretrained(adapter_checkpoint, quantize="int8")
-    ids = torch.randint(0, fp32.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
-    base = quantize_weights(copy_of(fp32))  # the same int8 weights, no adapters at all
-    off_int8, off_fp32 = int8(ids), fp32(ids)
-    assert torch.equal(off_int8, base(ids))
-    for name in ("summarize", "translate"):
-        with active_adapter(name):
-            change_int8, change_fp32 = int8(ids) - off_int8, fp32(ids) - off_fp32
-        assert (change_int8 - change_fp32).norm() < 0.1 * change_fp32.norm()
-
-
-def test_sampler_draws_from_the_processed_distribution():
-    """Token frequencies follow softmax(logits / temperature), and a token top-k removed never comes."""
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    sampler = Sampler(SamplingParams(temperature=0.5, top_k=3), seed=0, device=torch.device("cpu"))
-    draws = torch.cat([sampler(logits, torch.zeros(1, 1, dtype=torch.long)) for _ in range(20_000)])
-    expected = torch.softmax(logits[0, :3] / 0.5, dim=0)
-    observed = torch.bincount(draws, minlength=4) / len(draws)
-    assert observed[3] == 0 and (observed[:3] - expected).abs().max() < 0.01
-
-
-def test_rows_with_the_same_settings_sample_together_as_each_would_alone():
-    params = SamplingParams(temperature=0.9, top_k=50, top_p=0.95)
-    cpu = torch.device("cpu")
-    crowd, alone = [Sampler(params, seed, cpu) for seed in range(4)], [Sampler(params, seed, cpu) for seed in range(4)]
-    assert len({sampler.key for sampler in crowd}) == 1  # one group: processors and softmax run once for all rows
-    history = torch.zeros(1, 3, dtype=torch.long)
-    for step in range(30):
-        logits = torch.randn(4, 1000, generator=torch.Generator().manual_seed(step))
-        together = [int(token) for token in pick_tokens(crowd, logits, [history] * 4)]
-        assert together == [int(alone[row](logits[row:row + 1], history)) for row in range(4)]
-
-
-def softmax_widths(monkeypatch) -> list[int]:
-    """The number of scores each later torch.softmax call normalises over."""
-    widths, softmax = [], torch.softmax
-    monkeypatch.setattr(torch, "softmax", lambda scores, dim: widths.append(scores.shape[-1]) or softmax(scores, dim))
-    return widths
-
-
-def whole_vocabulary_token(params: SamplingParams, generator: torch.Generator, logits: torch.Tensor) -> int:
-    """One row's token the way sampling went before it narrowed to the top-k candidates: every
-    processor, the softmax and the cumulative sum over the whole vocabulary, then one draw."""
-    scores = logits.float()
-    for processor in params.logits_processors():
-        scores = processor(None, scores)
-    cumulative = scores.softmax(dim=-1).cumsum(dim=-1)  # not torch.softmax, which softmax_widths counts
-    draw = torch.rand(1, generator=generator) * cumulative[:, -1]
-    return int(torch.searchsorted(cumulative, draw[:, None], right=True).clamp(max=cumulative.shape[1] - 1))
-
-
-@pytest.mark.parametrize("params, narrows", [
-    (SamplingParams(temperature=0.8, top_k=40), True), (SamplingParams(top_k=3), True),
-    (SamplingParams(temperature=1.3, top_k=50, top_p=0.9), False),  # top-p's sort breaks ties its own way
-    (SamplingParams(top_k=200), False)])  # candidates too many to pay
-def test_top_k_sampling_over_the_candidates_draws_what_the_whole_vocabulary_draws(params, narrows, monkeypatch):
-    """With top-k on (and no top-p), sampling runs over each row's top_k + TIE_ROOM highest
-    scores: each draw lands on the token it lands on over the whole vocabulary (in vocabulary
-    order, as before)."""
-    vocabulary = 8192
-    widths = softmax_widths(monkeypatch)
-    cpu = torch.device("cpu")
-    samplers = [Sampler(params, seed, cpu) for seed in range(8)]
-    generators = [torch.Generator().manual_seed(seed) for seed in range(8)]
-    history = torch.zeros(1, 3, dtype=torch.long)
-    for step in range(40):
-        logits = 3 * torch.randn(8, vocabulary, generator=torch.Generator().manual_seed(step))
-        picked = [int(token) for token in pick_tokens(samplers, logits, [history] * 8)]
-        assert picked == [whole_vocabulary_token(params, generators[row], logits[row:row + 1]) for row in range(8)]
-    assert set(widths) == {params.top_k + generate_module.TIE_ROOM if narrows else vocabulary}
-
-
-def test_a_row_whose_ties_with_the_kth_score_overflow_the_candidates_samples_over_the_whole_vocabulary(monkeypatch):
-    """Top-k keeps every score tied with the k-th. Row 0 has 30 such ties, more than the candidates
-    hold: it samples over the whole vocabulary, and draws tied tokens the candidates would have
-    missed; row 1, in the same group, samples over its candidates as it would alone."""
-    params = SamplingParams(top_k=4)
-    cpu = torch.device("cpu")
-    logits = torch.randn(2, 1000, generator=torch.Generator().manual_seed(0)) - 10
-    logits[0, :3] = torch.tensor([2.0, 1.5, 1.2])
-    ties = torch.arange(100, 400, 10)
-    logits[0, ties] = 1.0  # the 4th highest score, 30 times
-    assert len(ties) > params.top_k + generate_module.TIE_ROOM
-    crowd = [Sampler(params, seed, cpu) for seed in range(2)]
-    alone = [Sampler(params, seed, cpu) for seed in range(2)]
-    generator = torch.Generator().manual_seed(0)
-    drawn = set()
-    widths = softmax_widths(monkeypatch)
-    pick_tokens([Sampler(params, 0, cpu)] * 2, logits, [None, None])
-    assert sorted(widths) == [params.top_k + generate_module.TIE_ROOM, logits.shape[1]]  # row 1 narrow, row 0 not
-    for _ in range(300):
-        together = [int(token) for token in pick_tokens(crowd, logits, [None, None])]
-        assert together == [int(alone[row](logits[row:row + 1], None)) for row in range(2)]
-        assert together[0] == whole_vocabulary_token(params, generator, logits[:1])
-        drawn.add(together[0])
-    assert len(drawn & set(ties.tolist())) > params.top_k + generate_module.TIE_ROOM
 
 
 # --- per-row cache positions and adapters --------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def adapter_checkpoint(tmp_path_factory):
-    """A small GPT-2 with the real GPT-2 tokenizer and two PEFT adapters."""
-    return make_checkpoint_with_adapters(tmp_path_factory.mktemp("speed"), n_positions=128, n_embd=64, n_layer=2,
-                                         n_head=2)
-
-
-@pytest.fixture(scope="module")
 def loaded(adapter_checkpoint):
-    return load_pretrained(adapter_checkpoint)
+    return serving(load_pretrained(adapter_checkpoint))
 
 
 def test_rows_of_different_lengths_decode_together(loaded):
@@ -197,9 +40,9 @@ def test_rows_of_different_lengths_decode_together(loaded):
     model, _ = loaded
     ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
     lengths = (5, 9)
-    cache = model.new_cache(2, 16)
+    cache = new_cache(model, 2, 16)
     for row, n in enumerate(lengths):
-        prompt_cache = model.new_cache(1, n)
+        prompt_cache = new_cache(model, 1, n)
         model(ids[row:row + 1, :n], cache=prompt_cache)
         cache.copy_row(row, prompt_cache)
     steps = []
@@ -225,24 +68,19 @@ def test_each_row_runs_its_own_adapter(loaded):
     assert not torch.allclose(batch[0], model(ids[:1])[0], atol=1e-3)  # the adapter did change row 0
 
 
-@pytest.mark.parametrize("one_call", [True, False])
 @torch.inference_mode()
-def test_a_decode_step_gives_each_row_its_adapters_bits_alone_or_beside_rows_with_the_same_adapter(
-        loaded, monkeypatch, one_call):
+def test_a_decode_step_gives_each_row_its_adapters_bits_alone_or_beside_rows_with_the_same_adapter(loaded):
     """A decode step's rows, some sharing an adapter, get the very bits each gets alone: the
     scheduler's promise that a request's text does not depend on the crowd. (PyTorch's product of
-    several rows by lora_A rounds differently from one row's, so this failed before the updates
-    ran on the kernels' products.) Through the one-call step and through the modules alike."""
+    several rows by lora_A rounds differently from one row's: the update is one product per row.)"""
     model, _ = loaded
-    if not one_call:
-        monkeypatch.setattr(GPT2, "one_call_params", lambda self, h: None)
     names = ["summarize", None, "summarize", "summarize", "translate", "translate", None, "summarize"]
     ids = torch.randint(0, model.config.vocab_size, (len(names), 9), generator=torch.Generator().manual_seed(3))
 
     def prefilled(rows: list[int]):
-        cache = model.new_cache(len(rows), 9)
+        cache = new_cache(model, len(rows), 9)
         for i, row in enumerate(rows):
-            alone = model.new_cache(1, 8)
+            alone = new_cache(model, 1, 8)
             with active_adapter(names[row]):
                 model(ids[row:row + 1, :8], cache=alone)
             cache.copy_row(i, alone)
@@ -280,7 +118,7 @@ def tokens_alone(model, tokenizer, prompt: str | list[int], params, adapter) -> 
 
 @pytest.fixture(scope="module", params=["fp32", "int8"])
 def loaded_any(request, adapter_checkpoint):
-    return load_pretrained(adapter_checkpoint, quantize="int8" if request.param == "int8" else None)
+    return serving(load_pretrained(adapter_checkpoint), quantize="int8" if request.param == "int8" else None)
 
 
 def test_requests_decoded_together_equal_each_alone(loaded_any):
@@ -434,58 +272,6 @@ def test_a_long_prompt_goes_in_by_chunks_between_the_others_steps(loaded, monkey
     assert scheduler.largest_batch == 2 and scheduler._prefill is None
 
 
-def test_prompts_of_one_length_queued_together_go_in_in_one_call_and_each_gets_its_tokens_alone(
-        loaded_any, monkeypatch):
-    """Fresh prompts of one length queued together go in in one call, as many as PREFILL_CHUNK's
-    room takes, and each request, with its own settings and seed, still gets exactly the tokens it
-    gets alone, with int8 weights too. A prompt with an adapter (whose updates are PyTorch's
-    products) goes in alone, whether it comes first or behind others of its length, and so does
-    a prompt of another length."""
-    model, tokenizer = loaded_any
-    length = 6
-    monkeypatch.setattr(generate_module, "PREFILL_CHUNK", 5 * length)
-    prompts = torch.randint(0, model.config.vocab_size, (8, length), generator=torch.Generator().manual_seed(4)).tolist()
-    prompts[7] = prompts[7][:4]  # another length
-    adapters = ["summarize", None, None, None, "translate", None, None, None]
-    settings = [SamplingParams(temperature=0, max_new_tokens=12),
-                SamplingParams(temperature=0.8, top_k=40, seed=21, max_new_tokens=14),
-                SamplingParams(temperature=1.1, top_p=0.9, seed=22, max_new_tokens=10),
-                SamplingParams(temperature=0, repetition_penalty=1.3, max_new_tokens=9),
-                SamplingParams(temperature=1.0, seed=23, max_new_tokens=11),
-                SamplingParams(temperature=0.9, seed=24, max_new_tokens=12),
-                SamplingParams(temperature=0.7, top_k=5, seed=25, max_new_tokens=8),
-                SamplingParams(temperature=1.0, seed=26, max_new_tokens=10)]
-    scheduler = Scheduler(model, max_batch=8)
-    rows_per_prompt_call = []
-    handle = model.register_forward_pre_hook(
-        lambda module, args: rows_per_prompt_call.append(args[0].shape[0]) if args[0].shape[1] > 1 else None)
-    try:
-        streams = [scheduler.decode(p, params, params.seed or 0, adapter=a)
-                   for p, params, a in zip(prompts, settings, adapters)]
-        outputs = [[int(t[0]) for t in stream] for stream in streams]
-    finally:
-        handle.remove()
-    # The adapter's alone; three together, up to the next adapter's; it alone, filling the chunk;
-    # after a step the sixth alone (it met the chunk's end), the seventh (the eighth is shorter), the eighth.
-    assert rows_per_prompt_call == [1, 3, 1, 1, 1, 1]
-    for prompt, params, adapter, output in zip(prompts, settings, adapters, outputs):
-        assert output == tokens_alone(model, tokenizer, prompt, params, adapter)
-
-
-def test_the_mlp_gives_each_row_its_bits_alone():
-    """GELU goes a row at a time: PyTorch's runs the last elements of a call (past whole pairs of
-    vectors) through scalar code that rounds differently, and with a width of 48 those are the
-    end of each row alone but the middle of a batch."""
-    torch.manual_seed(0)
-    model = GPT2(GPT2Config(vocab_size=64, n_positions=16, n_embd=12, n_layer=1, n_head=2)).eval()
-    mlp = model.transformer.h[0].mlp
-    x = torch.randn(4, 5, 12) * 4
-    with torch.inference_mode():
-        together = mlp(x)
-        for row in range(4):
-            assert torch.equal(together[row], mlp(x[row:row + 1])[0])
-
-
 def test_a_request_done_at_its_first_token_still_leaves_a_step_between_two_prompts(loaded, monkeypatch):
     """A newcomer whose first token ends it leaves the batch before the next step, and that step
     still runs for the others: no more than PREFILL_CHUNK prompt tokens go in between two steps
@@ -559,7 +345,7 @@ def test_one_decode_thread_serves_every_scheduler_in_turn_and_stays_for_the_next
     turns, each request getting its tokens alone; the thread outlives them, holding no cache, and
     decodes the next request too."""
     model, tokenizer = loaded
-    twin = copy_of(model)
+    twin = kernels.install(copy_of(model))
     schedulers = [Scheduler(model), Scheduler(twin)]
     params = [SamplingParams(temperature=0.8, top_k=40, seed=5, max_new_tokens=20),
               SamplingParams(temperature=0, max_new_tokens=25)]
@@ -606,14 +392,16 @@ def test_the_app_loads_its_model_in_a_thread_that_ends_so_only_the_decode_thread
     importing torch (which starts one thread of its own)."""
     code = """
 import os, threading, torch
-from model.generate import SamplingParams, generate
-from model.scheduler import in_thread_of_its_own
+from engine.generate import SamplingParams, generate
+from engine.scheduler import in_thread_of_its_own
 from tests.conftest import wait_until
 from ui.model_host import ModelHost
 
 def threads_settle_at(expected):  # an ended thread may linger a moment in /proc
     return wait_until(lambda: len(os.listdir("/proc/self/task")) == expected, timeout_s=5)
 
+from engine import kernels
+kernels.wait_until_built()  # the build's thread has ended
 before = len(os.listdir("/proc/self/task"))
 host = ModelHost(["bundled"], device="cpu")
 assert threads_settle_at(before), "loading left a thread behind"

@@ -3,7 +3,7 @@
 `decode_tokens` is the loop (batched, one `Sampler` per row: transformers' logits processors and
 the row's own random generator); `stream` turns the tokens of one prompt into text deltas, with
 stop strings, cancel and a final `Result` that says how to reproduce the run. The tokens come
-from `decode_tokens`, or from a `Scheduler` (model/scheduler.py) that decodes many requests in
+from `decode_tokens`, or from a `Scheduler` (engine/scheduler.py) that decodes many requests in
 one batch.
 """
 from __future__ import annotations
@@ -19,9 +19,11 @@ import torch
 from transformers import (LogitsProcessor, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
                           TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from .adapters import active_adapter, check_adapter
-from .gpt2 import GPT2, KVCache
-from .tokenizer import Tokenizer
+from model.adapters import active_adapter, check_adapter
+from model.gpt2 import GPT2
+from model.tokenizer import Tokenizer
+
+from .cache import KVCache, new_cache
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
@@ -360,7 +362,7 @@ def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams,
         tokens[row, start:width] = torch.tensor(p)
     is_real = torch.arange(width, device=device) >= torch.tensor(starts, device=device)[:, None]
     samplers = [Sampler(params, seed, device) for seed in seeds]
-    cache = model.new_cache(len(prompts), width + budget)
+    cache = new_cache(model, len(prompts), width + budget)
     try:
         with active_adapter(adapter):
             done = 0

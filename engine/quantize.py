@@ -6,9 +6,10 @@ row of the weight) gets its own scale, max|w| / 127, symmetric around zero.
 
 Only the weights are rounded: inputs stay in floating point, so a token's result does not depend
 on the other rows of its call (other users' requests, in a batched decode step). On a CPU decode
-steps and prompts of up to kernels.KERNEL_ROWS rows run on the int8 kernel of model/kernels.py,
+steps and prompts of up to kernels.KERNEL_ROWS rows run on the int8 kernel of engine/kernels.py,
 which converts the weights to float in registers as it streams them; elsewhere (longer prompts, a
-GPU, bf16) the int8 weights are scaled back to the input's dtype for PyTorch's product.
+GPU, bf16, the kernels not built yet) the int8 weights are scaled back to the input's dtype for
+PyTorch's product.
 
 GPT-2's output head shares its weight with the token embedding. The head gets its own int8 copy
 (it is a quarter of the model's reads per token) while the embedding lookup, which reads one
@@ -53,15 +54,15 @@ class Int8Linear(nn.Module):
 def quantize_weights(model: nn.Module, method: str = "int8") -> nn.Module:
     """Replace every nn.Linear of `model` with an Int8Linear, in place, and return the model.
 
-    Quantise before loading adapters: their hooks attach to the layers that will run.
+    A layer's forward hooks (the adapters', model/adapters.py) move to its replacement.
     """
     if method not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {method!r}; known: {', '.join(QUANTIZATIONS)}")
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                if getattr(child, "has_lora_hook", False):
-                    raise ValueError("quantize the model before loading adapters: the adapters' hooks are on "
-                                     "the layers that quantizing replaces")
-                setattr(parent, name, Int8Linear(child.weight, child.bias))
+                quantized = Int8Linear(child.weight, child.bias)
+                quantized._forward_hooks.update(child._forward_hooks)
+                quantized.has_lora_hook = getattr(child, "has_lora_hook", False)
+                setattr(parent, name, quantized)
     return model

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .gpt2 import GPT2
-from .tokenizer import Tokenizer
+from model.gpt2 import GPT2
+from model.tokenizer import Tokenizer
 
 MAX_TOKENS = 64  # more than this makes the attention map unreadable
 

@@ -1,6 +1,6 @@
 """Training: one loop for pretraining (this module's CLI), adapter fine-tuning and the lab runs.
 
-    python -m model.train --out runs/bundled --max-steps 3000
+    python -m train.pretrain --out runs/bundled --max-steps 3000
 
 AdamW with linear warmup and cosine decay, gradient clipping, a tqdm bar with loss and tokens/s,
 periodic validation, checkpoint and resume, a fixed seed, CPU or CUDA picked automatically.
@@ -35,12 +35,6 @@ class TrainSettings:
     eval_every: int = 200
     save_every: int = 500
     seed: int = 1337
-
-
-def pick_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def seed_everything(seed: int) -> None:
@@ -152,7 +146,7 @@ def mean_loss(model: nn.Module, data: torch.Tensor, block_size: int, device, max
 
 
 def pretraining_streams(tokenizer, split: str, chars: int | None = None) -> dict[str, torch.Tensor]:
-    """The token stream of each pretraining source (model/corpus.py) in split "train" or "val";
+    """The token stream of each pretraining source (train/corpus.py) in split "train" or "val";
     `chars` keeps only the first characters of each source (quick tests)."""
     from .corpus import pretrain_sources
 
@@ -190,7 +184,7 @@ def validation_loss(model: nn.Module, val_data: dict[str, torch.Tensor], block_s
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m model.train", description=(
+    p = argparse.ArgumentParser(prog="python -m train.pretrain", description=(
         "Pretrain a Pre-LN GPT-2 from scratch on the prose in ../shared/data/pretrain "
         "(Gutenberg children's classics and TinyStories), with a SentencePiece tokenizer. "
         "Writes an HF-layout checkpoint (config.json, model.safetensors, tokenizer.model) to --out."))
@@ -223,10 +217,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> None:
-    from .checkpoint import load_pretrained, save_pretrained
-    from .config import GPT2Config
-    from .gpt2 import GPT2
-    from .tokenizer import SentencePieceTokenizer
+    from model.checkpoint import load_pretrained, pick_device, save_pretrained
+    from model.config import GPT2Config
+    from model.gpt2 import GPT2
+    from model.tokenizer import SentencePieceTokenizer
 
     args = parse_args(argv)
     if args.threads:

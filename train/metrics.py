@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .tokenizer import Tokenizer
+from model.tokenizer import Tokenizer
 
 
 @torch.no_grad()

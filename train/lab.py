@@ -1,7 +1,7 @@
 """Experiments behind the architecture tab: does Pre-LN really let gradients flow better?
 
-    python -m model.lab gradnorm [--json PATH] [--plot PNG] [--markdown MD]
-    python -m model.lab train [--json PATH] [--plot PNG] [--markdown MD] [grid options]
+    python -m train.lab gradnorm [--json PATH] [--plot PNG] [--markdown MD]
+    python -m train.lab train [--json PATH] [--plot PNG] [--markdown MD] [grid options]
 
 gradnorm reproduces the measurement of Xiong et al. (2020), "On Layer Normalization in the
 Transformer Architecture", Figure 3, on a decoder-only GPT-2 and real text: at initialisation, the
@@ -37,13 +37,14 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .checkpoint import BUNDLED_DIR
-from .config import GPT2Config
+from model.checkpoint import BUNDLED_DIR, pick_device
+from model.config import GPT2Config
+from model.gpt2 import GPT2
+from model.tokenizer import Tokenizer, load_tokenizer
+
 from .corpus import tinystories_validation_text
-from .gpt2 import GPT2
 from .inspect import residual_stream
-from .tokenizer import Tokenizer, load_tokenizer
-from .train import (TrainSettings, lm_loss, mixed_batches, pick_device, pretraining_streams, random_windows, split_rows,
+from .pretrain import (TrainSettings, lm_loss, mixed_batches, pretraining_streams, random_windows, split_rows,
                     train, validation_loss)
 
 # Post-LN is the original Transformer's block, whose last LayerNorm already normalises the output:
@@ -114,7 +115,7 @@ def mean_std(rows: list[list[float]]) -> tuple[list[float], list[float]]:
 
 def gradnorm(seeds: int = 5, n_embd: int = 256, n_head: int = 8, block_size: int = 128, batch_size: int = 8,
              depths=DEPTHS, per_layer_depth: int = 6) -> dict:
-    """The measurements, as the JSON `python -m model.lab gradnorm --json` writes. Seed s
+    """The measurements, as the JSON `python -m train.lab gradnorm --json` writes. Seed s
     initialises the models and picks the text batch, so every variant sees the same batches."""
     batches, vocab_size = text_batches(seeds, batch_size, block_size)
     base = GPT2Config(vocab_size=vocab_size, n_positions=block_size, n_embd=n_embd, n_head=n_head,
@@ -231,7 +232,7 @@ def save_figure(fig, path: Path) -> None:
 
 def write_section(path: Path, name: str, text: str) -> None:
     """Put text between this command's markers in the Markdown file, leaving everything else."""
-    begin, end = f"<!-- model.lab {name}: begin -->", f"<!-- model.lab {name}: end -->"
+    begin, end = f"<!-- train.lab {name}: begin -->", f"<!-- train.lab {name}: end -->"
     block = f"{begin}\n{text.strip()}\n{end}"
     old = path.read_text() if path.exists() else ""
     if begin in old and end in old:
@@ -444,7 +445,7 @@ def save_outputs(results: dict, args, plot, formatted: str, section: str) -> Non
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m model.lab", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m train.lab", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = p.add_subparsers(dest="command", required=True)
     g = commands.add_parser("gradnorm", help="gradient norms at initialisation (Xiong et al. 2020, Figure 3)")

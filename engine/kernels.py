@@ -1,0 +1,260 @@
+"""The decode kernels: matrix products for a few rows (fp32 or int8 weights) and attention for one
+new token per row, on an x86 CPU, put onto a loaded model from outside (`install`).
+
+Decoding one token multiplies one row per sequence by every weight matrix, so its speed is how
+fast the weights stream from memory. `kernels.cpp` reads them about twice as fast as PyTorch's
+own product for a few rows (dot products of contiguous weight rows, several input rows sharing
+each read), and int8 weights, converted to float in registers and scaled per output channel
+afterwards, in a third of the fp32 time (docs/performance.md has the measured table). The
+attention kernel does what scaled_dot_product_attention does for a query of one token.
+
+Each input row is summed in the same order whatever the number of rows, and a row's attention
+whatever the other rows' lengths, so a request decodes to bit-identical results alone or in a
+batch of other users' requests (engine/scheduler.py).
+
+The C++ is compiled by torch.utils.cpp_extension in a background thread, started by `install`,
+so it never stands between launch and the first answer: until it is ready (about a minute the
+first time), and wherever it cannot be (no AVX2, as on ARM; no C++ compiler;
+STUDIO_DECODE_KERNELS=0), every call runs on PyTorch's products and attention, with the same
+results up to rounding. The build is keyed on the source's content and the vector width, so a
+moved checkout finds it in the cache (~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import mmap
+import os
+import shutil
+import threading
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.gpt2 import Attention
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor as Linux names it ("AuthenticAMD", "GenuineIntel"); "" where unknown."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
+# The CPU's widest vectors, as PyTorch found them (ATEN_CPU_CAPABILITY=avx2 makes an AVX-512 CPU
+# build and run the AVX2 kernels).
+CAPABILITY = torch.backends.cpu.get_cpu_capability()
+WIDE = CAPABILITY == "AVX512"
+# Calls over more rows than this go to PyTorch's product. With AVX2, MKL is faster past about 48
+# rows; on AMD CPUs with AVX-512 the kernels stay ahead up to a whole prompt chunk, since MKL runs
+# a generic code path there. On Intel MKL takes its tuned path, so prompts stay with it.
+KERNEL_ROWS = 512 if WIDE and cpu_vendor() == "AuthenticAMD" else 48
+SOURCE = Path(__file__).with_name("kernels.cpp")
+
+log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_build: threading.Thread | None = None
+_built = threading.Event()  # set once the build has succeeded or failed
+_module = None  # the compiled module, once built
+_why_not = ""  # why there is none, once the build has given up
+_switched_off = False  # `switched_off()`: PyTorch's path, for side-by-side measurements
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels can never run here, or None where they can be built."""
+    if os.environ.get("STUDIO_DECODE_KERNELS", "1") == "0":
+        return "STUDIO_DECODE_KERNELS=0"
+    if CAPABILITY not in ("AVX2", "AVX512"):
+        return f"the CPU has no AVX2 ({CAPABILITY})"
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return "no C++ compiler"
+    return None
+
+
+def start_build() -> None:
+    """Build (or find in the cache) the kernels in a background thread, once per process."""
+    global _build, _why_not
+    with _lock:
+        if _build is not None or _built.is_set():
+            return
+        reason = unavailable_reason()
+        if reason is not None:
+            _why_not = reason
+            _built.set()
+            return
+        _build = threading.Thread(target=_compile, name="decode-kernels-build", daemon=True)
+        _build.start()
+
+
+def _compile() -> None:
+    global _module, _why_not
+    from torch.utils.cpp_extension import load  # slow to import: only here
+    source = SOURCE.read_bytes()
+    # -ffp-contract=off: the same rounding in every template copy (the FMAs meant are intrinsics).
+    flags = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
+    if WIDE:
+        flags += ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
+    key = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
+    name = f"studio_decode_kernels_{key}"
+    # The source is copied into a folder named by its content, so the build does not depend on
+    # where the checkout lives, and a copy already built is loaded without compiling.
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
+    directory = root / name
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        copy = directory / "kernels.cpp"
+        if not copy.is_file() or copy.read_bytes() != source:
+            copy.write_bytes(source)
+        log.info("building the decode kernels in the background (about a minute the first time)")
+        _module = load(name, [str(copy)], extra_cflags=flags, extra_ldflags=["-fopenmp"], build_directory=str(directory))
+        log.info("decode kernels ready: decoding runs on them from now on")
+    except Exception as error:  # a missing compiler or ninja: slower, not broken
+        _why_not = f"the build failed ({type(error).__name__})"
+        warnings.warn(f"the decode kernels could not be built, so decoding runs on PyTorch's products and attention "
+                      f"(slower; results the same up to rounding): {error}")
+    finally:
+        _built.set()
+
+
+def wait_until_built(timeout_s: float | None = None) -> bool:
+    """Start the build if needed and wait for it; whether the kernels are ready."""
+    start_build()
+    _built.wait(timeout_s)
+    return _module is not None
+
+
+def decode_kernels():
+    """The compiled module if it is ready (never waits for it), else None."""
+    return None if _switched_off else _module
+
+
+def decode_path() -> str:
+    """Which path decodes now, in words, for the status line and the log."""
+    if _module is not None and not _switched_off:
+        return f"decode kernels ({CAPABILITY})"
+    if _switched_off:
+        return "PyTorch (kernels switched off)"
+    if _built.is_set():
+        return f"PyTorch ({_why_not or 'no kernels'})"
+    return "PyTorch (decode kernels building)"
+
+
+@contextmanager
+def switched_off():
+    """Run on PyTorch's path inside the block: the benchmark's 'kernels off' side."""
+    global _switched_off
+    _switched_off = True
+    try:
+        yield
+    finally:
+        _switched_off = False
+
+
+def recorded(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd would record a call on these tensors: then it is PyTorch's to run."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           scale: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x @ weight.T, times `scale` per output channel (int8 weights), plus bias; or None when the
+    caller should use PyTorch's product.
+
+    Here: what the kernels are for (CPU inputs, at most KERNEL_ROWS rows, nothing for autograd to
+    record). kernels.cpp: what they can take (dtypes, memory order, shapes; a mismatch is
+    PyTorch's to name)."""
+    kernels = decode_kernels()
+    if kernels is None or not x.is_cpu or x.numel() > KERNEL_ROWS * weight.shape[-1] or recorded(x, weight, bias):
+        return None
+    return kernels.linear(x, weight, bias, scale)
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     mask: torch.Tensor | None) -> torch.Tensor | None:
+    """softmax(q k^T / sqrt(dim), masked) v for one query token per row, or None when the caller
+    should use PyTorch's attention.
+
+    q (rows, heads, 1, dim); keys and values (rows, heads, slots, dim), views of the KV cache;
+    mask None or (rows, 1, 1, slots), True where the query may look."""
+    kernels = decode_kernels()
+    if kernels is None or q.shape[2] != 1 or not q.is_cpu or recorded(q, keys, values):
+        return None
+    if mask is not None and (mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1):
+        return None  # a mask per head, or one broadcast over the rows: PyTorch's
+    return kernels.decode_attention(q, keys, values, None if mask is None else mask[:, 0, 0])
+
+
+class KernelLinear(nn.Linear):
+    """nn.Linear whose calls of a few rows without autograd run on the kernels."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias) if y is None else y
+
+
+class KernelAttention(Attention):
+    """The model's Attention, whose one-token queries run on the attention kernel."""
+
+    def attend(self, q, k, v, mask):
+        y = decode_attention(q, k, v, mask)
+        return super().attend(q, k, v, mask) if y is None else y
+
+
+def install(model: nn.Module) -> nn.Module:
+    """Put the kernels onto a loaded CPU model, in place, and return it; start their build.
+
+    Each nn.Linear and Attention becomes its kernel subclass (the same module: its parameters,
+    hooks and adapters stay as they are, and so does the state dict), and the weights move onto
+    huge pages. Until the build is ready each call falls back to PyTorch's, so this returns at once.
+    """
+    if next(model.parameters()).device.type != "cpu":
+        return model
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = KernelLinear
+        elif type(module) is Attention:
+            module.__class__ = KernelAttention
+    weights_on_huge_pages(model)
+    start_build()
+    return model
+
+
+HUGE_PAGE = 2 * 2**20
+
+
+def weights_on_huge_pages(model: nn.Module) -> nn.Module:
+    """Move the weight matrices of a CPU model into one block of memory that Linux backs with
+    2 MiB pages (transparent huge pages, asked for with madvise), in place, and return the model.
+
+    A decode step streams every weight once; on 4 KiB pages the hardware prefetcher stops at each
+    page's end and the TLB misses every few microseconds, so the weights read about 10% faster on
+    2 MiB pages. Values, dtypes and tied weights are unchanged, so is every result. Where huge pages
+    cannot be had this costs one copy (THP set to never) or nothing (no madvise).
+    """
+    matrices = [p for p in model.parameters() if p.device.type == "cpu" and p.dim() == 2]  # tied ones once
+    if not matrices or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return model
+    sizes = [p.numel() * p.element_size() for p in matrices]
+    offsets = [0, *itertools.accumulate(-(-n // 64) * 64 for n in sizes)]  # each on its own cache line
+    total = offsets[-1]
+    block = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        block.madvise(mmap.MADV_HUGEPAGE)  # before any page is touched: the first write then takes 2 MiB pages
+    except OSError:  # a kernel built without THP: nothing to gain from moving
+        block.close()
+        return model
+    memory = torch.frombuffer(block, dtype=torch.uint8)  # keeps `block` alive as long as any view of it
+    start = -memory.data_ptr() % HUGE_PAGE  # the first 2 MiB boundary: from there every page can be huge
+    with torch.no_grad():
+        for p, offset, size in zip(matrices, offsets, sizes):
+            moved = memory[start + offset:start + offset + size].view(p.dtype).view(p.shape)
+            moved.copy_(p)
+            p.data = moved
+    return model

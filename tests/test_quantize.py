@@ -1,0 +1,70 @@
+"""int8 weights (engine/quantize.py): perplexity within 1% of fp32, adapters on top of them."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.quantize import Int8Linear, quantize_weights
+from model import GPT2, GPT2Config, load_pretrained
+from model.adapters import active_adapter
+from train.pretrain import TrainSettings, mean_loss, random_windows, train
+
+from .conftest import DATA_DIR, copy_of, serving
+
+TINYSTORIES_VAL = DATA_DIR / "pretrain" / "tinystories" / "yuninxia_tinystories_val.txt"
+
+
+@pytest.fixture(scope="module")
+def byte_model_and_text():
+    """A small GPT-2 trained here for 150 steps on TinyStories bytes, so that its perplexity
+    means something (far below the 256 of guessing), and held-out text to measure it on."""
+    data = torch.tensor(list(TINYSTORIES_VAL.read_bytes()[:300_000]), dtype=torch.int32)
+    train_data, held_out = data[:250_000], data[250_000:]
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=4))
+    windows = torch.Generator().manual_seed(0)
+    train(model, lambda step: random_windows(train_data, 16, 64, windows, "cpu"),
+          TrainSettings(max_steps=150, lr=3e-3, warmup_steps=10, eval_every=10**9, save_every=10**9),
+          log=lambda record: None, progress=False)
+    return model.eval(), held_out
+
+
+def test_int8_perplexity_within_one_percent_of_fp32(byte_model_and_text):
+    model, held_out = byte_model_and_text
+    fp32_ppl = math.exp(mean_loss(model, held_out, 64, "cpu"))
+    assert fp32_ppl < 20  # trained (guessing gives 256): the comparison below is between useful models
+    quantized = quantize_weights(copy_of(model))
+    assert not any(isinstance(m, torch.nn.Linear) for m in quantized.modules())
+    assert isinstance(quantized.lm_head, Int8Linear) and quantized.lm_head.weight.dtype == torch.int8
+    assert quantized.transformer.wte.weight.dtype == torch.float32  # the embedding lookup stays fp32
+    assert quantized.num_parameters() == model.num_parameters()
+    int8_ppl = math.exp(mean_loss(quantized, held_out, 64, "cpu"))
+    assert int8_ppl != fp32_ppl  # the weights really were rounded
+    assert abs(int8_ppl / fp32_ppl - 1) < 0.01
+
+
+def test_an_unknown_quantization_is_refused(adapter_checkpoint):
+    model, _ = load_pretrained(adapter_checkpoint)
+    with pytest.raises(ValueError, match="unknown quantization 'int4'; known: int8"):
+        quantize_weights(model, "int4")
+
+
+@torch.no_grad()
+def test_adapters_work_on_the_int8_model(adapter_checkpoint):
+    """LoRA stays in floating point on top of the int8 base (the adapters' hooks move to the
+    quantized layers): off gives the int8 base exactly, and on changes the int8 model's logits as
+    it changes the fp32 model's, up to the rounding."""
+    fp32, _ = load_pretrained(adapter_checkpoint)
+    int8, _ = serving(load_pretrained(adapter_checkpoint), quantize="int8")
+    ids = torch.randint(0, fp32.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    base = quantize_weights(copy_of(fp32))  # the same int8 weights, no adapters at all
+    off_int8, off_fp32 = int8(ids), fp32(ids)
+    assert torch.equal(off_int8, base(ids))
+    for name in ("summarize", "translate"):
+        with active_adapter(name):
+            change_int8, change_fp32 = int8(ids) - off_int8, fp32(ids) - off_fp32
+        assert (change_int8 - change_fp32).norm() < 0.1 * change_fp32.norm()
+
+
