@@ -1,0 +1,53 @@
+"""The benchmarks' pieces: the kernels switched off for the side-by-side, the scheduler's clients,
+the decode table's rows, and the start-up benchmark end to end. How fast anything is stays the
+benchmarks' to say (docs/performance.md), never a test's."""
+from __future__ import annotations
+
+import torch
+
+from bench import startup
+from bench.decode import BUNDLED_KEYS, CLIENTS, KEYS, scheduler_clients, table, without_kernels
+from engine import kernels
+from model import load_pretrained
+
+from .conftest import REPO, serving
+
+
+def test_without_kernels_runs_on_pytorch_and_switches_them_back_after():
+    seen = []
+    run = without_kernels(lambda: seen.append(kernels.decode_kernels()) or 1.0)
+    assert run() == 1.0 and seen == [None]
+    assert (kernels.decode_kernels() is None) == (kernels.unavailable_reason() is not None)
+
+
+def test_scheduler_clients_stream_together_and_count_every_token(tiny_checkpoint):
+    model, tokenizer = serving(load_pretrained(tiny_checkpoint))
+    assert scheduler_clients(model, tokenizer, CLIENTS, 5) > 0
+
+
+def test_the_decode_table_has_a_row_for_each_figure_and_the_kernels_side_by_side():
+    numbers = {key: 1.0 for key in KEYS + BUNDLED_KEYS}
+    numbers.update({key: 1.0 for key in (
+        "hf_sdpa_tok_s", "hf_eager_tok_s", "prefill512_hf_sdpa_ms", "prefill512_hf_eager_ms", "bandwidth_gb_s",
+        "bandwidth_low_gb_s", "bandwidth_high_gb_s", "roofline_int8_tok_s", "weights_sum_gb_s", "products_gb_s",
+        "products_ms", "decode_step_ms", "load_ours_s", "load_hf_s", "ours_fp32_nokernels_tok_s",
+        "ours_int8_nokernels_tok_s", "ours_batch8_nokernels_tok_s")})
+    text = table(numbers, torch.device("cpu"), torch.float32, 2, 1)
+    for row in ("| decode, batch 1, fp32 (tokens/s) |", "| roofline, fp32 / int8 (tokens/s) |",
+                "| the decode kernels' gain: batch 1 fp32", "| the decode kernels' gain: batch 1 int8",
+                "| the decode kernels' gain: batch 8 fp32", "| the decode kernels' gain: bundled fp32, 8 clients",
+                "| bundled model, fp32: scheduler, 1 / 8 clients"):
+        assert row in text
+    # A run in bf16 (on a GPU, say) labels its GPT-2 small rows bf16; the bundled model stays fp32.
+    bf16 = table(numbers, torch.device("cpu"), torch.bfloat16, 2, 1)
+    assert "| decode, batch 1, bf16 (tokens/s) |" in bf16 and "| roofline, bf16 / int8 (tokens/s) |" in bf16
+    assert "| decode, batch 1, fp32" not in bf16 and "| bundled model, fp32: scheduler" in bf16
+
+
+def test_a_fresh_clone_answers_before_its_kernels_are_built():
+    """bench.startup: a fresh clone with an empty build cache serves /generate on PyTorch's path
+    while the kernels build in the background, and says when they are ready."""
+    n = startup.seconds_to_first_answer(REPO, keep_build_cache=False)
+    assert "16 generated tokens" in n["status"]
+    if kernels.unavailable_reason() is None:
+        assert n["kernels_ready_s"] is not None and n["kernels_ready_s"] > n["first_generate_s"]
