@@ -45,18 +45,14 @@ MAX_STOP_STRINGS, MAX_STOP_LENGTH = 8, 100
 # divided by the temperature overflow to infinity, which no sampler can draw from.
 MIN_TEMPERATURE = 0.01
 # Prompt tokens per forward call (prefill_chunk), about the most a newcomer's prompt stalls the
-# other requests' streams between two steps. Measured for GPT-2 small on the 2-core Zen 3 machine
-# of docs/performance.md: a 1,000-token prompt takes 2.1-2.2 s in one call, stalling every stream
-# that long; in chunks of 512, at most 1.2 s at a time. Smaller chunks stall less but prefill
-# more slowly (chunks of 256: a 512-token prompt 1,117 ms against 1,005 in one call), and prompts
-# up to this length go in one call, as fast as before.
+# other requests' streams between two steps: smaller chunks stall less but prefill more slowly,
+# and prompts up to this length go in one call, as fast as ever.
 PREFILL_CHUNK = 512
 # Candidates beyond top_k that sampling takes from each row (pick_group), so that scores tied
 # with the k-th highest, which the top-k warper keeps, come along.
 TIE_ROOM = 8
-# Sampling narrows to the candidates where they are at most this share of the vocabulary: on 8
-# rows of 8,192 scores, top_k 200 took 0.35 ms over them against 0.32 over every score, top_k 40
-# 0.11 against 0.17 (on GPT-2's 50,257 it paid at every top_k tried).
+# Sampling narrows to the candidates where they are at most this share of the vocabulary: past
+# it, sorting the candidates costs more than it saves.
 NARROW_SHARE = 64
 DRAWS_AHEAD = 64  # random numbers a Sampler draws at once
 
@@ -261,16 +257,15 @@ def pick_group(samplers: list[Sampler], logits: torch.Tensor, history: torch.Ten
     its own sampler's random numbers.
 
     A sampled token is where one uniform number falls in the row's cumulative distribution;
-    torch.multinomial would draw one exponential number per vocabulary entry (1.7 ms per token
-    for GPT-2's 50,257, docs/performance.md). A token of probability 0 takes no width in the
+    torch.multinomial would draw one exponential number per vocabulary entry (milliseconds per
+    token for GPT-2's 50,257). A token of probability 0 takes no width in the
     cumulative sum, so it is never drawn.
 
     With top-k on, only each row's highest scores can be drawn, so from the top-k warper on (and
     from the temperature, which keeps the scores' order) the processors, the softmax and the
     cumulative sum run over those candidates (top_k + TIE_ROOM of them, in vocabulary order)
     rather than the whole vocabulary: the same distribution, and the same token for each draw up
-    to the rounding of the softmax's sum, in about half the time on 8 rows of the bundled
-    model's 8,192 scores (docs/performance.md, "Sampling over the top-k candidates"). Not with
+    to the rounding of the softmax's sum, in about half the time. Not with
     top-p, whose sort breaks ties between equal scores differently over fewer of them (it is not
     stable), and not where the candidates are a large part of the vocabulary (narrows: their
     sort then costs more than it saves). A row where scores tied with the k-th could reach past

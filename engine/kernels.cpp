@@ -20,21 +20,14 @@ namespace {
 // How the products are blocked, by weight type and vector width.
 // - `rows`: a call with up to this many rows (a small decode batch) takes one weight row at a
 //   time and runs all its rows over it. Memory sets the speed there, and one stream of weights
-//   reads fastest for a few rows (passes of two to four weight rows over all 8 rows of a batch
-//   measured 20-40% slower than one; the blocks below are what pays at 5-8 rows).
+//   reads fastest.
 // - `block_weights` x `block_rows`: a call with more rows (a decode batch of 5-8, a prompt)
-//   takes blocks of that many weight rows and input rows. Arithmetic sets the speed there, and
-//   each weight vector loaded then serves several input rows and each input vector several
-//   weight rows; the block's sums fill most of the vector registers (16 with AVX2, 32 with
-//   AVX-512). AVX2, fp32 decode steps of GPT-2 small (medians of 8-10 interleaved rounds): 8 rows
-//   46.1 ms against 50.1 in one pass of 8, 5-6 rows 2-3% faster, 4 rows the same; 32 rows 20-25%
-//   faster than passes of 8. int8, its 12 layers: 5 rows 19 ms against 22 in passes of 4, 8 rows
-//   33.5 against 34, 16 rows 67 against 74. AVX-512 (a Zen 5 machine, docs/performance.md), fp32:
-//   4 x 6 reads GPT-2 small's matrices for 8 rows as fast as AVX2's 3 x 4 (blocks of all 8
-//   rows, 3 x 8 or 1 x 8, were 5-25% slower there), and multiplies 256 prompt rows about 1.3x as
-//   fast as 3 x 8 and 1.5x as fast as AVX2's 3 x 4.
+//   takes blocks of that many weight rows and input rows. Arithmetic sets the speed there, so
+//   each weight vector loaded serves several input rows and each input vector several weight
+//   rows; the block's sums fill most of the vector registers (16 with AVX2, 32 with AVX-512).
+//   The shapes are the fastest of those tried on each width.
 // - `accumulators` per sum: int8 spends its time converting weights to float, so one sum needs
-//   two independent accumulators to keep the FMA units busy (one is 2x slower).
+//   two independent accumulators to keep the FMA units busy.
 template <typename Weight> struct Pass;
 #ifdef __AVX512F__
 template <> struct Pass<float> {
@@ -53,14 +46,8 @@ template <> struct Pass<int8_t> {
 #endif
 
 // How far ahead of the weight rows in use to prefetch: the hardware prefetcher alone leaves gaps
-// once a pass does more than stream (measured 20-30% slower for a batch of 8 on AVX2). At least
-// kPrefetchRows rows, and at least kPrefetchBytes, so that short rows are asked for as early as
-// long ones. GPT-2 small's fp32 rows (3 KB) get 4: 8 to 32 rows ahead, or a second prefetch into
-// L2 24 rows ahead, measured the same or slower, on AVX2 and AVX-512, in slow and fast spells of
-// the machine. The bundled model's (1 KB) get 12, which made its decode step 5-9% faster than 4
-// for one row and 3-6% for eight on the Zen 5 machine (16 or 24 KB ahead measured the same as 12).
-// int8 rows go 16 (GPT-2 small) and 48 (bundled) rows ahead: the same as 4 or a little faster
-// (docs/performance.md, "Session 13").
+// once a pass does more than stream. At least kPrefetchRows rows, and at least kPrefetchBytes, so
+// that short rows (the bundled model's 1 KB) are asked for as early as long ones.
 constexpr int kPrefetchRows = 4;
 constexpr int64_t kPrefetchBytes = 12 * 1024;
 
@@ -229,8 +216,8 @@ c10::optional<torch::Tensor> linear(const torch::Tensor& input, const torch::Ten
 // exp(x) for x <= 0 (softmax after subtracting the maximum): exp(x) = 2^n exp(r) with
 // n = round(x / ln 2) and |r| <= ln 2 / 2, exp(r) by its Taylor polynomial (Cephes' expf), to
 // about 2 ulp down to x = -87; below that it gives exp(-87), 1.6e-38, next to the top score's 1.
-// Vectorised because a scalar exponential per score left an earlier version of this kernel
-// barely faster than PyTorch's (docs/performance.md). NaN stays NaN.
+// Vectorised: a scalar exponential per score would cost as much as the rest of the attention.
+// NaN stays NaN.
 inline __m256 exp_nonpositive(__m256 x) {
   x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  // below, 2^n is no longer a normal float; NaN passes
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
@@ -285,8 +272,8 @@ inline __m256 dots8(const float* q, const float* k, int64_t slot_stride, int64_t
 
 // out[0, 8N) = norm * sum_s p[s] v[s][0, 8N) over the slots, one slot after another, skipping
 // masked ones (p = 0): attend's weighted sum of the values, 8N of their dim entries at a time. The
-// sums stay in registers through the slots; in memory, each slot's multiply-adds waited for the
-// previous slot's stores (the bundled model's 8-row step at 100-200 slots was 5-7% slower so).
+// sums stay in registers through the slots, so no slot's multiply-adds wait for the previous
+// slot's stores.
 template <int N>
 inline void weighted_sum(const float* p, const float* v, int64_t slot_stride, int64_t slots, __m256 norm, float* out) {
   __m256 sums[N];
@@ -311,8 +298,7 @@ inline void weighted_sum_upto(int64_t n, const float* p, const float* v, int64_t
 
 // scores[s] = q.k[s] / sqrt(dim) for the slots `seen` marks (all when null), -inf for the others
 // and up to padded_slots(slots): eight slots at a time (dots8), then one by one, in the same bits
-// either way. Eight at a time made the bundled model's 8-row decode step's attention about 10%
-// faster (docs/performance.md).
+// either way; eight at a time shares each query load and one tree of horizontal sums.
 void score_slots(const float* q, const float* k, int64_t slot_stride, int64_t slots, int64_t dim, const bool* seen,
                  float* scores) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));

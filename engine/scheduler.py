@@ -48,8 +48,8 @@ CACHE_STEP = 128  # the batch's cache grows in steps of this many slots
 MAX_BATCH = 8  # rows of one decode step
 # While other requests decode beside its own, a reader that finds none of its tokens waiting
 # sleeps this long before it waits for the next one, so the tokens of the next few steps wake it
-# once rather than once each: a wake-up cost the reading thread 25-40 us of CPU, taken from the
-# cores and the GIL that decode (docs/performance.md, "The scheduler's thread"). The app shows
+# once rather than once each: a wake-up costs the reading thread tens of microseconds of CPU, taken
+# from the cores and the GIL that decode. The app shows
 # text at most 12 times a second (ui/running.py), so no one sees it. A pause ends early when the
 # request is done (Request.finished), so its last tokens and its end are never a pause late.
 READ_PAUSE_S = 0.01
@@ -325,9 +325,8 @@ class Decoder:
 
     Before, each scheduler started a thread with its requests and ended it with them. PyTorch's
     OpenMP keeps worker threads for each thread that runs parallel work (see in_thread_of_its_own),
-    so that fresh thread's first parallel calls started a pool of their own: a lone request's
-    first token on the bundled model after a 0.3 s pause took 15.7-16.3 ms in the median, against
-    7.3-8.3 on this one thread, which lives as long as the process (docs/performance.md). And two
+    so that fresh thread's first parallel calls started a pool of their own, which doubled a lone
+    request's first token; this one thread lives as long as the process. And two
     schedulers (two models, as the benchmark alternates, or an app switching models while a
     request runs) share one pool rather than each slowing the other's."""
 
@@ -386,9 +385,8 @@ def in_thread_of_its_own(work: Callable[[], T]) -> T:
     (PyTorch's OpenMP) keeps worker threads for every thread that has run parallel work, until
     that thread ends, and once it manages more threads than there are cores its workers sleep
     between parallel regions rather than spin, so each region then waits for a wake-up. The
-    decode thread (DECODER) beside a main thread that loaded the model is that case: the
-    bundled model's 8-row step took 1.5-1.7 ms there against 1.0-1.1 ms with the loading done in
-    a thread that had ended (docs/performance.md, "The scheduler's thread").
+    decode thread (DECODER) beside a main thread that loaded the model is that case: a crowd's
+    step took half as long again as with the loading done in a thread that had ended.
     """
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="passing") as pool:
         future = pool.submit(work)
@@ -397,9 +395,7 @@ def in_thread_of_its_own(work: Callable[[], T]) -> T:
 
 def pause_reading(request: Request) -> None:
     """A reader's pause beside other requests: READ_PAUSE_S, or until its request is done if that
-    comes sooner. Ending it early took the benchmark's 8 clients of 64 tokens from finishing up
-    to 10 ms after their last step (each reader asleep when its last token came) to 0.6-2 ms
-    after it (docs/performance.md, "Cheaper steps for a crowd")."""
+    comes sooner, so that a request's end is never a pause late."""
     request.finished.wait(READ_PAUSE_S)
 
 
