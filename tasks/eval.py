@@ -1,6 +1,8 @@
 """Evaluate a checkpoint on the held-out test splits, prompting the base model and with each task's adapter.
 
+    python -m tasks.data --out runs/task-data      # once: the held-out splits (needs ../shared/data)
     python -m tasks.eval --model bundled --data runs/task-data --out docs/eval-bundled.md
+    python -m tasks.eval --model bundled --limit 5  # a quick run: 5 examples a test set, a short text
 
 Writes a markdown table and a JSON file with the same numbers (same name, .json):
 - bits per byte of the TinyStories validation text (train.metrics.bits_per_byte): the base model
@@ -30,7 +32,7 @@ from tqdm import tqdm
 
 from model.adapters import active_adapter, adapter_names, load_adapters
 from model.checkpoint import load_pretrained, pick_device
-from train.corpus import tinystories_validation_text
+from train.corpus import DATA_DIR, TINYSTORIES_DIR, tinystories_validation_text
 from train.metrics import bits_per_byte
 
 from . import TASKS, TaskDone, run_task
@@ -38,6 +40,8 @@ from .data import example_from_record, read_records
 from .finetune import completion_nll, encode_records, shown_path
 
 SEED = 0
+TEST_FILES = ("translate-test.jsonl", "summarize-test.jsonl", "dialogue-test.jsonl")
+BPB_CHARS_PER_LIMIT = 2000  # with --limit N, bits per byte over the first N * this many characters
 SYSTEMS = ("base", "adapter")  # the base model with the task's prompt; the same base with the task's adapter
 
 
@@ -116,9 +120,10 @@ def evaluate(model, tokenizer, data_dir: Path, limit: int = 0, bpb_chars: int = 
         return ["base", "adapter"] if TASKS[task].adapter in adapter_names(model) else ["base"]
 
     text = tinystories_validation_text()
+    bpb_chars = bpb_chars or limit * BPB_CHARS_PER_LIMIT
     text = text[:bpb_chars] if bpb_chars else text
     rows = [row("language modelling", "bits per byte (lower is better)", "TinyStories validation (n in bytes)",
-                len(text.encode("utf-8")), {"base": bits_per_byte(model, tokenizer, text)})]
+                len(text.encode("utf-8")), {"base": bits_per_byte(model, tokenizer, text, progress=True)})]
     rows += translation_rows(model, tokenizer, test_records("translate-test.jsonl", "translate"), systems("translate"))
     rows += summarization_rows(model, tokenizer, test_records("summarize-test.jsonl", "summarize"),
                                "Aesop fable -> lesson", systems("summarize"))
@@ -154,9 +159,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None,
                    help="markdown file to write (default docs/eval-<model name>.md); the JSON goes next to it")
     p.add_argument("--limit", type=int, default=0,
-                   help="at most N records per test set, and per translation direction (0 = all), for a quick run")
+                   help="a quick run: at most N records per test set and per translation direction, and bits per "
+                        f"byte on the first N x {BPB_CHARS_PER_LIMIT:,} characters of the validation text (0 = all)")
     p.add_argument("--bpb-chars", type=int, default=0,
-                   help="measure bits per byte on the first N characters of the validation text (0 = all of it)")
+                   help="measure bits per byte on the first N characters of the validation text "
+                        "(0 = all of it, or what --limit says)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads for torch (0 = torch's default); 1 is faster when another job shares the cores")
@@ -168,12 +175,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def missing_prerequisite(data: Path) -> str | None:
+    """What the evaluation needs and does not find, in one line with the command that makes it;
+    None when all is there. Checked before any work, so a missing file costs no minutes."""
+    validation = TINYSTORIES_DIR / "yuninxia_tinystories_val.txt"
+    if not validation.is_file():
+        return (f"the data folder is missing: no {validation} (the project's data is read from {DATA_DIR}; "
+                "put the shared data there or set STUDIO_DATA_DIR to where it is)")
+    missing = [name for name in TEST_FILES if not (data / name).is_file()]
+    if missing:
+        return (f"the task data is missing: no {', '.join(missing)} in {data}; make it with "
+                f"`python -m tasks.data --out {data}`")
+    return None
+
+
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
+    missing = missing_prerequisite(args.data)
+    if missing:
+        raise SystemExit(f"tasks.eval: {missing}")
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    model, tokenizer = load_pretrained(args.model, device=pick_device(args.device))
+    try:
+        model, tokenizer = load_pretrained(args.model, device=pick_device(args.device))
+    except (OSError, ValueError) as error:  # CheckpointError and friends: a message, not a traceback
+        raise SystemExit(f"tasks.eval: could not load the model {args.model}: {error}") from None
     if args.adapters is not None:
         if not load_adapters(model, args.adapters):
             raise FileNotFoundError(f"no adapters (<task>/adapter_config.json) in {args.adapters}")

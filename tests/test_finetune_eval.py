@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from transformers import GPT2LMHeadModel
 
 from model import GPT2, GPT2Config, load_pretrained, save_pretrained
 from model.adapters import active_adapter, load_adapter
+from train.corpus import tinystories_validation_text
 from train.metrics import bits_per_byte
 from model.tokenizer import SentencePieceTokenizer
 from tasks import TASKS, data, eval as task_eval, finetune
@@ -200,8 +204,7 @@ def test_eval_writes_every_metric(splits, tiny_base, tokenizer, tmp_path):
             if name in ("test", "derived-test"):
                 write_jsonl(test_data / f"{task}-{name}.jsonl", records)
     out = tmp_path / "docs" / "eval.md"
-    rows = task_eval.main(["--model", str(checkpoint), "--data", str(test_data), "--out", str(out),
-                           "--limit", "1", "--bpb-chars", "2000"])
+    rows = task_eval.main(["--model", str(checkpoint), "--data", str(test_data), "--out", str(out), "--limit", "1"])
     table = out.read_text()
     for name in ("bits per byte", "chrF", "BLEU", "ROUGE-1", "ROUGE-2", "ROUGE-L", "response loss",
                  "English->French", "German->English", "all directions", "Aesop", "derived"):
@@ -212,6 +215,40 @@ def test_eval_writes_every_metric(splits, tiny_base, tokenizer, tmp_path):
     assert str(tmp_path) not in table  # no machine paths in a table meant for docs/
     dialogue = next(r for r in rows if r["task"] == "dialogue")
     assert dialogue["adapter"] != dialogue["base"]
+    # --limit bounds bits per byte too: the first limit x BPB_CHARS_PER_LIMIT characters
+    bpb = next(r for r in rows if r["metric"].startswith("bits per byte"))
+    assert bpb["n"] == len(tinystories_validation_text()[:task_eval.BPB_CHARS_PER_LIMIT].encode())
+
+
+def run_eval(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tasks.eval", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **env})
+
+
+def test_eval_without_task_data_says_what_is_missing_and_how_to_make_it_before_any_work(tmp_path):
+    """Checked before the model is even loaded: a missing model would otherwise be named first."""
+    done = run_eval("--model", str(tmp_path / "no-model"), "--data", str(tmp_path / "no-data"))
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "task data is missing" in lines[0] and "dialogue-test.jsonl" in lines[0]
+    assert f"python -m tasks.data --out {tmp_path / 'no-data'}" in lines[0]
+
+
+def test_eval_without_the_data_folder_names_it_and_the_variable_that_moves_it(tmp_path):
+    done = run_eval("--data", str(tmp_path), STUDIO_DATA_DIR=str(tmp_path / "nowhere"))
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "data folder is missing" in lines[0] and "STUDIO_DATA_DIR" in lines[0], done.stderr
+
+
+def test_eval_of_a_model_that_cannot_load_is_one_line(splits, tmp_path):
+    for task, task_splits in splits.items():
+        write_jsonl(tmp_path / "data" / f"{task}-test.jsonl", task_splits["test"])
+    done = run_eval("--model", str(tmp_path / "no-model"), "--data", str(tmp_path / "data"))
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "could not load the model" in lines[0] and "does not exist" in lines[0], done.stderr
 
 
 def hand_bits_per_byte(model, tokenizer, text) -> float:

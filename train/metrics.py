@@ -6,13 +6,14 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from model.tokenizer import Tokenizer
 
 
 @torch.no_grad()
 def bits_per_byte(model: nn.Module, tokenizer: Tokenizer, text: str, stride: int | None = None,
-                  batch_size: int = 8) -> float:
+                  batch_size: int = 8, progress: bool = False) -> float:
     """Total next-token negative log-likelihood of `text` in bits, divided by its UTF-8 bytes.
 
     Per-token loss depends on how much text a token holds; per byte it does not, so models with
@@ -20,7 +21,8 @@ def bits_per_byte(model: nn.Module, tokenizer: Tokenizer, text: str, stride: int
     `stride` tokens apart (default: half the context), each scoring only the tokens no earlier
     window scored, so every token after the first window has at least context - stride tokens
     of context. The text is preceded by the end-of-text token, as a document is in training, so
-    that its first token is scored too and the bits cover every byte.
+    that its first token is scored too and the bits cover every byte. `progress` shows a bar
+    over the windows (tqdm).
     """
     ids = tokenizer.encode(text)
     if not ids:
@@ -47,7 +49,8 @@ def bits_per_byte(model: nn.Module, tokenizer: Tokenizer, text: str, stride: int
 
     device = next(model.parameters()).device
     nats = 0.0
-    for start in range(0, len(windows), batch_size):
+    for start in tqdm(range(0, len(windows), batch_size), desc="bits per byte", unit="batch", disable=not progress,
+                      leave=False, dynamic_ncols=True):
         batch = windows[start:start + batch_size]
         width = max(end - begin for begin, end, _ in batch)
         # Right padding (with target index 0, never read) keeps each row's real tokens exact.
