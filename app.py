@@ -109,7 +109,11 @@ def env_flag(name: str) -> bool:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ
     on_space = "SPACE_ID" in env  # a Hugging Face Space must listen on every interface
-    parser = argparse.ArgumentParser(description="Pre-LN GPT-2 Studio: try GPT-2 models on four tasks.")
+    parser = argparse.ArgumentParser(
+        description="Pre-LN GPT-2 Studio: try GPT-2 models on four tasks.",
+        epilog="Offline: the bundled model and local directories need no network; a hub id loads from the "
+               "local Hugging Face cache, and with HF_HUB_OFFLINE=1 the hub is never asked (without it, an "
+               "unreachable hub is given up after a few seconds).")
     parser.add_argument("--model", action="append",
                         help="a hub id (gpt2), a local checkpoint directory, or 'bundled'; repeat it or give a "
                              "comma-separated list: the first is loaded, the others can be switched to in the "

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import urllib.request
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -25,6 +28,7 @@ CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.model")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 ADAPTERS_DIR = "adapters"  # <checkpoint>/adapters/<task>/ holds each task's PEFT adapter
+HUB_CONNECT_TIMEOUT_S = 5  # how long to wait for the hub to answer before calling it unreachable
 HUB_ID = re.compile(r"^[A-Za-z0-9_-][\w.-]*(/[\w.-]+)?$")  # "gpt2", "openai-community/gpt2-xl"
 
 
@@ -88,7 +92,7 @@ def download_from_hub(repo_id: str) -> Path:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (HfHubHTTPError, LocalEntryNotFoundError, RemoteEntryNotFoundError,
                                         RepositoryNotFoundError)
-    unreachable = False
+    unreachable = None  # known once a file is not in the cache
 
     def fetch(filename: str) -> Path | None:
         """The file's local path, or None when the repo lacks it or it cannot be had offline."""
@@ -99,6 +103,10 @@ def download_from_hub(repo_id: str) -> Path:
             pass
         except ValueError as e:  # a malformed repo id
             raise CheckpointError(f"{repo_id}: not a local directory nor a valid hub id ({e})") from None
+        if unreachable is None:
+            unreachable = not hub_reachable()
+        if unreachable:
+            return None
         try:
             return Path(hf_hub_download(repo_id, filename))
         except RemoteEntryNotFoundError:
@@ -117,12 +125,32 @@ def download_from_hub(repo_id: str) -> Path:
         if unreachable:
             raise CheckpointError(
                 f"{repo_id}: no such local directory, not in the local Hugging Face cache, and the hub cannot be "
-                "reached (offline?). Download it once with network access, or pass a local directory.")
+                "reached (offline?). Download it once with network access, or pass a local directory "
+                "(HF_HUB_OFFLINE=1 skips the hub and uses the cache alone).")
         missing = "config.json" if config is None else " or ".join(WEIGHT_FILES)
         raise CheckpointError(f"{repo_id}: the hub repo has no {missing}")
     for extra in TOKENIZER_FILES:
         fetch(extra)
     return config.parent
+
+
+def hub_reachable() -> bool:
+    """Whether the hub (HF_ENDPOINT) takes a connection within HUB_CONNECT_TIMEOUT_S; False when
+    HF_HUB_OFFLINE is set. Asked before any download: huggingface_hub retries a refused or silent
+    connection for a minute or more before it gives up. Behind a proxy the proxy is asked."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    endpoint = urlparse(constants.ENDPOINT)
+    via = urllib.request.getproxies().get(endpoint.scheme)
+    target = urlparse(via) if via and not urllib.request.proxy_bypass(endpoint.hostname or "") else endpoint
+    port = target.port or (443 if target.scheme == "https" else 80)
+    try:
+        socket.create_connection((target.hostname, port), timeout=HUB_CONNECT_TIMEOUT_S).close()
+        return True
+    except (OSError, ValueError):  # refused, timed out, or a name that does not resolve
+        return False
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:

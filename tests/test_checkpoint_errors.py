@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,7 +14,7 @@ import torch
 from model import load_pretrained
 from model.checkpoint import CheckpointError
 
-from .conftest import make_hf_checkpoint
+from .conftest import REPO, make_hf_checkpoint
 
 
 @pytest.fixture
@@ -105,6 +109,34 @@ def test_hub_id_offline(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="distilgpt2: no such local directory, not in the local Hugging Face "
                                               "cache, and the hub cannot be reached"):
         load_pretrained("distilgpt2")
+
+
+def test_an_unreachable_hub_fails_fast_with_the_offline_message(tmp_path):
+    """The hub pointed at a loopback port where nothing listens (a socket bound, never listening,
+    so the port stays closed): the load fails at once with the offline message, rather than after
+    huggingface_hub's minute of retries. In a fresh interpreter, which reads HF_ENDPOINT at import."""
+    code = """
+import time
+from model import load_pretrained
+from model.checkpoint import CheckpointError
+start = time.perf_counter()
+try:
+    load_pretrained("distilgpt2")
+except CheckpointError as error:
+    print(f"{time.perf_counter() - start:.1f}", error)
+"""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HUB_CACHE": str(tmp_path / "cache")}
+        env.pop("HF_HUB_OFFLINE", None)
+        done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seconds, message = done.stdout.strip().split(" ", 1)
+    assert "distilgpt2: no such local directory, not in the local Hugging Face cache, and the hub cannot be " \
+           "reached" in message
+    assert float(seconds) < 15
 
 
 def test_hub_id_from_local_cache(tmp_path, monkeypatch, checkpoint):
