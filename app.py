@@ -25,6 +25,7 @@ from tasks import TASKS
 from ui.architecture import architecture_tab
 from ui.chat import CHAT
 from ui.i18n import i18n
+from ui.messages import language, localized, word
 from ui.model_host import BUNDLED, ModelHost, ModelLoadError
 from ui.running import StopSwitches, api_endpoint
 from ui.tab import GENERATION, Tab, TaskView, adapter_props, task_tab
@@ -83,22 +84,24 @@ def launch(demo: gr.Blocks, models: Sequence[str] = (), **options):
 
 
 def show_model(host: ModelHost, tabs: list[Tab]):
-    def model_state():
+    def model_state(request: gr.Request):
         loaded = host.current
-        return [loaded.describe(), loaded.name, *(gr.update(**adapter_props(tab.view.task, loaded)) for tab in tabs)]
+        return [loaded.describe(language(request)), loaded.name,
+                *(gr.update(**adapter_props(tab.view.task, loaded)) for tab in tabs)]
     return model_state
 
 
 def switch_model(host: ModelHost, tabs: list[Tab]):
     model_state = show_model(host, tabs)
 
-    def load_model(name: str):
+    def load_model(name: str, request: gr.Request):
         """Serve the model `name` (one of those the app was started with) from now on."""
         try:
             host.switch(name)
-        except ModelLoadError as error:
-            gr.Warning(str(error))  # and the model being served stays, as model_state shows
-        return model_state()
+        except ModelLoadError as error:  # and the model being served stays, as model_state shows
+            lang = language(request)
+            gr.Warning(localized(str(error), lang), title=word("warning", lang))
+        return model_state(request)
     return load_model
 
 

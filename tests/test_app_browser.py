@@ -238,18 +238,22 @@ def test_stop_ends_a_long_generation_and_keeps_its_text(page):
 
 
 def test_bad_input_shows_why_and_the_tab_keeps_working(page):
-    toasts = page.get_by_test_id("toast-text")
+    """A refused input is one message, in the status line, naming the field and why: no toast, no
+    component in Gradio's error state, and the input stays as typed."""
+    status = page.locator("#generate-status")
     page.locator("#generate-run").click()  # no prompt
-    expect(toasts.filter(has_text="prompt is empty")).to_be_visible()
+    expect(status).to_contain_text("prompt is empty")
     page.locator("#generate-prompt textarea").fill("word " * 5000)
     page.locator("#generate-run").click()
     too_long = "prompt is too long: 25,000 characters; the limit is 20,000"
-    expect(toasts.filter(has_text=too_long)).to_be_visible()
-    expect(page.locator("#generate-status")).to_contain_text(too_long)
+    expect(status).to_contain_text(too_long)
+    expect(page.locator("#generate-prompt textarea")).to_have_value("word " * 5000)
     page.locator("#generate-prompt textarea").fill("Hello")
     set_setting(page, "generate", "seed", 1.5)  # not rounded to 2 behind the user's back
     page.locator("#generate-run").click()
-    expect(toasts.filter(has_text="seed must be an integer, got 1.5")).to_be_visible()
+    expect(status).to_contain_text("seed must be an integer, got 1.5")
+    assert page.get_by_test_id("toast-body").count() == 0
+    assert page.locator(".error").count() == 0, "a component was left in an error state"
     set_setting(page, "generate", "seed", 41)
     page.locator("#generate-run").click()
     wait_for_run(page, "generate", 41)
@@ -282,6 +286,20 @@ def test_the_interface_follows_the_browser_language(browser, studio_url):
         expect(page.locator("#generate-run")).to_have_text("生成")
         expect(page.locator("#generate-stop")).to_have_text("停止")
         screenshot(page, "chinese")
+        # What the server writes follows the browser's language too: the model line, and a refusal
+        # in the status line.
+        info = page.locator("#model-info")
+        expect(info).to_contain_text("参数")
+        line = info.inner_text().split(" · ", 1)[1]  # after the model's name, which is the user's
+        for english in ("parameters", "context", "tokens", "tokenizer", "adapters:", "decoding", "kernels"):
+            assert english not in line, line
+        page.locator("#generate-run").click()  # no prompt
+        status = page.locator("#generate-status")
+        expect(status).to_contain_text("提示词为空")
+        for english in ("Error", "prompt", "empty"):
+            expect(status).not_to_contain_text(english)
+        assert page.get_by_test_id("toast-body").count() == 0  # a refusal is the status line's alone
+        screenshot(page, "chinese-refusal")
     finally:
         page.context.close()
 

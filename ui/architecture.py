@@ -11,6 +11,7 @@ from engine.generate import check_setting
 from train.inspect import Inspection, inspect_prompt
 from engine.scheduler import in_thread_of_its_own
 
+from . import messages
 from .i18n import i18n
 from .model_host import ModelHost
 from .running import checked_text
@@ -91,7 +92,7 @@ def attention_figure(seen: Inspection) -> Figure:
 
 
 def look_inside(host: ModelHost):
-    def run(prompt: str, layer: float, head: float):
+    def run(prompt: str, layer: float, head: float, request: gr.Request | None = None):
         loaded = host.current  # once: a model switch meanwhile does not change this request
         config = loaded.model.config
         try:
@@ -103,7 +104,7 @@ def look_inside(host: ModelHost):
             seen = in_thread_of_its_own(lambda: inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1,
                                                                head - 1))
         except ValueError as error:
-            raise gr.Error(str(error), print_exception=False) from error
+            raise messages.error(str(error), request) from error
         top = [[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens]  # a random model's are all tiny
         return (residual_norm_figure(seen, loaded.name), attention_figure(seen), top,
                 gr.update(maximum=slider_top(config.n_layer), value=layer),

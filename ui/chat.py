@@ -90,7 +90,7 @@ def show_turn(values: dict[str, Any], reply: str) -> list[dict[str, str]]:
 def take_back_last_turn(values: dict[str, Any]) -> dict[str, Any]:
     """Retry: the last user message again, on the history before it."""
     if not values["history"]:
-        raise gr.Error("there is no turn to retry", print_exception=False)
+        raise ValueError("there is no turn to retry")
     *history, (message, _) = values["history"]
     return {**values, "history": history, "message": message}
 

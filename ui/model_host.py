@@ -20,6 +20,8 @@ from model.adapters import adapter_names
 from model.checkpoint import pick_device
 from model.tokenizer import Tokenizer
 
+from .messages import MODEL_LINE, MODEL_LINE_DECODING, MODEL_LINE_QUANTIZED, localized
+
 BUNDLED = "bundled"
 log = logging.getLogger(__name__)
 
@@ -44,14 +46,18 @@ class LoadedModel:
     def adapters(self) -> list[str]:
         return adapter_names(self.model)
 
-    def describe(self) -> str:
-        """One Markdown line: what is loaded, for the model panel."""
+    def describe(self, lang: str = "en") -> str:
+        """One Markdown line in `lang`: what is loaded, for the model panel."""
         device = self.model.device
-        return (f"**{self.name}** · {self.model.num_parameters() / 1e6:.1f}M parameters · "
-                f"context {self.context} tokens · tokenizer {self.tokenizer.name} "
-                f"({self.tokenizer.vocab_size:,} tokens) · adapters: {', '.join(self.adapters) or 'none'} · {device}"
-                + (f" · {self.quantize} weights" if self.quantize else "")
-                + (f" · decoding on {kernels.decode_path()}" if device.type == "cpu" else ""))
+        line = MODEL_LINE[lang].format(
+            name=self.name, millions=f"{self.model.num_parameters() / 1e6:.1f}", context=self.context,
+            tokenizer=self.tokenizer.name, vocab=f"{self.tokenizer.vocab_size:,}",
+            adapters=", ".join(self.adapters) or localized("none", lang), device=device)
+        if self.quantize:
+            line += MODEL_LINE_QUANTIZED[lang].format(quantize=self.quantize)
+        if device.type == "cpu":
+            line += MODEL_LINE_DECODING[lang].format(path=localized(kernels.decode_path(), lang))
+        return line
 
 
 class ModelHost:

@@ -76,6 +76,11 @@ SETTINGS = (("temperature", float), ("top_k", int), ("top_p", float), ("repetiti
 RANDOM_SEED = -1  # as well as None: what the UI's empty seed box sends
 
 
+class Refusal(gr.Error):
+    """An input the app does not take: the message names the field and why. The API answers it as
+    an error; a tab shows it in its status line (ui/tab.py)."""
+
+
 def setting_params(defaults: SamplingParams) -> list[Param]:
     """The settings, seed and adapter switch as API parameters, defaulting to the task's own."""
     return ([Param(name, kind, getattr(defaults, name)) for name, kind in SETTINGS]
@@ -156,7 +161,7 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                 else:
                     held_back = event.text
     except ValueError as error:
-        raise gr.Error(str(error), print_exception=False) from error
+        raise Refusal(str(error), print_exception=False) from error
     except GeneratorExit:  # Gradio closes the run when its client cancels or goes away
         log.info("/%s: cancelled, or its client left, after %d updates; its decoding row is freed", api.name, sent)
         raise

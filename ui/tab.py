@@ -11,8 +11,9 @@ import gradio as gr
 from tasks import Task
 
 from .i18n import i18n
+from .messages import language, localized, word
 from .model_host import LoadedModel, ModelHost
-from .running import RANDOM_SEED, SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI, run
+from .running import RANDOM_SEED, SETTING_RANGES, SETTINGS, Refusal, StopSwitches, TaskAPI, run
 
 GENERATION = "generation"  # the concurrency group of every request that runs the model
 STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
@@ -76,17 +77,22 @@ class Tab:
         outputs = [self.widgets.output, self.status, self.prompt_sent, *self.widgets.cleared]
 
         def run_in_tab(data: dict[gr.Component, Any], request: gr.Request):
+            lang = language(request)
             try:
                 values = prepare(view.from_ui({name: data[component] for name, component in named_inputs.items()}))
                 with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
                     for text, status, prompt in run(view.api, self.host, values, cancel):
-                        yield [view.present(values, text), status or GENERATING, prompt,
+                        yield [view.present(values, text), localized(status, lang) or GENERATING, prompt,
                                *[""] * len(self.widgets.cleared)]
-            except gr.Error as error:
-                # The status line says what went wrong too, rather than keep the last run's line
-                # beside the error; what the user typed and the last output stay.
-                yield [gr.skip(), f"⚠️ {error.message}", gr.skip(), *[gr.skip()] * len(self.widgets.cleared)]
-                raise
+            except (Refusal, ValueError) as refused:
+                # One message, in the status line, saying which field and why; no component is
+                # left in an error state, and what the user typed and the last output stay.
+                message = localized(refused.message if isinstance(refused, Refusal) else str(refused), lang)
+                yield [gr.skip(), f"⚠️ {message}", gr.skip(), *[gr.skip()] * len(self.widgets.cleared)]
+            except gr.Error as error:  # a fault: the status line says so, and so does a toast
+                message = localized(error.message, lang)
+                yield [gr.skip(), f"⚠️ {message}", gr.skip(), *[gr.skip()] * len(self.widgets.cleared)]
+                raise gr.Error(message, title=word("error", lang), print_exception=False) from None
 
         self.run_events.append(gr.on(triggers, run_in_tab, inputs=set(named_inputs.values()), outputs=outputs,
                                      show_progress="minimal", api_visibility="private", concurrency_id=GENERATION))

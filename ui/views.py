@@ -10,6 +10,7 @@ from engine.generate import brief, new_token_budget
 from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeInputs, TranslateInputs
 
 from .i18n import i18n
+from .messages import language, localized
 from .model_host import ModelHost
 from .running import MAX_EXAMPLE_PAIRS, Param, TaskAPI, check_size, checked_text
 from .tab import Tab, TaskView, Widgets
@@ -134,18 +135,20 @@ def summarize_widgets() -> Widgets:
 def article_length(host: ModelHost) -> Callable[[str, float, bool], str]:
     """How much of the context the article's prompt takes, and whether it will be cut to fit:
     the task's own build_prompt decides, so this line says exactly what a run will do."""
-    def length_line(article: str, max_new_tokens: float, adapter: bool) -> str:
+    def length_line(article: str, max_new_tokens: float, adapter: bool, request: gr.Request) -> str:
         if not article.strip():
             return ""
         loaded = host.current
+        lang = language(request)
         try:
             prompt = TASKS["summarize"].prompt(SummarizeInputs(checked_text("article", article)), loaded.tokenizer,
                                                loaded.context, int(max_new_tokens), adapter)
         except ValueError as error:  # too long to send, say: what a run would answer
-            return str(error)
+            return localized(str(error), lang)
         left = new_token_budget(int(max_new_tokens), len(prompt.ids), loaded.context)  # what a run may generate
-        return " · ".join([f"{len(prompt.ids)} of {loaded.context} context tokens in the prompt, "
-                           f"{left} left for the summary", *prompt.notes])
+        return " · ".join(localized(part, lang) for part in [
+            f"{len(prompt.ids)} of {loaded.context} context tokens in the prompt, {left} left for the summary",
+            *prompt.notes])
     return length_line
 
 

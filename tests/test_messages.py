@@ -1,0 +1,114 @@
+"""The messages a user can get, in English and Chinese (ui/messages.py): every template in both
+languages, and the messages the code really makes, each matched by a template."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from engine import kernels
+from engine.generate import SamplingParams, check_prompt_fits
+from model import GPT2, GPT2Config
+from model.adapters import check_adapter
+from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
+from ui import chat
+from ui.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, language, localized, translate_one, word
+from ui.model_host import ModelHost, ModelLoadError
+from ui.running import check_size, checked_text
+from ui.views import example_pairs
+
+ENGLISH_WORD = re.compile(r"[A-Za-z]{3,}")
+SAMPLE_VALUES = {"name": "prompt", "what": "the prompt", "unit": "characters", "reason": "max_tokens",
+                 "task": "generate", "adapter": "chat", "adapters": "none", "languages": "English, French, German",
+                 "source": "English", "target": "French", "kind": "RuntimeError", "capability": "AVX512",
+                 "names": "bundled", "line": "'x'"}
+
+
+def sample(template: str) -> str:
+    fields = re.findall(r"\{(\w+)\}", template)
+    return template.format(**{field: SAMPLE_VALUES.get(field, "12") for field in fields})
+
+
+@pytest.mark.parametrize("key", TEMPLATES)
+def test_every_message_reads_in_english_and_in_chinese(key):
+    english, chinese = TEMPLATES[key]
+    message = sample(english)
+    assert localized(message, "en") == message
+    translated = localized(message, "zh")
+    assert re.search(r"[\u4e00-\u9fff]", translated), translated
+    # names that stay as they are in Chinese: the library, the API's values, the CPU's
+    own_words = set(ENGLISH_WORD.findall(re.sub(r"\{\w+\}", "", english))) - {"PyTorch", "true", "false", "CPU", "AVX"}
+    left = own_words & set(ENGLISH_WORD.findall(translated))
+    assert not left, (translated, left)
+
+
+def test_the_language_is_the_browsers_first_choice():
+    class Request:
+        def __init__(self, header):
+            self.headers = {"accept-language": header} if header is not None else {}
+
+    assert language(Request("zh-CN,zh;q=0.9,en;q=0.8")) == "zh"
+    assert language(Request("en-US,zh;q=0.5")) == "en"
+    assert language(Request(None)) == "en" and language(None) == "en"
+    assert word("error", "zh") == "错误" and word("error", "en") == "Error"
+
+
+def refusal(call) -> str:
+    with pytest.raises((ValueError, ModelLoadError)) as caught:
+        call()
+    return str(caught.value)
+
+
+def made_messages() -> list[str]:
+    """Messages the code makes, one of each kind a user can meet."""
+    tiny = GPT2(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    from model.tokenizer import load_tokenizer
+    from model.checkpoint import BUNDLED_DIR
+    tokenizer = load_tokenizer(BUNDLED_DIR)
+    long = "word " * 3000
+
+    def prompt(task, inputs, max_new_tokens=16, context=512):
+        return lambda: TASKS[task].prompt(inputs, tokenizer, context, max_new_tokens, False)
+
+    messages = [
+        refusal(lambda: SamplingParams(temperature=9)),
+        refusal(lambda: SamplingParams(temperature=0.001)),
+        refusal(lambda: SamplingParams(top_k=1.5)),
+        refusal(lambda: SamplingParams(top_p="high")),
+        refusal(lambda: SamplingParams(stop=("",))),
+        refusal(lambda: check_prompt_fits(tiny, 0)),
+        refusal(lambda: check_prompt_fits(tiny, 16)),
+        refusal(lambda: check_adapter(tiny, "chat")),
+        refusal(prompt("generate", GenerateInputs(""))),
+        refusal(prompt("generate", GenerateInputs(long), max_new_tokens=100)),
+        refusal(prompt("generate", GenerateInputs(long * 2), max_new_tokens=1)),
+        refusal(prompt("dialogue", DialogueInputs(message=""))),
+        refusal(prompt("translate", TranslateInputs(text=""))),
+        refusal(prompt("translate", TranslateInputs(text="Hi", source="English", target="English"))),
+        refusal(prompt("summarize", SummarizeInputs(article=""))),
+        refusal(lambda: checked_text("prompt", 3)),
+        refusal(lambda: check_size("history", 99, 10, "turns")),
+        refusal(lambda: chat.history_pairs([["only one"]])),
+        refusal(lambda: example_pairs("no equals sign")),
+        refusal(lambda: ModelHost(["bundled"], device="cpu").switch("elsewhere")),
+        TASKS["summarize"].prompt(SummarizeInputs(long), tokenizer, 512, 16, False).notes[0],
+        TASKS["dialogue"].prompt(DialogueInputs(message="Hi", history=[("a " * 200, "b " * 200)] * 3), tokenizer,
+                                 512, 16, False).notes[0],
+        kernels.decode_path(),
+        "seed 7 · 4 prompt + 16 generated tokens · 633.3 tokens/s · stopped: eos",
+    ]
+    return messages
+
+
+def test_every_message_the_app_makes_has_its_chinese():
+    for message in made_messages():
+        assert translate_one(message) != message or message in NAMES_ZH, f"no template for: {message}"
+        translated = localized(message, "zh")
+        assert re.search(r"[\u4e00-\u9fff]", translated), (message, translated)
+
+
+def test_the_model_line_is_whole_in_each_language():
+    for lang, template in MODEL_LINE.items():
+        assert set(re.findall(r"\{(\w+)\}", template)) == set(re.findall(r"\{(\w+)\}", MODEL_LINE["en"]))
+    zh = re.sub(r"\{\w+\}", "", MODEL_LINE["zh"])
+    assert not ENGLISH_WORD.findall(zh)

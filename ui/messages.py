@@ -1,0 +1,158 @@
+"""The messages a user can get, in the user's language.
+
+The engine, the tasks and the UI's checks say what went wrong in English, the language of the API
+and the log. Text that Gradio translates in the browser (gr.I18n) must be fixed when the page is
+built, but these messages carry the request's own numbers and names, so the server translates
+them, for the language the browser asks for (its Accept-Language), by matching each against the
+English templates below and filling in the Chinese one. A message no template matches is shown as
+it is; tests/test_messages.py makes every message the app makes match one.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import gradio as gr
+
+from .i18n import CHINESE
+
+# key: (the English message with {fields}, as the code writes it; its Chinese)
+TEMPLATES: dict[str, tuple[str, str]] = {
+    # decoding settings (engine/generate.py)
+    "temperature_low": ("temperature must be 0 (greedy) or at least {low}, got {value}",
+                        "温度必须为 0（贪心）或至少 {low}，收到的是 {value}"),
+    "stop_strings": ("stop must be at most {count} non-empty strings of at most {length} characters",
+                     "停止串最多 {count} 个，每个须非空且不超过 {length} 个字符"),
+    "not_integer": ("{name} must be an integer, got {value}", "{name}必须是整数，收到的是 {value}"),
+    "not_number": ("{name} must be a number, got {value}", "{name}必须是数字，收到的是 {value}"),
+    "out_of_range": ("{name} must be between {low} and {high}, got {value}",
+                     "{name}必须在 {low} 到 {high} 之间，收到的是 {value}"),
+    "prompt_empty_tokens": ("the prompt is empty", "提示为空"),
+    "prompt_fills_context": ("the prompt is {tokens} tokens; the context window is {context} tokens and at least one "
+                             "must be left to generate",
+                             "提示有 {tokens} 个词元；上下文窗口为 {context} 个词元，至少要留一个用于生成"),
+    # fitting a prompt into the context (tasks/base.py)
+    "too_long_shorten": ("{what}: {tokens} tokens, but only {room} fit in the context next to max_new_tokens; "
+                         "shorten it, or set max_new_tokens to {most} or less",
+                         "{what}：需要 {tokens} 个词元，但在最大新词元数旁上下文只容得下 {room} 个；"
+                         "请缩短它，或把最大新词元数设为 {most} 或更少"),
+    "too_long_context": ("{what}: {tokens} tokens, but only {room} fit in the context next to max_new_tokens; "
+                         "shorten it: the model's whole context is {context} tokens",
+                         "{what}：需要 {tokens} 个词元，但在最大新词元数旁上下文只容得下 {room} 个；"
+                         "请缩短它：模型的整个上下文只有 {context} 个词元"),
+    "empty": ("{name} is empty", "{name}为空"),
+    "no_task_adapter": ("the {task} task has no adapter", "任务 {task} 没有适配器"),
+    "no_model_adapter": ("this model has no '{adapter}' adapter (it has: {adapters})",
+                         "此模型没有「{adapter}」适配器（已有：{adapters}）"),
+    "languages": ("cannot translate {source} to {target}: source and target must be two different languages of "
+                  "{languages}", "无法从{source}翻译为{target}：源语言和目标语言必须是 {languages} 中两种不同的语言"),
+    # the UI's checks (ui/running.py, ui/chat.py, ui/views.py)
+    "not_text": ("{name} must be text, got {kind}", "{name}必须是文本，收到的是 {kind}"),
+    "too_big": ("{name} is too long: {size} {unit}; the limit is {limit}", "{name}太长：{size} {unit}；上限为 {limit}"),
+    "adapter_bool": ("adapter must be true or false, got {value}", "适配器必须为 true 或 false，收到的是 {value}"),
+    "history_pairs": ("history must be a list of [user, bot] pairs of text", "对话历史必须是 [用户, 机器人] 文本对的列表"),
+    "no_retry": ("there is no turn to retry", "没有可以重试的一轮"),
+    "example_line": ("examples line {number} is not 'source = target': {line}",
+                     "示例第 {number} 行不是「源 = 目标」格式：{line}"),
+    "generation_failed": ("the generation failed ({kind}); the app is still serving, please try again",
+                          "生成失败（{kind}）；应用仍在运行，请重试"),
+    # the model panel (ui/model_host.py)
+    "not_a_model": ("{name} is not one of the models this app was started with ({names})",
+                    "{name} 不是本应用启动时给定的模型之一（{names}）"),
+    "load_failed": ("could not load {name}: {reason}", "无法加载 {name}：{reason}"),
+    # what a prompt had to drop (tasks/), shown in the status line
+    "dropped_turn": ("dropped the {count} oldest turn to fit the context", "为放入上下文，删去了最早的 {count} 轮"),
+    "dropped_turns": ("dropped the {count} oldest turns to fit the context", "为放入上下文，删去了最早的 {count} 轮"),
+    "dropped_examples": ("dropped {count} of the {total} examples to fit the context",
+                         "为放入上下文，删去了 {total} 个示例中的 {count} 个"),
+    "article_cut": ("article cut from {tokens} to {room} tokens to fit the context",
+                    "为放入上下文，文章从 {tokens} 个词元截短到 {room} 个"),
+    "article_length": ("{tokens} of {context} context tokens in the prompt, {left} left for the summary",
+                       "提示占上下文 {context} 个词元中的 {tokens} 个，摘要还剩 {left} 个"),
+    # which path decodes (engine/kernels.py, decode_path)
+    "kernels_on": ("decode kernels ({capability})", "解码内核（{capability}）"),
+    "kernels_off": ("PyTorch ({reason})", "PyTorch（{reason}）"),
+    "no_avx2": ("the CPU has no AVX2 ({capability})", "CPU 不支持 AVX2（{capability}）"),
+    "build_failed": ("the build failed ({kind})", "构建失败（{kind}）"),
+    # the status line of a run (engine/generate.py, Result.summary)
+    "status": ("seed {seed} · {prompt} prompt + {generated} generated tokens · {speed} tokens/s · stopped: {reason}",
+               "种子 {seed} · 提示 {prompt} + 生成 {generated} 个词元 · 每秒 {speed} 个词元 · 停止原因：{reason}"),
+}
+
+# What a message may name, as the code names it, and its Chinese: API parameters and settings (by
+# their interface label), the phrases `too_long` is given, units, and why a run stopped.
+NAMES_ZH: dict[str, str] = {
+    **{name: CHINESE[name] for name in ("temperature", "top_k", "top_p", "repetition_penalty",
+                                        "no_repeat_ngram_size", "max_new_tokens", "seed", "prompt", "message",
+                                        "persona", "article", "English", "French", "German")},
+    "text": CHINESE["source_text"], "text to translate": CHINESE["source_text"],
+    "source": CHINESE["source_language"], "target": CHINESE["target_language"],
+    "examples": CHINESE["example_pairs"], "history": CHINESE["conversation"],
+    "the prompt": "提示", "the persona and the message": "人设和消息", "the text to translate": "要翻译的文本",
+    "TL;DR: and one token of the article": "TL;DR: 和文章的一个词元",
+    "characters": "个字符", "turns": "轮", "pairs": "对",
+    "eos": "文本结束", "stop_string": "停止串", "max_tokens": "达到最大词元数", "context_full": "上下文已满",
+    "cancelled": "已取消", "task_done": "任务完成",
+    "none": "无", "layer": "层", "head": "注意力头",
+    "decode kernels building": "解码内核构建中", "kernels switched off": "内核已关闭", "no kernels": "无内核",
+    "no C++ compiler": "没有 C++ 编译器",
+}
+WORDS_ZH = {"error": "错误", "warning": "警告"}
+
+# The model line at the top of the page (ui/model_host.py, LoadedModel.describe), by language.
+MODEL_LINE = {
+    "en": "**{name}** · {millions}M parameters · context {context} tokens · tokenizer {tokenizer} ({vocab} tokens) "
+          "· adapters: {adapters} · {device}",
+    "zh": "**{name}** · {millions}M 参数 · 上下文 {context} 个词元 · 分词器 {tokenizer}（{vocab} 个词元）"
+          "· 适配器：{adapters} · {device}",
+}
+MODEL_LINE_QUANTIZED = {"en": " · {quantize} weights", "zh": " · {quantize} 权重"}
+MODEL_LINE_DECODING = {"en": " · decoding on {path}", "zh": " · 解码方式：{path}"}
+
+
+def language(request: gr.Request | None) -> str:
+    """"zh" where the browser asks for Chinese first, else "en" (the API's and the log's)."""
+    header = "" if request is None else (request.headers.get("accept-language") or "")
+    first = header.split(",")[0].strip().lower()
+    return "zh" if first.startswith("zh") else "en"
+
+
+@lru_cache(maxsize=None)
+def _pattern(template: str) -> re.Pattern:
+    parts = re.split(r"\{(\w+)\}", template)  # literal, field, literal, field, ...
+    return re.compile("".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>.+?)" for i, part in enumerate(parts))
+                      + r"\Z", re.DOTALL)
+
+
+def localized(message: str, lang: str) -> str:
+    """`message` in `lang`: itself in English; in Chinese the first template it matches, its
+    fields translated where they are names the app uses. A status line's notes (joined by " · ")
+    are translated one by one."""
+    if lang != "zh":
+        return message
+    if " · stopped: " in message:  # a status line (Result.summary: four parts), then its notes
+        parts = message.split(" · ")
+        return " · ".join([translate_one(" · ".join(parts[:4])), *map(translate_one, parts[4:])])
+    return translate_one(message)
+
+
+def translate_one(message: str) -> str:
+    if message in NAMES_ZH:
+        return NAMES_ZH[message]
+    for english, chinese in TEMPLATES.values():
+        found = _pattern(english).match(message)
+        if found:
+            return chinese.format(**{key: translate_one(value) if key == "reason" else NAMES_ZH.get(value, value)
+                                     for key, value in found.groupdict().items()})
+    return message
+
+
+def word(key: str, lang: str) -> str:
+    """A toast's title ("error", "warning") in `lang`."""
+    return WORDS_ZH[key] if lang == "zh" else key.capitalize()
+
+
+def error(message: str, request: gr.Request | None) -> gr.Error:
+    """gr.Error for `message` in the request's language, its toast's title too."""
+    lang = language(request)
+    return gr.Error(localized(message, lang), title=word("error", lang), print_exception=False)
