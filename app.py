@@ -19,6 +19,7 @@ from typing import Sequence
 import gradio as gr
 from huggingface_hub.constants import HF_HUB_CACHE
 
+from engine import kernels
 from engine.quantize import QUANTIZATIONS
 from engine.scheduler import MAX_BATCH
 from tasks import TASKS
@@ -62,6 +63,9 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
                            concurrency_id="load_model", api_visibility="private")
         # A page opened after a switch shows the model being served, not the one at start-up.
         demo.load(show_model(host, tabs), None, model_outputs, queue=False, api_visibility="private")
+        # While the decode kernels build, the model line is refreshed until it says which path stays.
+        refresh = gr.Timer(5, active=not kernels.settled())
+        refresh.tick(refresh_model_line(host), None, [model_info, refresh], queue=False, api_visibility="private")
     # The default limit applies to every event that names none: all generations share it (GENERATION).
     return demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
 
@@ -89,6 +93,12 @@ def show_model(host: ModelHost, tabs: list[Tab]):
         return [loaded.describe(language(request)), loaded.name,
                 *(gr.update(**adapter_props(tab.view.task, loaded)) for tab in tabs)]
     return model_state
+
+
+def refresh_model_line(host: ModelHost):
+    def model_line(request: gr.Request):
+        return host.current.describe(language(request)), gr.Timer(active=not kernels.settled())
+    return model_line
 
 
 def switch_model(host: ModelHost, tabs: list[Tab]):

@@ -23,7 +23,7 @@ from gradio_client import Client
 from bench.load import free_port, wait_for_app
 
 REPO = Path(__file__).resolve().parent.parent
-KERNELS_READY = "decode kernels ready"
+KERNELS_READY, KERNELS_UNAVAILABLE = "decode kernels ready", "decode kernels unavailable"  # engine/kernels.py's log
 
 
 def seconds_to_first_answer(source: Path, keep_build_cache: bool, timeout_s: float = 300) -> dict[str, float | None]:
@@ -45,15 +45,19 @@ def seconds_to_first_answer(source: Path, keep_build_cache: bool, timeout_s: flo
             _, status, _ = Client(url, verbose=False).predict("Once upon a time", max_new_tokens=16, seed=1,
                                                               api_name="/generate")
             answer_s = time.perf_counter() - launched
-            ready_s = None
-            while ready_s is None and process.poll() is None and time.perf_counter() - launched < timeout_s:
-                if KERNELS_READY in log_path.read_text() or "could not be built" in log_path.read_text():
+            ready_s, unavailable = None, False
+            while ready_s is None and not unavailable and process.poll() is None \
+                    and time.perf_counter() - launched < timeout_s:
+                log = log_path.read_text()
+                if KERNELS_READY in log:
                     ready_s = time.perf_counter() - launched
+                unavailable = KERNELS_UNAVAILABLE in log
                 time.sleep(0.2)
         finally:
             process.terminate()
             process.wait(30)
-        return {"page_s": page_s, "first_generate_s": answer_s, "kernels_ready_s": ready_s, "status": status}
+        return {"page_s": page_s, "first_generate_s": answer_s, "kernels_ready_s": ready_s,
+                "kernels_unavailable": unavailable, "status": status}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="use the usual build cache rather than an empty one")
     args = p.parse_args(argv)
     n = seconds_to_first_answer(args.source, args.keep_build_cache)
-    ready = "-" if n["kernels_ready_s"] is None else f"{n['kernels_ready_s']:.1f}"
+    ready = ("unavailable (see the app's log)" if n["kernels_unavailable"] else "-" if n["kernels_ready_s"] is None
+             else f"{n['kernels_ready_s']:.1f}")
     print(f"build cache: {'kept' if args.keep_build_cache else 'empty'}")
     print("| from launch to | seconds |\n|---|---:|")
     print(f"| the page answering | {n['page_s']:.1f} |")

@@ -24,7 +24,7 @@ class KVCache:
     """Preallocated keys and values for every layer, filled slot by slot.
 
     Each row has its own fill level (`lengths`), so rows that joined at different times can
-    decode in one batch (see model/scheduler.py). `valid` marks the filled slots that hold real
+    decode in one batch (see engine/scheduler.py). `valid` marks the filled slots that hold real
     tokens rather than left padding, and `positions` counts each row's real tokens: the
     position its next token takes. A forward call over B rows uses the cache's first B rows.
     """

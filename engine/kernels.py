@@ -21,6 +21,7 @@ moved checkout finds it in the cache (~/.cache/torch_extensions, or $TORCH_EXTEN
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import itertools
 import logging
@@ -64,7 +65,7 @@ _build: threading.Thread | None = None
 _built = threading.Event()  # set once the build has succeeded or failed
 _module = None  # the compiled module, once built
 _why_not = ""  # why there is none, once the build has given up
-_switched_off = False  # `switched_off()`: PyTorch's path, for side-by-side measurements
+_switched_off = 0  # blocks of `switched_off()` open: PyTorch's path, for side-by-side measurements
 
 
 def unavailable_reason() -> str | None:
@@ -87,47 +88,67 @@ def start_build() -> None:
         reason = unavailable_reason()
         if reason is not None:
             _why_not = reason
+            log.info("decode kernels unavailable (%s): decoding runs on PyTorch", reason)
             _built.set()
             return
         _build = threading.Thread(target=_compile, name="decode-kernels-build", daemon=True)
         _build.start()
 
 
-def _compile() -> None:
-    global _module, _why_not
-    from torch.utils.cpp_extension import load  # slow to import: only here
+def build_plan() -> tuple[bytes, list[str], Path]:
+    """The source, the compiler flags, and the build folder, which is named by both: the build
+    does not depend on where the checkout lives, and one already made is loaded, not compiled."""
     source = SOURCE.read_bytes()
     # -ffp-contract=off: the same rounding in every template copy (the FMAs meant are intrinsics).
     flags = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
     if WIDE:
         flags += ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
     key = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
-    name = f"studio_decode_kernels_{key}"
-    # The source is copied into a folder named by its content, so the build does not depend on
-    # where the checkout lives, and a copy already built is loaded without compiling.
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
-    directory = root / name
+    return source, flags, root / f"studio_decode_kernels_{key}"
+
+
+def _compile() -> None:
+    global _module, _why_not
+    from torch.utils.cpp_extension import load  # slow to import: only here
+    source, flags, directory = build_plan()
+    root, name = directory.parent, directory.name
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        copy = directory / "kernels.cpp"
-        if not copy.is_file() or copy.read_bytes() != source:
-            copy.write_bytes(source)
-        log.info("building the decode kernels in the background (about a minute the first time)")
-        _module = load(name, [str(copy)], extra_cflags=flags, extra_ldflags=["-fopenmp"], build_directory=str(directory))
+        with open(root / f"{name}.building", "w") as building:
+            # One process builds at a time. torch's own lock file inside the folder outlives a
+            # process killed mid-build, and torch would wait for it forever: holding this lock, no
+            # one else is building, so such a file is stale.
+            fcntl.flock(building, fcntl.LOCK_EX)
+            (directory / "lock").unlink(missing_ok=True)
+            copy = directory / "kernels.cpp"
+            if not copy.is_file() or copy.read_bytes() != source:
+                staged = directory / "kernels.cpp.new"
+                staged.write_bytes(source)
+                staged.replace(copy)
+            log.info("building the decode kernels in the background (about a minute the first time)")
+            _module = load(name, [str(copy)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                           build_directory=str(directory))
         log.info("decode kernels ready: decoding runs on them from now on")
     except Exception as error:  # a missing compiler or ninja: slower, not broken
         _why_not = f"the build failed ({type(error).__name__})"
+        log.warning("decode kernels unavailable, decoding stays on PyTorch: the build failed: %s", error)
         warnings.warn(f"the decode kernels could not be built, so decoding runs on PyTorch's products and attention "
                       f"(slower; results the same up to rounding): {error}")
     finally:
         _built.set()
 
 
-def wait_until_built(timeout_s: float | None = None) -> bool:
-    """Start the build if needed and wait for it; whether the kernels are ready."""
+def wait_until_built(timeout_s: float | None = 600) -> bool:
+    """Start the build if needed and wait for it (at most timeout_s); whether the kernels are ready."""
     start_build()
     _built.wait(timeout_s)
     return _module is not None
+
+
+def settled() -> bool:
+    """Whether the build has ended (ready, failed or never possible): the path will not change."""
+    return _built.is_set()
 
 
 def decode_kernels():
@@ -150,11 +171,11 @@ def decode_path() -> str:
 def switched_off():
     """Run on PyTorch's path inside the block: the benchmark's 'kernels off' side."""
     global _switched_off
-    _switched_off = True
+    _switched_off += 1
     try:
         yield
     finally:
-        _switched_off = False
+        _switched_off -= 1
 
 
 def recorded(*tensors: torch.Tensor | None) -> bool:

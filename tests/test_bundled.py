@@ -12,10 +12,12 @@ from model.adapters import adapter_names
 from model.checkpoint import BUNDLED_DIR
 from tasks import TASKS, TaskDone, run_task
 
+from .conftest import serving
+
 
 @pytest.fixture(scope="module")
 def bundled():
-    return load_pretrained()
+    return serving(load_pretrained())  # as the app serves it
 
 
 def test_loads_offline_with_an_adapter_per_task(bundled, monkeypatch):

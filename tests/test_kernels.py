@@ -244,6 +244,19 @@ print(time.perf_counter() - start)
     assert float(done.stdout.split()[-1]) < 20  # a compile takes about a minute; a load, a second or two
 
 
+def test_a_lock_left_by_a_killed_build_does_not_stop_the_next_one():
+    """torch's build leaves a lock file behind when its process is killed mid-build, and waits
+    for such a file forever; the next start finds it stale and builds (or loads) all the same."""
+    if kernels.unavailable_reason() is not None:
+        return  # nothing is built here: the PyTorch path has no lock to leave
+    _, _, directory = kernels.build_plan()
+    (directory / "lock").touch()
+    code = "from engine import kernels; print(kernels.wait_until_built(timeout_s=120))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
+    assert not (directory / "lock").exists()
+
+
 def test_the_avx2_build_gives_pytorchs_results_and_a_rows_bits_alone():
     """The kernels come in two builds, AVX2 and AVX-512 (kernels.WIDE). PyTorch can be told to
     stop at AVX2, so on a CPU with AVX-512 the narrower build is checked as well, in a fresh
