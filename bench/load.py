@@ -222,7 +222,7 @@ def check_answer(outcome: Outcome, answer: tuple, request: dict, replay: int | N
                  references: dict[int, Reference]) -> None:
     """Whether the answer belongs to this request: a replay's text, prompt and seed are those it
     had alone; a fresh request's prompt has its marker and its status its seed."""
-    text, status, prompt = answer
+    text, status, prompt, _ = answer
     found = STATUS.match(status)
     if found is None:
         outcome.kind, outcome.explained, outcome.detail = "no status line", False, status[:120]
@@ -312,7 +312,7 @@ def take_references(client: Client) -> dict[int, Reference]:
     references = {}
     for index, (api_name, request) in enumerate(REPLAYS):
         try:
-            text, status, prompt = client.predict(**request, api_name=api_name)
+            text, status, prompt, _ = client.predict(**request, api_name=api_name)
         except Exception as error:
             print(f"replay {index} ({api_name}) left out: {error}", flush=True)
             continue

@@ -42,7 +42,7 @@ def seconds_to_first_answer(source: Path, keep_build_cache: bool, timeout_s: flo
         try:
             wait_for_app(process, url, log_path, timeout_s=timeout_s)
             page_s = time.perf_counter() - launched
-            _, status, _ = Client(url, verbose=False).predict("Once upon a time", max_new_tokens=16, seed=1,
+            _, status, _, _ = Client(url, verbose=False).predict("Once upon a time", max_new_tokens=16, seed=1,
                                                               api_name="/generate")
             answer_s = time.perf_counter() - launched
             ready_s, unavailable = None, False

@@ -30,7 +30,7 @@ def stream_once(clients: list[Client], tokens: int) -> tuple[float, float]:
         job = clients[i].submit(prompt="Once upon a time", temperature=0.8, top_k=40, max_new_tokens=tokens,
                                 seed=i, api_name="/generate")
         watch(job, cancel=None)  # looks every 10 ms, as a user of bench.load does: Job's own iterator spins
-        _, status, _ = job.result()  # raises the app's error, if any
+        _, status, _, _ = job.result()  # raises the app's error, if any
         return int(STATUS.match(status).group(3)), len(job.outputs())
 
     start = time.perf_counter()

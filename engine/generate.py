@@ -19,7 +19,7 @@ import torch
 from transformers import (LogitsProcessor, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
                           TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from model.adapters import active_adapter, check_adapter
+from model.adapters import active_adapter, as_choice, check_adapter
 from model.gpt2 import GPT2
 from model.tokenizer import Tokenizer
 
@@ -38,8 +38,10 @@ LIMITS = {
     "no_repeat_ngram_size": (0, 10),
     "max_new_tokens": (1, 2048),
     "seed": (0, MAX_SEED),
+    "adapter_scale": (0.0, 2.0),
+    "logprobs": (0, 20),
 }
-INTEGER_SETTINGS = ("top_k", "no_repeat_ngram_size", "max_new_tokens", "seed")
+INTEGER_SETTINGS = ("top_k", "no_repeat_ngram_size", "max_new_tokens", "seed", "logprobs")
 MAX_STOP_STRINGS, MAX_STOP_LENGTH = 8, 100
 # Between 0 (greedy) and this, sampling is greedy in all but name, and far below it the scores
 # divided by the temperature overflow to infinity, which no sampler can draw from.
@@ -76,6 +78,8 @@ class SamplingParams:
     max_new_tokens: int = 64
     stop: tuple[str, ...] = ()
     seed: int | None = None  # None: a random seed, reported back in the Result
+    adapter_scale: float = 1.0  # how much of an adapter's update to add: 0 the base model, 1 as trained
+    logprobs: int = 0  # report each token's log-probability and this many alternatives (0: none)
 
     def __post_init__(self):
         for name, (low, high) in LIMITS.items():
@@ -128,6 +132,9 @@ class Result:
     tokens_per_second: float
     stop_reason: str  # "eos" | "stop_string" | "max_tokens" | "context_full" | "cancelled" (tasks add "task_done")
     token_ids: list[int] = field(default_factory=list)
+    # With SamplingParams.logprobs: per generated token {"token", "logprob", "top": [{"token", "logprob"}, ...]},
+    # the log-probabilities the token was drawn from, after the decoding settings.
+    logprobs: list[dict] = field(default_factory=list)
 
     def summary(self) -> str:
         return (f"seed {self.seed} · {self.prompt_tokens} prompt + {self.generated_tokens} generated tokens · "
@@ -193,8 +200,11 @@ class Sampler:
     and its own random generator, so that a seeded sequence draws the same tokens alone or in
     any batch."""
 
-    def __init__(self, params: SamplingParams, seed: int, device: torch.device):
+    def __init__(self, params: SamplingParams, seed: int, device: torch.device, trace: list | None = None):
         self.greedy = params.greedy
+        # With params.logprobs, each pick appends (token, its log-probability, [(alternative,
+        # log-probability), ...]) here; None costs nothing.
+        self.logprobs, self.trace = params.logprobs, trace if params.logprobs else None
         self.processors = params.logits_processors()
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self._uniforms: list[float] = []  # drawn ahead, next last
@@ -298,7 +308,9 @@ def pick_group(samplers: list[Sampler], logits: torch.Tensor, history: torch.Ten
     for processor in processors[cut:]:
         scores = processor(history, scores)
     if sampler.greedy:
-        return list(scores.argmax(dim=-1, keepdim=True))
+        tokens = scores.argmax(dim=-1, keepdim=True)
+        record_logprobs(samplers, scores, tokens, vocabulary_ids)
+        return list(tokens if vocabulary_ids is None else vocabulary_ids.gather(1, tokens))
     cumulative = torch.softmax(scores, dim=-1).cumsum(dim=-1)
     totals = cumulative[:, -1:]
     finite = [0 < total < math.inf for total in totals[:, 0].tolist()]  # NaN fails this too
@@ -306,11 +318,30 @@ def pick_group(samplers: list[Sampler], logits: torch.Tensor, history: torch.Ten
     draws = torch.tensor([row.uniform() if ok else 0.0 for ok, row in zip(finite, samplers)],
                          dtype=totals.dtype, device=totals.device)
     tokens = torch.searchsorted(cumulative, draws[:, None] * totals, right=True).clamp_(max=cumulative.shape[1] - 1)
+    record_logprobs(samplers, scores, tokens, vocabulary_ids)
     if vocabulary_ids is not None:
         tokens = vocabulary_ids.gather(1, tokens)
     return [token if ok else ValueError("the probabilities to sample from are not finite: the scores overflowed "
                                         "(a temperature too low for this model?)")
             for ok, token in zip(finite, tokens)]
+
+
+def record_logprobs(samplers: list[Sampler], scores: torch.Tensor, tokens: torch.Tensor,
+                    vocabulary_ids: torch.Tensor | None) -> None:
+    """For the rows whose samplers keep a trace: the picked token's log-probability and the
+    highest alternatives', from the scores it was drawn from (after every processor). `tokens`
+    are columns of `scores`, which vocabulary_ids maps to token ids where they are candidates."""
+    rows = [row for row, sampler in enumerate(samplers) if sampler.trace is not None]
+    if not rows:
+        return
+    log_probs = torch.log_softmax(scores[rows].float(), dim=-1)
+    for i, row in enumerate(rows):
+        top_values, top_columns = log_probs[i].topk(min(samplers[row].logprobs, log_probs.shape[1]))
+        ids = top_columns if vocabulary_ids is None else vocabulary_ids[row, top_columns]
+        column = int(tokens[row, 0])
+        token = column if vocabulary_ids is None else int(vocabulary_ids[row, column])
+        alternatives = [(int(t), float(v)) for t, v in zip(ids, top_values) if v > -math.inf]
+        samplers[row].trace.append((token, float(log_probs[i, column]), alternatives))
 
 
 def narrows(processors: list[LogitsProcessor], vocabulary: int) -> bool:
@@ -336,13 +367,14 @@ def pick_rows_apart(samplers: list[Sampler], logits: torch.Tensor, history: torc
 
 @torch.inference_mode()
 def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams, seeds: list[int],
-                  pad_id: int = 0, adapter: str | None = None) -> Iterator[torch.Tensor]:
+                  pad_id: int = 0, adapter: str | None = None, traces: list[list] | None = None) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, step after step, until the context is full.
 
     Prompts of different lengths are left-padded. Each row samples with its own generator, so a
     seeded row gives the same tokens alone or in a batch. `adapter` names the LoRA adapter to run
-    with (None: the base model). The caller decides when to stop; closing this generator frees the
-    cache at once.
+    with (None: the base model), at params.adapter_scale. With params.logprobs, traces[row] gets
+    each of that row's picks (Sampler). The caller decides when to stop; closing this generator
+    frees the cache at once.
     """
     check_adapter(model, adapter)
     device = model.device
@@ -356,7 +388,8 @@ def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams,
     for row, (start, p) in enumerate(zip(starts, prompts)):
         tokens[row, start:width] = torch.tensor(p)
     is_real = torch.arange(width, device=device) >= torch.tensor(starts, device=device)[:, None]
-    samplers = [Sampler(params, seed, device) for seed in seeds]
+    samplers = [Sampler(params, seed, device, None if traces is None else traces[row]) for row, seed in enumerate(seeds)]
+    adapter = as_choice(adapter, params.adapter_scale)
     cache = new_cache(model, len(prompts), width + budget)
     try:
         with active_adapter(adapter):
@@ -388,15 +421,17 @@ def stream(model: GPT2 | Scheduler, tokenizer: Tokenizer, prompt: str | list[int
     prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     check_prompt_fits(model, len(prompt_ids))
     seed = resolve_seed(params.seed)
+    trace = [] if params.logprobs else None
     decoder = tokenizer.stream_decoder()
     text, shown, generated = "", 0, []
     budget = new_token_budget(params.max_new_tokens, len(prompt_ids), model.config.n_positions)
     stop_reason = "context_full" if budget < params.max_new_tokens else "max_tokens"
     start = time.perf_counter()
     if isinstance(model, GPT2):
-        tokens = decode_tokens(model, [prompt_ids], params, [seed], pad_id=tokenizer.eos_id, adapter=adapter)
+        tokens = decode_tokens(model, [prompt_ids], params, [seed], pad_id=tokenizer.eos_id, adapter=adapter,
+                               traces=None if trace is None else [trace])
     else:
-        tokens = model.decode(prompt_ids, params, seed, adapter=adapter)
+        tokens = model.decode(prompt_ids, params, seed, adapter=adapter, trace=trace)
     try:
         for next_tokens in tokens:
             if cancel is not None and cancel.is_set():
@@ -425,7 +460,17 @@ def stream(model: GPT2 | Scheduler, tokenizer: Tokenizer, prompt: str | list[int
     elapsed = time.perf_counter() - start
     yield Result(text=text, seed=seed, prompt_tokens=len(prompt_ids), generated_tokens=len(generated),
                  tokens_per_second=len(generated) / elapsed if elapsed > 0 else 0.0,
-                 stop_reason=stop_reason, token_ids=generated)
+                 stop_reason=stop_reason, token_ids=generated,
+                 logprobs=[] if trace is None else token_logprobs(tokenizer, trace[:len(generated)]))
+
+
+def token_logprobs(tokenizer: Tokenizer, trace: list) -> list[dict]:
+    """A Sampler's trace as the API gives it: each token as text, with its alternatives."""
+    def text(id: int) -> str:
+        return tokenizer.token_bytes(id).decode("utf-8", errors="replace")
+    return [{"token": text(token), "logprob": logprob,
+             "top": [{"token": text(other), "logprob": other_logprob} for other, other_logprob in alternatives]}
+            for token, logprob, alternatives in trace]
 
 
 def find_stop(text: str, stops: tuple[str, ...], shown: int) -> int | None:

@@ -34,7 +34,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from model.adapters import active_adapter, check_adapter
+from model.adapters import active_adapter, as_choice, check_adapter
 from model.config import GPT2Config
 from model.gpt2 import GPT2
 
@@ -58,7 +58,7 @@ READ_PAUSE_S = 0.01
 @dataclass(eq=False)
 class Request:
     sampler: Sampler
-    adapter: str | None
+    adapter: tuple[str, float] | None  # (name, scale), as model.adapters.active_adapter takes it
     tokens: torch.Tensor  # (1, prompt + budget): the prompt, then each token as it is sampled
     length: int  # tokens filled so far
     budget: int  # the length at which it is done (the context or max_new_tokens is full)
@@ -148,7 +148,7 @@ class Scheduler:
         return self.model.config
 
     def decode(self, prompt: list[int], params: SamplingParams, seed: int,
-               adapter: str | None = None) -> "RequestTokens":
+               adapter: str | None = None, trace: list | None = None) -> "RequestTokens":
         """Queue one request now; its tokens (one (1,)-shaped tensor per step) arrive through the
         returned iterator, as `decode_tokens` yields them for a batch of one. Closing the iterator
         retires the request before the next step (also before its first token); the other requests
@@ -159,7 +159,8 @@ class Scheduler:
         budget = len(prompt) + new_token_budget(params.max_new_tokens, len(prompt), self.config.n_positions)
         tokens = torch.empty(1, budget, dtype=torch.long, device=device)
         tokens[0, :len(prompt)] = torch.tensor(prompt)
-        request = Request(Sampler(params, seed, device), adapter, tokens, len(prompt), budget, queue.SimpleQueue())
+        request = Request(Sampler(params, seed, device, trace), as_choice(adapter, params.adapter_scale), tokens,
+                          len(prompt), budget, queue.SimpleQueue())
         with self._lock:
             if self._closed:
                 raise RuntimeError("the scheduler was closed")

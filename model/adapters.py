@@ -30,25 +30,38 @@ from .gpt2 import GPT2
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 
-# None (the base model), one adapter name for the whole batch, or {adapter name: its batch rows}.
-ACTIVE: ContextVar[str | dict[str, torch.Tensor] | None] = ContextVar("active_adapter", default=None)
+# An adapter switched on: its name, and how much of its update to add (1: as trained).
+Choice = tuple[str, float]
+# None (the base model), one choice for the whole batch, or {choice: its batch rows}.
+ACTIVE: ContextVar[Choice | dict[Choice, torch.Tensor] | None] = ContextVar("active_adapter", default=None)
+
+
+def as_choice(name: str | Choice | None, scale: float = 1.0) -> Choice | None:
+    """(name, scale), or None where the row runs the base model: no adapter, or a scale of 0."""
+    if isinstance(name, tuple):
+        name, scale = name
+    return None if name is None or scale == 0 else (name, float(scale))
 
 
 @contextmanager
-def active_adapter(name: str | None | Sequence[str | None]):
-    """Run the forward calls inside this block with adapter `name` on (None: the base model).
+def active_adapter(name: str | Choice | None | Sequence[str | Choice | None], scale: float = 1.0):
+    """Run the forward calls inside this block with adapter `name` on (None: the base model), its
+    update scaled by `scale` (0: the base model exactly; 1: the adapter as trained).
 
-    A sequence gives each batch row its own adapter (None: that row runs the base model).
+    A sequence gives each batch row its own adapter, a name or a (name, scale) pair (None: that
+    row runs the base model).
     """
-    if not (name is None or isinstance(name, str)):
-        names = list(name)
-        if len(set(names)) == 1:
-            name = names[0]  # the whole batch alike: one update over all rows
+    if name is None or isinstance(name, (str, tuple)):
+        active = as_choice(name, scale)
+    else:
+        choices = [as_choice(row, scale) for row in name]
+        if len(set(choices)) == 1:
+            active = choices[0]  # the whole batch alike: one update over all rows
         else:
             # Index tensors made once here, not in each layer's hook.
-            name = {n: torch.tensor([row for row, m in enumerate(names) if m == n])
-                    for n in dict.fromkeys(names) if n is not None}
-    token = ACTIVE.set(name)
+            active = {c: torch.tensor([row for row, d in enumerate(choices) if d == c])
+                      for c in dict.fromkeys(choices) if c is not None}
+    token = ACTIVE.set(active)
     try:
         yield
     finally:
@@ -134,9 +147,10 @@ def lora_hook(model: GPT2, module_name: str):
         active = ACTIVE.get()
         if active is None:
             return None  # keep the base output exactly
-        named_rows = [(active, None)] if isinstance(active, str) else active.items()
-        updates = [(rows, *update) for name, rows in named_rows
-                   if (update := model.lora_adapters.get(name, {}).get(module_name)) is not None]
+        chosen_rows = [(active, None)] if isinstance(active, tuple) else active.items()
+        updates = [(rows, a, b, scale * strength) for (name, strength), rows in chosen_rows
+                   if (update := model.lora_adapters.get(name, {}).get(module_name)) is not None
+                   for a, b, scale in [update]]
         if not updates:
             return None
         x = inputs[0]

@@ -44,7 +44,7 @@ def client(studio_url) -> Client:
 def test_the_api_names_its_endpoints_and_parameters(client):
     endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
     settings = ["temperature", "top_k", "top_p", "repetition_penalty", "no_repeat_ngram_size", "max_new_tokens",
-                "seed", "adapter"]
+                "seed", "adapter", "adapter_scale", "logprobs"]
     own = {"/generate": ["prompt"], "/chat": ["message", "history", "persona"],
            "/translate": ["text", "source", "target", "examples"], "/summarize": ["article"]}
     assert {name: [p["parameter_name"] for p in endpoint["parameters"]] for name, endpoint in endpoints.items()} == {
@@ -58,12 +58,25 @@ def test_the_api_names_its_endpoints_and_parameters(client):
 def test_every_endpoint_streams_text_and_reports_how_to_reproduce_it(client, api_name):
     job = client.submit(**REQUESTS[api_name], **FEW_TOKENS, api_name=api_name)
     updates = list(job)
-    text, status, prompt = job.result()
+    text, status, prompt, logprobs = job.result()
     assert text.strip()
     assert len(updates) > 1, "the text should arrive in pieces"
     assert status.startswith("seed 7 · ") and "generated tokens" in status and "stopped: " in status
     assert prompt  # the exact prompt, for the accordion
-    assert updates[-1] == (text, status, prompt)
+    assert updates[-1] == (text, status, prompt, logprobs)
+    assert logprobs == []  # off unless asked for
+
+
+def test_logprobs_come_as_a_fourth_output_when_asked_for(client):
+    text, _, _, logprobs = client.predict("Once upon a time", temperature=0, max_new_tokens=8, logprobs=3,
+                                          api_name="/generate")
+    assert 0 < len(logprobs) <= 8 and "".join(entry["token"] for entry in logprobs).strip() == text.strip()
+    for entry in logprobs:
+        assert entry["logprob"] <= 0 and 1 <= len(entry["top"]) <= 3
+        assert entry["top"][0]["token"] == entry["token"]  # greedy: the likeliest is the one chosen
+    error = client.submit("Hi", logprobs=21, api_name="/generate")
+    with pytest.raises(AppError, match="logprobs must be between 0 and 20, got 21"):
+        error.result()
 
 
 def test_the_pacer_lets_the_first_update_go_at_once_and_then_one_per_interval():
@@ -83,11 +96,11 @@ def test_updates_come_at_most_so_often_and_each_holds_all_the_text_so_far(plain_
     start = time.monotonic()
     updates = list(endpoint(prompt="Once upon a time", max_new_tokens=200, temperature=0.8, seed=3))
     elapsed = time.monotonic() - start
-    text, status, _ = updates[-1]
+    text, status, _, _ = updates[-1]
     generated = int(STATUS.match(status).group(3))
     assert generated > 50 and len(updates) >= 2  # the first update at once, the last with the status
     assert len(updates) <= 2 + elapsed * MAX_UPDATES_PER_SECOND < generated
-    assert all(text.startswith(earlier) for earlier, _, _ in updates)
+    assert all(text.startswith(earlier) for earlier, _, _, _ in updates)
 
 
 def test_text_held_back_when_a_generation_fails_is_sent_before_the_error(plain_host):
@@ -112,7 +125,7 @@ def test_text_held_back_when_a_generation_fails_is_sent_before_the_error(plain_h
         hook.remove()
     # The tiny model makes 20 tokens in far less than 1 / MAX_UPDATES_PER_SECOND: without the
     # last update the user would see the first token's text and then the error.
-    assert len(updates) >= 2 and updates[-1] == (twenty_tokens, "", "")
+    assert len(updates) >= 2 and updates[-1] == (twenty_tokens, "", "", [])
 
 
 def test_bench_stream_measures_each_app_and_number_of_clients(studio_url, capsys):
@@ -134,7 +147,7 @@ def test_the_same_seed_gives_the_same_text_and_another_seed_another(client):
 
 
 def test_a_random_seed_is_reported_and_reproduces_the_run(client):
-    text, status, _ = client.predict("The little bird", max_new_tokens=16, seed=-1, api_name="/generate")
+    text, status, _, _ = client.predict("The little bird", max_new_tokens=16, seed=-1, api_name="/generate")
     seed = int(status.split(" · ")[0].removeprefix("seed "))
     assert client.predict("The little bird", max_new_tokens=16, seed=seed, api_name="/generate")[0] == text
 
@@ -155,20 +168,20 @@ def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(client, api_name, 
     with pytest.raises(AppError) as error:
         client.predict(**request_, api_name=api_name)
     assert message in str(error.value)
-    _, status, _ = client.predict("Hello", max_new_tokens=4, api_name="/generate")
+    _, status, _, _ = client.predict("Hello", max_new_tokens=4, api_name="/generate")
     assert "4 generated tokens" in status
 
 
 def test_chat_prompt_is_the_persona_and_history_then_the_message(client):
-    _, _, prompt = client.predict(**REQUESTS["/chat"], **FEW_TOKENS, api_name="/chat")
+    _, _, prompt, _ = client.predict(**REQUESTS["/chat"], **FEW_TOKENS, api_name="/chat")
     assert prompt == "Bot is friendly.\nUser: Hello\nBot: Hi there!\nUser: How are you?\nBot:"
 
 
 def test_translate_uses_the_example_pairs_given_or_the_built_in_ones(client):
-    _, _, given = client.predict("The dog is happy.", "English", "German", "cat = Katze\nhouse = Haus",
+    _, _, given, _ = client.predict("The dog is happy.", "English", "German", "cat = Katze\nhouse = Haus",
                                  **FEW_TOKENS, api_name="/translate")
     assert given == "cat = Katze\nhouse = Haus\nThe dog is happy. ="
-    _, _, built_in = client.predict("The dog is happy.", "English", "German", **FEW_TOKENS, api_name="/translate")
+    _, _, built_in, _ = client.predict("The dog is happy.", "English", "German", **FEW_TOKENS, api_name="/translate")
     assert built_in.startswith("I would like a cup of coffee. = Ich hätte gern eine Tasse Kaffee.\n")
 
 
@@ -197,7 +210,7 @@ def test_a_cancelled_request_leaves_the_app_serving(client, caplog):
     for _ in job:
         break  # the first piece of text has arrived: the generation is running
     job.cancel()
-    _, status, _ = client.predict("Hello", max_new_tokens=4, api_name="/generate")
+    _, status, _, _ = client.predict("Hello", max_new_tokens=4, api_name="/generate")
     assert "4 generated tokens" in status
     assert wait_until(lambda: "/generate: cancelled, or its client left" in caplog.text)  # it was stopped
 
@@ -232,7 +245,7 @@ def test_python_app_py_serves_the_model_named_in_the_environment(app_models, tmp
     try:
         url = f"http://127.0.0.1:{port}/"
         wait_for_app(process, url, log, timeout_s=120)  # SystemExit, which fails the test, with the app's log
-        _, status, _ = Client(url, verbose=False).predict("Hello", max_new_tokens=4, api_name="/generate")
+        _, status, _, _ = Client(url, verbose=False).predict("Hello", max_new_tokens=4, api_name="/generate")
         assert "4 generated tokens" in status
     finally:
         process.terminate()

@@ -59,7 +59,8 @@ def client(url) -> Client:
 
 
 def answered(client: Client, api_name: str, **request) -> tuple[str, str, str]:
-    return tuple(client.submit(**request, api_name=api_name).result(timeout=120))
+    """(text, status, prompt sent): the answer, less its logprobs (off here)."""
+    return tuple(client.submit(**request, api_name=api_name).result(timeout=120))[:3]
 
 
 def assert_serving(client: Client) -> None:
@@ -142,6 +143,7 @@ VALID = {
     "temperature": st.floats(0, 5), "top_k": st.integers(0, 1000), "top_p": st.floats(0.01, 1),
     "repetition_penalty": st.floats(0.5, 3), "no_repeat_ngram_size": st.integers(0, 10),
     "max_new_tokens": st.integers(1, 8), "seed": st.none() | st.integers(-1, MAX_SEED), "adapter": st.booleans(),
+    "adapter_scale": st.floats(0, 2), "logprobs": st.integers(0, 20),
 }
 
 
@@ -176,7 +178,7 @@ def call_rest(url: str, api_name: str, payload: dict) -> tuple[tuple | None, str
         lines = list(stream.iter_lines())
     kind = next(line for line in reversed(lines) if line.startswith("event: "))
     data = json.loads(lines[lines.index(kind) + 1].removeprefix("data: "))
-    return (tuple(data), None) if kind == "event: complete" else (None, data and data["error"])
+    return (tuple(data)[:3], None) if kind == "event: complete" else (None, data and data["error"])
 
 
 @pytest.mark.parametrize("api_name", APIS)

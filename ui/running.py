@@ -84,7 +84,8 @@ class Refusal(gr.Error):
 def setting_params(defaults: SamplingParams) -> list[Param]:
     """The settings, seed and adapter switch as API parameters, defaulting to the task's own."""
     return ([Param(name, kind, getattr(defaults, name)) for name, kind in SETTINGS]
-            + [Param("seed", int | None, None), Param("adapter", bool, False)])
+            + [Param("seed", int | None, None), Param("adapter", bool, False),
+               Param("adapter_scale", float, defaults.adapter_scale), Param("logprobs", int, defaults.logprobs)])
 
 
 def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
@@ -93,7 +94,9 @@ def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
     seed = values["seed"]
     check_setting("max_new_tokens", values["max_new_tokens"], *SETTING_RANGES["max_new_tokens"], integer=True)
     settings = {name: values[name] for name, _ in SETTINGS}
-    return replace(task.defaults, **settings, seed=None if seed in (None, RANDOM_SEED) else seed)
+    return replace(task.defaults, **settings, seed=None if seed in (None, RANDOM_SEED) else seed,
+                   adapter_scale=values.get("adapter_scale", task.defaults.adapter_scale),
+                   logprobs=values.get("logprobs", task.defaults.logprobs))
 
 
 def checked_text(name: str, value: Any) -> str:
@@ -130,14 +133,15 @@ class TaskAPI:
         params = [*self.params, *setting_params(self.task.defaults)]
         return inspect.Signature([inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                                     default=p.default, annotation=p.type) for p in params],
-                                 return_annotation=tuple[str, str, str])
+                                 return_annotation=tuple[str, str, str, list])
 
 
 def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
-        cancel: threading.Event | None = None) -> Iterator[tuple[str, str, str]]:
-    """Stream (text so far, status, prompt sent) for one request, as often as a Pacer of
-    MAX_UPDATES_PER_SECOND lets it; status and prompt come with the last update, which always
-    goes, and each update holds all the text so far."""
+        cancel: threading.Event | None = None) -> Iterator[tuple[str, str, str, list]]:
+    """Stream (text so far, status, prompt sent, logprobs) for one request, as often as a Pacer of
+    MAX_UPDATES_PER_SECOND lets it; status, prompt and logprobs (with the logprobs setting: each
+    generated token's, see engine.generate.Result) come with the last update, which always goes,
+    and each update holds all the text so far."""
     loaded = host.current  # once: a model switch does not reach a running request
     sent, held_back, pacer = 0, None, Pacer(MAX_UPDATES_PER_SECOND)
     try:
@@ -154,10 +158,10 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                     if event.result.stop_reason == "cancelled":
                         log.info("/%s: stopped by its user after %d tokens", api.name, event.result.generated_tokens)
                     sent += 1
-                    yield event.text, status_line(event), event.prompt.text
+                    yield event.text, status_line(event), event.prompt.text, event.result.logprobs
                 elif pacer.due(time.monotonic()):
                     sent, held_back = sent + 1, None
-                    yield event.text, "", ""
+                    yield event.text, "", "", []
                 else:
                     held_back = event.text
     except ValueError as error:
@@ -168,12 +172,12 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
     except Exception as error:  # a fault in the app, not in the input: say so, and keep serving
         log.error("/%s: generation failed on %s: %s: %s", api.name, loaded.name, type(error).__name__, error)
         if held_back is not None:  # the text made before the fault, which the user would not see otherwise
-            yield held_back, "", ""
+            yield held_back, "", "", []
         raise gr.Error(f"the generation failed ({type(error).__name__}); the app is still serving, "
                        "please try again", print_exception=False) from error
 
 
-def api_endpoint(api: TaskAPI, host: ModelHost) -> Callable[..., Iterator[tuple[str, str, str]]]:
+def api_endpoint(api: TaskAPI, host: ModelHost) -> Callable[..., Iterator[tuple[str, str, str, list]]]:
     """`run` as a function with the task's named, typed parameters, for `gr.api`, which
     documents an endpoint from its function's signature."""
     signature = api.signature

@@ -81,7 +81,7 @@ class Tab:
             try:
                 values = prepare(view.from_ui({name: data[component] for name, component in named_inputs.items()}))
                 with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
-                    for text, status, prompt in run(view.api, self.host, values, cancel):
+                    for text, status, prompt, _ in run(view.api, self.host, values, cancel):
                         yield [view.present(values, text), localized(status, lang) or GENERATING, prompt,
                                *[""] * len(self.widgets.cleared)]
             except (Refusal, ValueError) as refused:

@@ -1,0 +1,116 @@
+"""Token log-probabilities (SamplingParams.logprobs) and the adapter's strength (adapter_scale):
+what the app shows of why the model said what it said."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from engine.generate import SamplingParams, decode_tokens, generate
+from engine.scheduler import Scheduler
+from model import load_pretrained
+from model.adapters import active_adapter
+
+from .conftest import serving
+
+PROMPT = [5, 17, 300, 42, 9]
+
+
+@pytest.fixture(scope="module")
+def loaded(adapter_checkpoint):
+    return serving(load_pretrained(adapter_checkpoint))
+
+
+def traced(model, params: SamplingParams, seed: int = 3, adapter=None) -> tuple[list[int], list]:
+    trace: list = []
+    tokens = [int(t[0]) for t in decode_tokens(model, [PROMPT], params, [seed], adapter=adapter, traces=[trace])]
+    return tokens, trace
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0, max_new_tokens=12, logprobs=5),
+    SamplingParams(temperature=0.8, top_k=20, repetition_penalty=1.3, max_new_tokens=12, logprobs=10),
+    SamplingParams(temperature=1.2, top_p=0.9, no_repeat_ngram_size=2, max_new_tokens=12, logprobs=20),
+], ids=["greedy", "top-k", "top-p"])
+@torch.inference_mode()
+def test_logprobs_are_the_processed_distribution_each_token_was_drawn_from(loaded, params):
+    """Each token's log-probability and its alternatives equal a full recompute: the model's
+    logits for the text so far, without a cache, through the same processors, log-softmaxed."""
+    model, _ = loaded
+    tokens, trace = traced(model, params)
+    assert len(trace) >= len(tokens) and [t for t, _, _ in trace[:len(tokens)]] == tokens
+    for step, (token, logprob, top) in enumerate(trace[:len(tokens)]):
+        history = torch.tensor([PROMPT + tokens[:step]])
+        scores = model(history)[:, -1].float()
+        for processor in params.logits_processors():
+            scores = processor(history, scores)
+        expected = torch.log_softmax(scores, dim=-1)[0]
+        assert abs(logprob - float(expected[token])) < 1e-5
+        assert len(top) <= params.logprobs and all(abs(lp - float(expected[t])) < 1e-5 for t, lp in top)
+        assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
+        if params.greedy:
+            assert top[0][0] == token  # the top-1 at greedy is the chosen token
+        assert any(t == token for t, _ in top) or logprob <= top[-1][1]
+
+
+@torch.inference_mode()
+def test_logprobs_change_nothing_of_the_text_and_cost_nothing_when_off(loaded):
+    model, tokenizer = loaded
+    params = SamplingParams(temperature=0.9, top_k=40, max_new_tokens=20, seed=5)
+    off = generate(model, tokenizer, "Once upon a time", params)
+    on = generate(model, tokenizer, "Once upon a time", replace(params, logprobs=3))
+    assert off.logprobs == [] and (on.text, on.token_ids) == (off.text, off.token_ids)
+    assert len(on.logprobs) == on.generated_tokens
+    assert all(set(entry) == {"token", "logprob", "top"} and len(entry["top"]) <= 3 for entry in on.logprobs)
+    assert "".join(entry["token"] for entry in on.logprobs) == on.text or on.stop_reason == "stop_string"
+
+
+@torch.inference_mode()
+def test_the_scheduler_reports_the_same_logprobs_as_a_request_alone(loaded):
+    model, tokenizer = loaded
+    params = SamplingParams(temperature=0.8, top_k=20, max_new_tokens=10, logprobs=4, seed=7)
+    _, alone = traced(model, params, seed=7)
+    scheduler = Scheduler(model)
+    beside = scheduler.decode(tokenizer.encode("Another request"), replace(params, logprobs=0), 1)
+    trace: list = []
+    tokens = [int(t[0]) for t in scheduler.decode(PROMPT, params, 7, trace=trace)]
+    list(beside)
+    assert trace[:len(tokens)] == alone[:len(tokens)]
+
+
+@torch.no_grad()
+def test_adapter_scale_zero_is_the_base_model_and_one_the_adapter_as_trained(loaded):
+    model, _ = loaded
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    base = model(ids)
+    with active_adapter("summarize"):
+        trained = model(ids)
+    with active_adapter("summarize", 0.0):
+        assert torch.equal(model(ids), base)
+    with active_adapter("summarize", 1.0):
+        assert torch.equal(model(ids), trained)
+    with active_adapter("summarize", 0.5):
+        half = model(ids)
+    with active_adapter("summarize", 2.0):
+        double = model(ids)
+    assert not torch.allclose(half, base) and not torch.allclose(half, trained)
+    # LoRA adds a scaled update to each projection's output, so halfway lies between, roughly
+    assert (half - base).norm() < (trained - base).norm() < (double - base).norm()
+    step = ids[:, :1]  # per row, in one decode-sized call, as the scheduler's steps mix requests
+    with active_adapter("summarize"):
+        trained_step = model(step)
+    with active_adapter([("summarize", 0.0), ("summarize", 1.0)]):
+        rows = model(step)
+    assert torch.equal(rows[0], model(step)[0]) and torch.equal(rows[1], trained_step[1])
+
+
+@torch.inference_mode()
+def test_adapter_scale_reaches_decoding(loaded):
+    model, _ = loaded
+    params = SamplingParams(temperature=0, max_new_tokens=10)
+    base, _ = traced(model, replace(params, logprobs=1))
+    zero, _ = traced(model, replace(params, adapter_scale=0.0, logprobs=1), adapter="summarize")
+    assert zero == base
+    with pytest.raises(ValueError, match="adapter_scale must be between 0.0 and 2.0"):
+        SamplingParams(adapter_scale=2.5)
