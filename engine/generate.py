@@ -132,8 +132,8 @@ class Result:
     tokens_per_second: float
     stop_reason: str  # "eos" | "stop_string" | "max_tokens" | "context_full" | "cancelled" (tasks add "task_done")
     token_ids: list[int] = field(default_factory=list)
-    # With SamplingParams.logprobs: per generated token {"token", "logprob", "top": [{"token", "logprob"}, ...]},
-    # the log-probabilities the token was drawn from, after the decoding settings.
+    # With SamplingParams.logprobs: per generated token {"token", "logprob", "id", "top": [{"token", "logprob",
+    # "id"}, ...]}, the log-probabilities the token was drawn from, after the decoding settings.
     logprobs: list[dict] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -465,12 +465,34 @@ def stream(model: GPT2 | Scheduler, tokenizer: Tokenizer, prompt: str | list[int
 
 
 def token_logprobs(tokenizer: Tokenizer, trace: list) -> list[dict]:
-    """A Sampler's trace as the API gives it: each token as text, with its alternatives."""
+    """A Sampler's trace as Result.logprobs: each token as text and id, with its alternatives."""
     def text(id: int) -> str:
         return tokenizer.token_bytes(id).decode("utf-8", errors="replace")
-    return [{"token": text(token), "logprob": logprob,
-             "top": [{"token": text(other), "logprob": other_logprob} for other, other_logprob in alternatives]}
+    return [{"token": text(token), "logprob": logprob, "id": token,
+             "top": [{"token": text(other), "logprob": other_logprob, "id": other}
+                     for other, other_logprob in alternatives]}
             for token, logprob, alternatives in trace]
+
+
+@torch.inference_mode()
+def score_tokens(model: GPT2, prompt: list[int], tokens: list[int], params: SamplingParams,
+                 adapter: str | None = None) -> list[float]:
+    """Each token's log-probability after `prompt` and the tokens before it, under `model` with
+    `adapter` at params.adapter_scale, through the same processors as sampling: what another
+    setting of the adapter would have given the tokens a run drew (the compare view)."""
+    if not tokens:
+        return []
+    ids = torch.tensor([prompt + tokens], device=model.device)
+    with active_adapter(as_choice(adapter, params.adapter_scale)):
+        logits = model(ids[:, :-1])[0, len(prompt) - 1:].float()
+    processors = params.logits_processors()
+    scores = []
+    for step, token in enumerate(tokens):
+        row = logits[step:step + 1]
+        for processor in processors:
+            row = processor(ids[:, :len(prompt) + step], row)
+        scores.append(float(torch.log_softmax(row, dim=-1)[0, token]))
+    return scores
 
 
 def find_stop(text: str, stops: tuple[str, ...], shown: int) -> int | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from engine.generate import ContextLengthError, Result, SamplingParams, stream
 from model.gpt2 import GPT2
@@ -181,11 +181,14 @@ def room_to_generate(n_ctx: int, max_new_tokens: int) -> int:
 
 
 def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: SamplingParams,
-             adapter_on: bool = False, cancel: threading.Event | None = None) -> Iterator[TaskUpdate | TaskDone]:
+             adapter_on: bool = False, cancel: threading.Event | None = None,
+             forced: Sequence[int] = ()) -> Iterator[TaskUpdate | TaskDone]:
     """Build the task's prompt, generate with its stop strings, and stream the post-processed text:
     a TaskUpdate whenever what the user sees changes, then one TaskDone.
 
     Generation stops early once post-processing has all it will keep (e.g. 3 whole sentences).
+    `forced` tokens come first, as if the model had drawn them (continuing from a chosen
+    alternative); the Result's tokens are the ones drawn after them.
     """
     if not isinstance(inputs, task.inputs):
         raise TypeError(f"the {task.name} task takes {task.inputs.__name__}, got {type(inputs).__name__}")
@@ -196,8 +199,11 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
     if adapter_on and task.adapter is None:
         raise ValueError(f"the {task.name} task has no adapter")
     stop = TaskStop(cancel)
-    text, shown, result = "", "", None
-    for event in stream(model, tokenizer, prompt.ids, params, stop, adapter=task.adapter if adapter_on else None):
+    shown, result = "", None
+    start = tokenizer.decode(list(forced)) if forced else ""
+    text = start
+    for event in stream(model, tokenizer, prompt.ids + list(forced), params, stop,
+                        adapter=task.adapter if adapter_on else None):
         if isinstance(event, Result):
             result = event
             continue
@@ -211,4 +217,4 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
     # stream reports our own early stop as "cancelled"; say what really happened.
     if stop.task_done and not (cancel is not None and cancel.is_set()):
         result = replace(result, stop_reason="task_done")
-    yield TaskDone(task.postprocess(result.text), result, prompt)
+    yield TaskDone(task.postprocess(start + result.text), result, prompt)

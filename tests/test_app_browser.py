@@ -356,3 +356,70 @@ def test_the_model_panel_switches_models_and_a_failed_load_keeps_the_current_one
     finally:
         choose(page, "#model-choice", with_adapters)
         expect(info).to_contain_text(with_adapters)
+
+
+def test_tokens_show_their_probability_and_alternatives_and_continue_from_one(page):
+    """Show tokens: each token of the output, its probability and alternatives on hover; a clicked
+    token offers its alternatives, and picking one continues from there with the same seed."""
+    page.locator("#generate-prompt textarea").fill("Once upon a time")
+    set_setting(page, "generate", "max_new_tokens", 12)
+    set_setting(page, "generate", "seed", 5)
+    page.locator("#generate-insight").get_by_text("Why this output").click()
+    page.locator("#generate-show-tokens input").check()
+    page.locator("#generate-run").click()
+    wait_for_run(page, "generate", 5)
+    tokens = page.locator("#generate-tokens .tok")
+    expect(tokens.first).to_be_visible()
+    output = page.locator("#generate-output textarea").input_value()
+    assert "".join(t.replace("↵\n", "\n") for t in tokens.all_inner_texts()) == output
+    tokens.nth(2).hover()
+    title = tokens.nth(2).get_attribute("title")
+    assert re.match(r"'.*': [\d.e-]+%\n", title) and title.count("\n") >= 2  # its own, then alternatives
+    screenshot(page, "tokens")
+    tokens.nth(2).click()
+    alternatives = page.locator("#generate-alternatives label")
+    expect(alternatives.first).to_be_visible()
+    kept = "".join(t.replace("↵\n", "\n") for t in tokens.all_inner_texts()[:2])
+    alternative = alternatives.nth(1)
+    chosen = re.match(r"'(.*)' ", alternative.inner_text()).group(1).replace("↵", "")
+    alternative.click()
+    expect(page.locator("#generate-output textarea")).not_to_have_value(output)
+    wait_for_run(page, "generate", 5)
+    assert page.locator("#generate-output textarea").input_value().startswith(kept + chosen)
+    screenshot(page, "tokens-continued")
+
+
+def test_compare_streams_two_columns_and_stop_stops_both(page):
+    """Compare: adapter off and on at once under one seed, in two columns; Stop stops both. A
+    finished comparison marks the first token where the two part."""
+    page.get_by_role("tab", name="Summarise").click()
+    page.locator("#summarize-article textarea").fill(FABLE)
+    page.locator("#summarize-insight").get_by_text("Why this output").click()
+    page.locator("#summarize-compare input").check()
+    off, on = page.locator("#summarize-adapter_off textarea"), page.locator("#summarize-adapter_on textarea")
+    expect(off).to_be_visible()
+    set_setting(page, "summarize", "seed", 9)
+    set_setting(page, "summarize", "max_new_tokens", 20)
+    page.locator("#summarize-run").click()
+    wait_for_run(page, "summarize", 9)
+    assert off.input_value().strip() and on.input_value().strip()
+    view = page.locator("#summarize-tokens")
+    expect(view.locator(".token-row")).to_have_count(2)
+    if off.input_value() != on.input_value():
+        expect(view.locator(".tok.diverges")).to_have_count(2)
+        assert "part at token" in view.inner_text()
+    screenshot(page, "compare")
+    set_setting(page, "summarize", "temperature", 1.5)
+    set_setting(page, "summarize", "top_k", 0)
+    set_setting(page, "summarize", "max_new_tokens", 500)
+    set_setting(page, "summarize", "seed", 10)
+    page.locator("#summarize-run").click()
+    expect(off).not_to_have_value("")
+    expect(on).not_to_have_value("")
+    page.locator("#summarize-stop").click()
+    line = wait_for_run(page, "summarize", 10)
+    assert "stopped: cancelled" in line
+    stopped = off.input_value(), on.input_value()
+    page.wait_for_timeout(1000)
+    assert (off.input_value(), on.input_value()) == stopped  # both stopped
+    screenshot(page, "compare-stopped")

@@ -20,7 +20,8 @@ def host(tiny_checkpoint):
 
 
 def test_look_inside_draws_both_plots_and_lists_ten_tokens(host):
-    norms, attention, top, layer, head = look_inside(host)("The little bird sang", 2, 2)
+    norms, attention, top, layer, head, lens = look_inside(host)("The little bird sang", 2, 2)
+    assert isinstance(lens, Figure) and len(lens.axes[0].texts) == 2 * 4  # a top token per layer and position
     assert isinstance(norms, Figure) and isinstance(attention, Figure)
     assert [line.get_label() for line in norms.axes[0].lines] == ["mean over tokens", "last token"]
     assert len(norms.axes[0].lines[0].get_xdata()) == 2 + 2  # embeddings, 2 layers, ln_f
@@ -31,9 +32,9 @@ def test_look_inside_draws_both_plots_and_lists_ten_tokens(host):
     assert layer["maximum"] == 2 and head["maximum"] == 2
 
     # Sliders left at a larger model's layer: the request still runs, on this model's last layer.
-    *_, layer, head = look_inside(host)("The little bird sang", 12, 12)
+    *_, layer, head, _ = look_inside(host)("The little bird sang", 12, 12)
     assert layer["value"] == 2 and head["value"] == 2
-    *_, layer, head = look_inside(host)("The little bird sang", float("inf"), 2)  # held to the last layer too
+    *_, layer, head, _ = look_inside(host)("The little bird sang", float("inf"), 2)  # held to the last layer too
     assert layer["value"] == 2
 
 
@@ -57,7 +58,14 @@ def test_the_live_view_shows_the_plots_and_the_top_tokens(page):
     expect(page.locator("#architecture-top [role=grid]")).to_have_attribute("aria-rowcount", "11", timeout=TIMEOUT_MS)
     expect(page.locator("#architecture-norms img")).to_be_visible()
     expect(page.locator("#architecture-attention img")).to_be_visible()
+    expect(page.locator("#architecture-lens img")).to_be_visible()
     screenshot(page, "architecture-live-view")
+    page.locator("#architecture-lens-adapter input").click()
+    page.get_by_role("option", name="summarize").click()  # the lens with the adapter: changed cells outlined
+    expect(page.locator("#architecture-lens img")).to_be_visible()
+    page.wait_for_timeout(1500)
+    assert page.locator("#tab-architecture .error").count() == 0  # no component in Gradio's error state
+    screenshot(page, "architecture-logit-lens")
 
 
 def test_a_model_of_one_layer_and_one_head_gets_sliders_and_a_view(tmp_path):
@@ -66,5 +74,5 @@ def test_a_model_of_one_layer_and_one_head_gets_sliders_and_a_view(tmp_path):
     checkpoint = make_hf_checkpoint(tmp_path / "one-layer", n_positions=64, n_embd=32, n_layer=1, n_head=1)
     host = ModelHost([str(checkpoint)], device="cpu")
     app.build_app(host)  # Gradio refuses a slider from 1 to 1
-    *_, layer, head = look_inside(host)("The little bird sang", 2, 2)
+    *_, layer, head, _ = look_inside(host)("The little bird sang", 2, 2)
     assert layer["value"] == 1 and head["value"] == 1

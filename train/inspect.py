@@ -3,9 +3,11 @@
 - the residual stream's norm at each token after the embeddings, after every block and after ln_f;
 - one layer's attention probabilities for one head, computed from that layer's q and k (the model
   runs attention through SDPA, which never returns the probabilities);
-- the ten likeliest next tokens.
+- the ten likeliest next tokens;
+- the logit lens: what each layer would predict, with an adapter on and where it changes that.
 
-Works for any GPT2 (bundled, gpt2, ...), Pre-LN or Post-LN, with its adapters off.
+Works for any GPT2 (bundled, gpt2, ...), Pre-LN or Post-LN, with its adapters off (the lens can
+switch one on).
 """
 from __future__ import annotations
 
@@ -110,3 +112,44 @@ def inspect_prompt(model: GPT2, tokenizer: Tokenizer, prompt: str, layer: int = 
         layer=layer, head=head,
         top_tokens=[(token_label(tokenizer, id), float(p)) for p, id in zip(top.values, top.indices.tolist())],
     )
+
+
+@dataclass(frozen=True)
+class LogitLens:
+    """What each layer would predict (the logit lens): the tied head, after ln_f, applied to the
+    residual stream after each block."""
+    tokens: list[str]  # the prompt's tokens: the positions
+    top_tokens: list[list[str]]  # (n_layer, positions): each layer's likeliest next token there
+    probabilities: torch.Tensor  # (n_layer, positions): its probability
+    changed: torch.Tensor | None  # (n_layer, positions): where the adapter changes the top-1 (None: no adapter)
+
+
+def lens_logits(model: GPT2, ids: torch.Tensor) -> torch.Tensor:
+    """(n_layer, time, vocab): ln_f and the head over the residual stream after each block; the
+    last layer's are the model's own logits."""
+    stream, _ = residual_stream(model, ids)
+    return torch.cat([model.lm_head(model.transformer.ln_f(h)) for h in stream[1:]]).float()
+
+
+@torch.no_grad()
+def logit_lens(model: GPT2, tokenizer: Tokenizer, prompt: str, adapter: str | None = None) -> LogitLens:
+    """The logit lens of `prompt`; with `adapter`, the adapter's lens, and where its top-1 differs
+    from the base model's."""
+    from model.adapters import active_adapter
+
+    ids = tokenizer.encode(prompt)
+    if not ids:
+        raise ValueError("the prompt is empty")
+    if len(ids) > min(MAX_TOKENS, model.config.n_positions):
+        raise ValueError(f"the prompt has {len(ids)} tokens; the live view takes at most "
+                         f"{min(MAX_TOKENS, model.config.n_positions)}")
+    batch = torch.tensor([ids], device=model.device)
+    base = lens_logits(model, batch).softmax(-1).max(-1)
+    lens, changed = base, None
+    if adapter is not None:
+        with active_adapter(adapter):
+            lens = lens_logits(model, batch).softmax(-1).max(-1)
+        changed = (lens.indices != base.indices).cpu()
+    return LogitLens(tokens=[token_label(tokenizer, id) for id in ids],
+                     top_tokens=[[token_label(tokenizer, int(id)) for id in row] for row in lens.indices.tolist()],
+                     probabilities=lens.values.cpu(), changed=changed)

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import gradio as gr
 from matplotlib.figure import Figure  # not pyplot: figures made per request must not pile up in its registry
+from matplotlib.patches import Rectangle
 
 from engine.generate import check_setting
-from train.inspect import Inspection, inspect_prompt
+from model.adapters import check_adapter
+from train.inspect import Inspection, LogitLens, inspect_prompt, logit_lens
 from engine.scheduler import in_thread_of_its_own
 
 from . import messages
@@ -83,16 +85,42 @@ def attention_figure(seen: Inspection) -> Figure:
     ax = fig.subplots()
     image = ax.imshow(seen.attention.numpy(), cmap="viridis", vmin=0, vmax=1)
     ticks = range(len(seen.tokens))
-    ax.set_xticks(ticks, seen.tokens, rotation=90, fontsize=8)
-    ax.set_yticks(ticks, seen.tokens, fontsize=8)
+    ax.set_xticks(ticks, seen.tokens, rotation=90, fontsize=8, parse_math=False)  # tokens are text: "$" too
+    ax.set_yticks(ticks, seen.tokens, fontsize=8, parse_math=False)
     ax.set(xlabel="key (attended to)", ylabel="query", title=f"Attention, layer {seen.layer + 1}, head {seen.head + 1}")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
     return fig
 
 
+def lens_figure(lens: LogitLens, adapter: str | None) -> Figure:
+    """Layers (rows) x positions (columns): each layer's likeliest next token, coloured by its
+    probability; with an adapter, the cells where it changes the top-1 are outlined."""
+    layers, positions = lens.probabilities.shape
+    fig = Figure(figsize=(2 + 0.75 * positions, 1.2 + 0.42 * layers))
+    ax = fig.subplots()
+    image = ax.imshow(lens.probabilities.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto", origin="lower")
+    for layer, row in enumerate(lens.top_tokens):
+        for position, token in enumerate(row):
+            p = float(lens.probabilities[layer, position])
+            ax.text(position, layer, token[:8], ha="center", va="center", fontsize=7, parse_math=False,
+                    color="white" if p > 0.6 else "black")
+            if lens.changed is not None and lens.changed[layer, position]:
+                ax.add_patch(Rectangle((position - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
+    ax.set_xticks(range(positions), lens.tokens, rotation=90, fontsize=8, parse_math=False)  # tokens are text: "$" too
+    ax.set_yticks(range(layers), [str(i + 1) for i in range(layers)], fontsize=8)
+    title = "Logit lens: each layer's top next token" + (f", adapter {adapter} (red: changed)" if adapter else "")
+    ax.set(xlabel="after the token", ylabel="layer", title=title)
+    fig.colorbar(image, ax=ax, fraction=0.03, pad=0.02, label="probability")
+    fig.tight_layout()
+    return fig
+
+
+NO_ADAPTER = "none"
+
+
 def look_inside(host: ModelHost):
-    def run(prompt: str, layer: float, head: float, request: gr.Request | None = None):
+    def run(prompt: str, layer: float, head: float, adapter: str = NO_ADAPTER, request: gr.Request | None = None):
         loaded = host.current  # once: a model switch meanwhile does not change this request
         config = loaded.model.config
         try:
@@ -101,14 +129,17 @@ def look_inside(host: ModelHost):
             head = checked_setting("head", head, 1, config.n_head)
             # A forward pass is parallel work: not in Gradio's worker thread, which lives on
             # (engine/scheduler.py, in_thread_of_its_own, says why).
+            adapter = None if adapter in (None, NO_ADAPTER) else adapter
+            check_adapter(loaded.model, adapter)
             seen = in_thread_of_its_own(lambda: inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1,
                                                                head - 1))
+            lens = in_thread_of_its_own(lambda: logit_lens(loaded.model, loaded.tokenizer, prompt, adapter))
         except ValueError as error:
             raise messages.error(str(error), request) from error
         top = [[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens]  # a random model's are all tiny
         return (residual_norm_figure(seen, loaded.name), attention_figure(seen), top,
                 gr.update(maximum=slider_top(config.n_layer), value=layer),
-                gr.update(maximum=slider_top(config.n_head), value=head))
+                gr.update(maximum=slider_top(config.n_head), value=head), lens_figure(lens, adapter))
     return run
 
 
@@ -148,6 +179,12 @@ def architecture_tab(host: ModelHost) -> None:
             attention = gr.Plot(label=i18n("attention_map"), elem_id="architecture-attention")
         top = gr.Dataframe(headers=["token", "probability"], label=i18n("top_tokens"), interactive=False,
                            elem_id="architecture-top")
+        lens_adapter = gr.Dropdown([NO_ADAPTER, *host.current.adapters], value=NO_ADAPTER, label=i18n("lens_adapter"),
+                                   info=i18n("lens_adapter_info"), elem_id="architecture-lens-adapter")
+        lens = gr.Plot(label=i18n("logit_lens"), elem_id="architecture-lens")
         run = look_inside(host)
-        for event in (run_button.click, prompt.submit, layer.release, head.release):
-            event(run, [prompt, layer, head], [norms, attention, top, layer, head], api_visibility="private")
+        for event in (run_button.click, prompt.submit, layer.release, head.release, lens_adapter.input):
+            # One at a time: matplotlib's text layout (its mathtext parser) is not safe across threads,
+            # and Gradio draws each returned figure in the event's own worker.
+            event(run, [prompt, layer, head, lens_adapter], [norms, attention, top, layer, head, lens],
+                  api_visibility="private", concurrency_limit=1, concurrency_id="look_inside")

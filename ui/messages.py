@@ -69,6 +69,12 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                     "为放入上下文，文章从 {tokens} 个词元截短到 {room} 个"),
     "article_length": ("{tokens} of {context} context tokens in the prompt, {left} left for the summary",
                        "提示占上下文 {context} 个词元中的 {tokens} 个，摘要还剩 {left} 个"),
+    # the token view (ui/tokens.py)
+    "tokens_note": ("point at a token for its probability and alternatives; click it to continue from one",
+                    "指向一个词元可看其概率和备选；点击它可从某个备选继续"),
+    "part_at": ("the two part at token {index}", "两者从第 {index} 个词元起不同"),
+    "same": ("the two are the same", "两者相同"),
+    "pick_alternative": ("click a token, then one of its alternatives", "请先点击一个词元，再选择它的一个备选"),
     # which path decodes (engine/kernels.py, decode_path)
     "kernels_on": ("decode kernels ({capability})", "解码内核（{capability}）"),
     "kernels_off": ("PyTorch ({reason})", "PyTorch（{reason}）"),
@@ -96,6 +102,7 @@ NAMES_ZH: dict[str, str] = {
     "none": "无", "layer": "层", "head": "注意力头",
     "decode kernels building": "解码内核构建中", "kernels switched off": "内核已关闭", "no kernels": "无内核",
     "no C++ compiler": "没有 C++ 编译器",
+    "adapter on": "适配器开", "adapter off": "适配器关", "output": "输出",
 }
 WORDS_ZH = {"error": "错误", "warning": "警告"}
 

@@ -19,10 +19,12 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from engine.generate import LIMITS, SamplingParams, brief, check_setting
+from engine.generate import LIMITS, SamplingParams, brief, check_setting, resolve_seed, score_tokens
+from engine.scheduler import in_thread_of_its_own
 from tasks import Task, TaskDone, run_task
 
-from .model_host import ModelHost
+from .model_host import LoadedModel, ModelHost
+from .tokens import first_difference
 
 REQUIRED = inspect.Parameter.empty
 log = logging.getLogger(__name__)
@@ -152,7 +154,8 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
             raise ValueError(f"adapter must be true or false, got {brief(adapter)}")
         # Through the model's scheduler: concurrent requests are decoded in one batch. Closing the
         # events, however this ends, gives the request's row back at once.
-        with closing(run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter, cancel)) as events:
+        with closing(run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter, cancel,
+                              values.get("forced", ()))) as events:
             for event in events:
                 if isinstance(event, TaskDone):
                     if event.result.stop_reason == "cancelled":
@@ -177,6 +180,54 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                        "please try again", print_exception=False) from error
 
 
+def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
+                cancel: threading.Event | None = None) -> Iterator[tuple[list[str], str, dict | None]]:
+    """The request twice at once, adapter off and on, under one seed, so both draw the same random
+    numbers at every step: (both texts so far, status, None) as often as the Pacer lets, then the
+    texts, the adapter-on side's status and the comparison (compare_sides). Stop (cancel) ends
+    both; refusals and faults as in `run`."""
+    loaded = host.current
+    try:
+        params = sampling_params(api.task, values)
+        params = replace(params, seed=resolve_seed(params.seed), logprobs=max(params.logprobs, 1))
+        inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
+        sides = [run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter_on, cancel)
+                 for adapter_on in (False, True)]
+        texts, done, pacer = ["", ""], [None, None], Pacer(MAX_UPDATES_PER_SECOND)
+        with closing(sides[0]), closing(sides[1]):
+            while None in done:
+                for side, events in enumerate(sides):  # both decode in one batch: a token of each
+                    if done[side] is None:
+                        event = next(events)
+                        texts[side] = event.text
+                        if isinstance(event, TaskDone):
+                            done[side] = event
+                if None in done and pacer.due(time.monotonic()):
+                    yield list(texts), "", None
+        comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params))
+        yield [d.text for d in done], status_line(done[1]), comparison
+    except ValueError as error:
+        raise Refusal(str(error), print_exception=False) from error
+    except GeneratorExit:
+        log.info("/%s: a comparison was cancelled, or its client left; its decoding rows are freed", api.name)
+        raise
+    except Exception as error:
+        log.error("/%s: comparison failed on %s: %s: %s", api.name, loaded.name, type(error).__name__, error)
+        raise gr.Error(f"the generation failed ({type(error).__name__}); the app is still serving, "
+                       "please try again", print_exception=False) from error
+
+
+def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], params: SamplingParams) -> dict:
+    """Each side's tokens with their log-probabilities, the same tokens' log-probabilities under
+    the other side (its prompt, its adapter setting), and the first token where they part."""
+    off, on = done
+    tokens = [off.result.token_ids, on.result.token_ids]
+    under_other = [score_tokens(loaded.model, on.prompt.ids, tokens[0], params, adapter),
+                   score_tokens(loaded.model, off.prompt.ids, tokens[1], params, None)]
+    return {"entries": [off.result.logprobs, on.result.logprobs], "under_other": under_other,
+            "diverges_at": first_difference(*tokens)}
+
+
 def api_endpoint(api: TaskAPI, host: ModelHost) -> Callable[..., Iterator[tuple[str, str, str, list]]]:
     """`run` as a function with the task's named, typed parameters, for `gr.api`, which
     documents an endpoint from its function's signature."""
@@ -185,7 +236,8 @@ def api_endpoint(api: TaskAPI, host: ModelHost) -> Callable[..., Iterator[tuple[
     def endpoint(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        yield from run(api, host, bound.arguments)
+        for text, status, prompt, logprobs in run(api, host, bound.arguments):
+            yield text, status, prompt, public_logprobs(logprobs)
 
     endpoint.__name__ = endpoint.__qualname__ = api.name
     endpoint.__doc__ = api.description
@@ -193,6 +245,12 @@ def api_endpoint(api: TaskAPI, host: ModelHost) -> Callable[..., Iterator[tuple[
     endpoint.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
     endpoint.__annotations__["return"] = signature.return_annotation
     return endpoint
+
+
+def public_logprobs(entries: list[dict]) -> list[dict]:
+    """Result.logprobs as the API gives them: {"token", "logprob", "top": [{"token", "logprob"}]}."""
+    return [{"token": e["token"], "logprob": e["logprob"],
+             "top": [{"token": t["token"], "logprob": t["logprob"]} for t in e["top"]]} for e in entries]
 
 
 @dataclass

@@ -13,7 +13,8 @@ from tasks import Task
 from .i18n import i18n
 from .messages import language, localized, word
 from .model_host import LoadedModel, ModelHost
-from .running import RANDOM_SEED, SETTING_RANGES, SETTINGS, Refusal, StopSwitches, TaskAPI, run
+from .running import RANDOM_SEED, SETTING_RANGES, SETTINGS, Refusal, StopSwitches, TaskAPI, run, run_compare
+from .tokens import TOP_SHOWN, Insight
 
 GENERATION = "generation"  # the concurrency group of every request that runs the model
 STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
@@ -63,38 +64,66 @@ class Tab:
     stop_button: gr.Button
     status: gr.Markdown
     prompt_sent: gr.Textbox
+    insight: "Insight"
     run_events: list = field(default_factory=list)
 
     @property
     def named_inputs(self) -> dict[str, gr.Component]:
         """Every component a run reads, by API parameter name."""
-        return {**self.widgets.inputs, **self.settings, "adapter": self.adapter}
+        return {**self.widgets.inputs, **self.settings, "adapter": self.adapter,
+                "adapter_scale": self.insight.adapter_scale}
 
-    def add_run(self, triggers: list, prepare: Callable[[dict[str, Any]], dict[str, Any]] = lambda values: values):
+    def add_run(self, triggers: list, prepare: Callable[[dict[str, Any]], dict[str, Any]] = lambda values: values,
+                continuing: bool = False):
         """Run the task when any of `triggers` fires, on the tab's values made ready by `prepare`
-        (Chat's retry, for one, first takes back the last turn)."""
-        view, named_inputs = self.view, self.named_inputs
-        outputs = [self.widgets.output, self.status, self.prompt_sent, *self.widgets.cleared]
+        (Chat's retry, for one, first takes back the last turn). `continuing`: from the token
+        chosen in the token view, with the alternative chosen there (Insight)."""
+        view, named_inputs, insight = self.view, self.named_inputs, self.insight
+        outputs = [self.widgets.output, self.status, self.prompt_sent, insight.view, insight.compare_texts[0],
+                   insight.compare_texts[1], insight.alternatives, insight.last_run, *self.widgets.cleared]
+        reads = {*named_inputs.values(), insight.show_tokens, insight.compare, insight.last_run, insight.selected,
+                 insight.alternatives}
+        skips = [gr.skip()] * len(self.widgets.cleared)
 
         def run_in_tab(data: dict[gr.Component, Any], request: gr.Request):
             lang = language(request)
             try:
                 values = prepare(view.from_ui({name: data[component] for name, component in named_inputs.items()}))
+                shown_before: list[dict] = []
+                if continuing:
+                    values, shown_before = insight.continue_from(values, data[insight.last_run],
+                                                                 data[insight.selected], data[insight.alternatives])
+                if data[insight.show_tokens] or continuing:
+                    values["logprobs"] = TOP_SHOWN
+                comparing = data[insight.compare] and not continuing
                 with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
-                    for text, status, prompt, _ in run(view.api, self.host, values, cancel):
+                    if comparing:
+                        for texts, status, comparison in run_compare(view.api, self.host, values, cancel):
+                            view_value = gr.skip() if comparison is None else insight.compared(comparison, lang)
+                            yield [gr.skip(), localized(status, lang) or GENERATING, gr.skip(), view_value, *texts,
+                                   gr.update(choices=[], visible=False),
+                                   gr.skip() if comparison is None else insight.remembered(comparison), *skips]
+                        return
+                    for text, status, prompt, logprobs in run(view.api, self.host, values, cancel):
+                        final = bool(status)
+                        entries = shown_before + logprobs
                         yield [view.present(values, text), localized(status, lang) or GENERATING, prompt,
+                               insight.single(entries, values["adapter"], lang) if final else gr.skip(),
+                               gr.skip(), gr.skip(), gr.update(choices=[], visible=False) if final else gr.skip(),
+                               {"rows": [{"entries": entries, "adapter": values["adapter"],
+                                          "forced": values.get("forced", [])}]} if final else gr.skip(),
                                *[""] * len(self.widgets.cleared)]
             except (Refusal, ValueError) as refused:
                 # One message, in the status line, saying which field and why; no component is
                 # left in an error state, and what the user typed and the last output stay.
                 message = localized(refused.message if isinstance(refused, Refusal) else str(refused), lang)
-                yield [gr.skip(), f"⚠️ {message}", gr.skip(), *[gr.skip()] * len(self.widgets.cleared)]
+                yield [gr.skip(), f"⚠️ {message}", *[gr.skip()] * 6, *skips]
             except gr.Error as error:  # a fault: the status line says so, and so does a toast
                 message = localized(error.message, lang)
-                yield [gr.skip(), f"⚠️ {message}", gr.skip(), *[gr.skip()] * len(self.widgets.cleared)]
+                yield [gr.skip(), f"⚠️ {message}", *[gr.skip()] * 6, *skips]
                 raise gr.Error(message, title=word("error", lang), print_exception=False) from None
 
-        self.run_events.append(gr.on(triggers, run_in_tab, inputs=set(named_inputs.values()), outputs=outputs,
+        self.run_events.append(gr.on(triggers, run_in_tab, inputs=reads, outputs=outputs,
                                      show_progress="minimal", api_visibility="private", concurrency_id=GENERATION))
 
 
@@ -135,6 +164,7 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches) -> Ta
             stop_button = gr.Button(i18n("stop"), variant="stop", elem_id=f"{task.name}-stop")
         status = gr.Markdown(elem_id=f"{task.name}-status")
         adapter = gr.Checkbox(label=i18n("adapter"), **adapter_props(task, host.current), elem_id=f"{task.name}-adapter")
+        insight = Insight.build(task.name, has_adapter=task.adapter is not None)
         with gr.Accordion(i18n("settings"), open=False):
             settings = settings_widgets(task)
         with gr.Accordion(i18n("prompt_sent"), open=False):
@@ -142,8 +172,11 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches) -> Ta
                                      interactive=False, buttons=["copy"], elem_id=f"{task.name}-prompt-sent")
         gr.Examples(view.examples, [widgets.inputs[name] for name in view.example_inputs], label=i18n("examples"),
                     example_labels=view.example_labels, cache_examples=False, api_visibility="private")
-    tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_button, stop_button, status, prompt_sent)
+    tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_button, stop_button, status, prompt_sent,
+              insight)
     tab.add_run([run_button.click] + [box.submit for box in widgets.submit])
+    tab.add_run([insight.alternatives.input], continuing=True)
+    insight.wire(host)
     if view.extras is not None:
         view.extras(tab)
 

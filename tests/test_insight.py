@@ -1,5 +1,6 @@
-"""Token log-probabilities (SamplingParams.logprobs) and the adapter's strength (adapter_scale):
-what the app shows of why the model said what it said."""
+"""What the app shows of why the model said what it said: token log-probabilities
+(SamplingParams.logprobs), the adapter's strength (adapter_scale), adapter off and on compared
+under one seed (ui.running.run_compare, ui.tokens), and the logit lens (train.inspect)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -62,7 +63,7 @@ def test_logprobs_change_nothing_of_the_text_and_cost_nothing_when_off(loaded):
     on = generate(model, tokenizer, "Once upon a time", replace(params, logprobs=3))
     assert off.logprobs == [] and (on.text, on.token_ids) == (off.text, off.token_ids)
     assert len(on.logprobs) == on.generated_tokens
-    assert all(set(entry) == {"token", "logprob", "top"} and len(entry["top"]) <= 3 for entry in on.logprobs)
+    assert all(set(entry) == {"token", "logprob", "id", "top"} and len(entry["top"]) <= 3 for entry in on.logprobs)
     assert "".join(entry["token"] for entry in on.logprobs) == on.text or on.stop_reason == "stop_string"
 
 
@@ -114,3 +115,75 @@ def test_adapter_scale_reaches_decoding(loaded):
     assert zero == base
     with pytest.raises(ValueError, match="adapter_scale must be between 0.0 and 2.0"):
         SamplingParams(adapter_scale=2.5)
+
+
+def compare_values(api, **settings) -> dict:
+    bound = api.signature.bind(**settings)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+@pytest.fixture(scope="module")
+def host(adapter_checkpoint):
+    from ui.model_host import ModelHost
+    return ModelHost([str(adapter_checkpoint)], device="cpu")
+
+
+def compared(host, **settings):
+    from ui.running import run_compare
+    from ui.views import SUMMARIZE
+
+    updates = list(run_compare(SUMMARIZE.api, host, compare_values(SUMMARIZE.api, **settings)))
+    return updates[-1]
+
+
+def test_compare_with_the_adapter_at_zero_gives_the_same_text_twice(host):
+    """Adapter off against adapter on at strength 0 (the base model exactly), one seed: the two
+    sides draw the same random numbers, so the texts are the same, and nothing is marked."""
+    texts, status, comparison = compared(host, article="The sun rose. A bird sang.", temperature=1.0, top_k=40,
+                                         seed=4, max_new_tokens=16, adapter_scale=0.0)
+    assert texts[0] == texts[1] and texts[0]
+    assert comparison["diverges_at"] is None and status.startswith("seed 4 · ")
+    assert comparison["entries"][0] == comparison["entries"][1]
+    # each side's tokens under the other: the same model, so the same log-probabilities
+    assert comparison["under_other"][0] == pytest.approx([e["logprob"] for e in comparison["entries"][0]], abs=1e-5)
+
+
+def test_compare_marks_the_first_token_where_adapter_off_and_on_part(host):
+    from ui.tokens import Insight, first_difference
+
+    texts, _, comparison = compared(host, article="The sun rose. A bird sang.", temperature=0, max_new_tokens=16,
+                                    seed=4)
+    ids = [[e["id"] for e in side] for side in comparison["entries"]]
+    at = comparison["diverges_at"]
+    assert at is not None and at == first_difference(*ids)
+    assert ids[0][:at] == ids[1][:at] and (at == min(map(len, ids)) or ids[0][at] != ids[1][at])
+    view = Insight.compared(comparison, "en")
+    for row in view["rows"]:
+        marked = [token["i"] for token in row["tokens"] if token["mark"] == "diverges"]
+        assert marked == ([at] if at < len(row["tokens"]) else [])
+    assert view["note"] == f"the two part at token {at + 1}"
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None and first_difference([1, 2], [1, 2, 3]) == 2
+
+
+@torch.no_grad()
+def test_the_logit_lens_last_layer_is_the_models_own_prediction(loaded):
+    """ln_f and the tied head after the last block are the model's own logits; each row is a
+    layer, each column a position; with an adapter on, `changed` marks where the top-1 moved."""
+    from train.inspect import lens_logits, logit_lens
+
+    model, tokenizer = loaded
+    prompt = "The little bird sang a song"
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    logits = lens_logits(model, ids)
+    assert logits.shape == (model.config.n_layer, ids.shape[1], model.config.vocab_size)
+    assert torch.equal(logits[-1], model(ids)[0].float())
+    lens = logit_lens(model, tokenizer, prompt)
+    own = model(ids)[0].float().softmax(-1).max(-1)
+    assert torch.equal(lens.probabilities[-1], own.values) and lens.changed is None
+    assert [len(row) for row in lens.top_tokens] == [ids.shape[1]] * model.config.n_layer
+    with_adapter = logit_lens(model, tokenizer, prompt, adapter="summarize")
+    with active_adapter("summarize"):
+        adapted = model(ids)[0].float().softmax(-1).max(-1)
+    assert torch.equal(with_adapter.probabilities[-1], adapted.values)
+    assert torch.equal(with_adapter.changed[-1], adapted.indices != own.indices)

@@ -1,0 +1,187 @@
+"""The token view: a run's output as its tokens, coloured by their probability. Pointing at a token
+shows its probability and the alternatives at that step, after the decoding settings as they were
+applied; clicking it offers those alternatives to continue from (ui/tab.py). With Compare on, two
+rows, adapter off and on, under one seed: the first token where they part is marked, and each
+token shows its probability under the other side too.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import gradio as gr
+
+from engine.generate import LIMITS
+
+from .i18n import i18n
+from .messages import localized
+
+TOP_SHOWN = 10  # alternatives a token shows (the API's logprobs reach 20)
+
+TEMPLATE = """
+<div class="token-view">
+  {{#each value.rows}}
+  <div class="token-row" data-row="{{this.row}}">
+    <div class="token-row-label">{{this.label}}</div>
+    <div class="token-row-tokens">{{#each this.tokens}}<span class="tok {{this.mark}}" data-row="{{this.row}}"
+      data-i="{{this.i}}" title="{{this.title}}" style="background-color: {{this.color}}">{{this.text}}</span>{{/each}}</div>
+  </div>
+  {{/each}}
+  <div class="token-view-note">{{value.note}}</div>
+</div>
+"""
+CSS = """
+.token-view { font-family: var(--font-mono); font-size: 14px; line-height: 1.9; }
+.token-row { margin-bottom: 0.5em; }
+.token-row-label { font-size: 12px; opacity: 0.7; }
+.tok { border-radius: 3px; padding: 1px 0; cursor: pointer; white-space: pre-wrap; }
+.tok:hover { outline: 1px solid var(--color-accent); }
+.tok.diverges { outline: 2px solid #d33; }
+.tok.selected { outline: 2px solid var(--color-accent); }
+.token-view-note { font-size: 12px; opacity: 0.7; }
+"""
+# A click on a token tells the server which one (row, index); hovering shows its title.
+JS = """
+element.addEventListener('click', (event) => {
+  const token = event.target.closest('.tok');
+  if (token) trigger('click', {row: Number(token.dataset.row), index: Number(token.dataset.i)});
+});
+"""
+EMPTY = {"rows": [], "note": ""}
+
+
+def token_view(elem_id: str) -> gr.HTML:
+    return gr.HTML(EMPTY, html_template=TEMPLATE, css_template=CSS, js_on_load=JS, elem_id=elem_id)
+
+
+def shown(token: str) -> str:
+    """A token as text a person can read inline: a newline made visible."""
+    return token.replace("\n", "↵\n") or "∅"
+
+
+def percent(logprob: float) -> str:
+    return f"{100 * math.exp(logprob):.3g}%"
+
+
+def colour(logprob: float) -> str:
+    """Green for a likely token, through yellow, to red for an unlikely one."""
+    p = math.exp(logprob)
+    return f"hsla({120 * p:.0f}, 70%, 50%, 0.35)"
+
+
+def row_of(entries: list[dict], label: str, row: int, other: list[float] | None = None,
+           diverges_at: int | None = None, other_label: str = "") -> dict:
+    """One row of the view: each token with its title (probability, the other side's, and the
+    alternatives) and colour."""
+    tokens = []
+    for i, entry in enumerate(entries):
+        lines = [f"{shown(entry['token'])!r}: {percent(entry['logprob'])}"]
+        if other is not None and i < len(other):
+            lines.append(f"{other_label}: {percent(other[i])}")
+        lines += [f"  {shown(alt['token'])!r} {percent(alt['logprob'])}" for alt in entry["top"][:TOP_SHOWN]]
+        tokens.append({"text": shown(entry["token"]), "title": "\n".join(lines),
+                       "color": colour(entry["logprob"]), "i": i, "row": row,
+                       "mark": "diverges" if i == diverges_at else ""})
+    return {"label": label, "row": row, "tokens": tokens}
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two token lists differ (one ending first counts), or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass
+class Insight:
+    """The parts of a task tab that show why the model said what it said: the adapter's strength,
+    the token view, Compare, and the alternatives of a clicked token to continue from."""
+    adapter_scale: gr.Slider
+    show_tokens: gr.Checkbox
+    compare: gr.Checkbox
+    compare_row: gr.Row
+    compare_texts: tuple[gr.Textbox, gr.Textbox]
+    view: gr.HTML
+    alternatives: gr.Radio
+    last_run: gr.State  # {"rows": [{"entries": Result.logprobs of the whole output, "adapter": bool}]}
+    selected: gr.State  # {"row", "index"} of the token clicked last
+
+    @classmethod
+    def build(cls, task: str, has_adapter: bool) -> "Insight":
+        """Lay out the parts; call inside the tab, below the adapter switch."""
+        adapter_scale = gr.Slider(*LIMITS["adapter_scale"], value=1.0, step=0.05, label=i18n("adapter_scale"),
+                                  info=i18n("adapter_scale_info"), interactive=has_adapter,
+                                  elem_id=f"{task}-adapter_scale")
+        with gr.Accordion(i18n("look_inside_output"), open=False, elem_id=f"{task}-insight"):
+            with gr.Row():
+                show_tokens = gr.Checkbox(False, label=i18n("show_tokens"), info=i18n("show_tokens_info"),
+                                          elem_id=f"{task}-show-tokens")
+                compare = gr.Checkbox(False, label=i18n("compare"), info=i18n("compare_info"),
+                                      interactive=has_adapter, elem_id=f"{task}-compare")
+            with gr.Row(visible=False) as compare_row:
+                texts = tuple(gr.Textbox(label=i18n(label), lines=4, interactive=False, elem_id=f"{task}-{label}")
+                              for label in ("adapter_off", "adapter_on"))
+            view = token_view(f"{task}-tokens")
+            alternatives = gr.Radio([], label=i18n("alternatives"), info=i18n("alternatives_info"), visible=False,
+                                    elem_id=f"{task}-alternatives")
+        return cls(adapter_scale, show_tokens, compare, compare_row, texts, view, alternatives, gr.State({}),
+                   gr.State({}))
+
+    def wire(self, host) -> None:
+        self.compare.change(lambda on: gr.Row(visible=on), self.compare, self.compare_row, queue=False,
+                            api_visibility="private")
+        self.view.click(self.offer_alternatives, self.last_run, [self.selected, self.alternatives], queue=False,
+                        api_visibility="private")
+
+    @staticmethod
+    def offer_alternatives(last_run: dict, event: gr.EventData):
+        """The clicked token's alternatives, to continue from."""
+        found = getattr(event, "_data", None) or {}
+        row, index = found.get("row"), found.get("index")
+        rows = (last_run or {}).get("rows", [])
+        if not isinstance(row, int) or not isinstance(index, int) or not 0 <= row < len(rows) \
+                or not 0 <= index < len(rows[row]["entries"]):
+            return gr.skip(), gr.skip()
+        entry = rows[row]["entries"][index]
+        choices = [(f"{shown(alt['token'])!r} {percent(alt['logprob'])}", alt["id"]) for alt in entry["top"][:TOP_SHOWN]]
+        return {"row": row, "index": index}, gr.Radio(choices=choices, value=None, visible=True)
+
+    @staticmethod
+    def continue_from(values: dict, last_run: dict, selected: dict, alternative: int | None) -> tuple[dict, list]:
+        """The run's values to continue from the selected token with `alternative` in its place
+        (the same settings and seed), and the entries shown before the new tokens."""
+        rows = (last_run or {}).get("rows", [])
+        if not selected or alternative is None or selected.get("row", -1) >= len(rows):
+            raise ValueError("click a token, then one of its alternatives")
+        row = rows[selected["row"]]
+        entries, index = row["entries"], selected["index"]
+        chosen = next((alt for alt in entries[index]["top"] if alt["id"] == alternative), None)
+        if chosen is None:
+            raise ValueError("click a token, then one of its alternatives")
+        shown_before = entries[:index] + [{**chosen, "top": entries[index]["top"]}]
+        values = {**values, "adapter": row["adapter"], "forced": [entry["id"] for entry in shown_before]}
+        return values, shown_before
+
+    @staticmethod
+    def single(entries: list[dict], adapter: bool, lang: str) -> dict:
+        label = localized("adapter on" if adapter else "output", lang)
+        return {"rows": [row_of(entries, label, 0)], "note": localized(TOKENS_NOTE, lang) if entries else ""}
+
+    @staticmethod
+    def compared(comparison: dict, lang: str) -> dict:
+        off, on = comparison["entries"]
+        under_off, under_on = comparison["under_other"]
+        at = comparison["diverges_at"]
+        labels = [localized("adapter off", lang), localized("adapter on", lang)]
+        rows = [row_of(off, labels[0], 0, under_off, at, labels[1]), row_of(on, labels[1], 1, under_on, at, labels[0])]
+        note = "the two are the same" if at is None else f"the two part at token {at + 1}"
+        return {"rows": rows, "note": localized(note, lang)}
+
+    @staticmethod
+    def remembered(comparison: dict) -> dict:
+        return {"rows": [{"entries": entries, "adapter": adapter}
+                         for entries, adapter in zip(comparison["entries"], (False, True))]}
+
+
+TOKENS_NOTE = "point at a token for its probability and alternatives; click it to continue from one"
