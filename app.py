@@ -52,7 +52,8 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
         with gr.Accordion(i18n("model"), open=False):
             model_choice = gr.Dropdown(list(host.names), value=host.current.name, label=i18n("switch_model"),
                                        info=i18n("switch_model_info"), elem_id="model-choice")
-        with gr.Tabs():
+        # Wrapped onto a second row rather than folded into an overflow menu: a phone sees every tab.
+        with gr.Tabs(overflow_behavior="wrap"):
             tabs = [task_tab(VIEWS[name], host, stop_switches) for name in TASKS]
             architecture_tab(host)
 

@@ -423,3 +423,26 @@ def test_compare_streams_two_columns_and_stop_stops_both(page):
     page.wait_for_timeout(1000)
     assert (off.input_value(), on.input_value()) == stopped  # both stopped
     screenshot(page, "compare-stopped")
+
+
+def test_continue_appends_to_the_prompt_and_goes_on_from_the_edited_text(page):
+    """Generate's notebook: Continue writes the continuation into the prompt box itself, which
+    stays editable; a second Continue goes on from the text as the user corrected it."""
+    prompt = page.locator("#generate-prompt textarea")
+    prompt.fill("Once upon a time")
+    set_setting(page, "generate", "max_new_tokens", 6)
+    set_setting(page, "generate", "seed", 3)
+    page.locator("#generate-continue").click()
+    wait_for_run(page, "generate", 3)
+    output = page.locator("#generate-output textarea").input_value()
+    expect(prompt).to_have_value("Once upon a time" + output)
+    prompt.fill(prompt.input_value() + " Then")  # the user corrects and adds
+    edited = prompt.input_value()
+    set_setting(page, "generate", "seed", 4)
+    page.locator("#generate-continue").click()
+    wait_for_run(page, "generate", 4)
+    second = page.locator("#generate-output textarea").input_value()
+    expect(prompt).to_have_value(edited + second)
+    page.locator("#tab-generate").get_by_text("Prompt sent to the model").click()
+    assert page.locator("#generate-prompt-sent textarea").input_value() == edited  # it went on from the edit
+    screenshot(page, "notebook")

@@ -22,6 +22,7 @@ ENGLISH = {
     "generate": "Generate",
     "send": "Send",
     "stop": "Stop",
+    "continue": "Continue",
     "export_conversation": "Export conversation (JSON)",
     # task inputs and outputs
     "prompt": "Prompt",
@@ -133,6 +134,7 @@ CHINESE = {
     "generate": "生成",
     "send": "发送",
     "stop": "停止",
+    "continue": "续写",
     "export_conversation": "导出对话（JSON）",
     "prompt": "提示词",
     "continuation": "续写",

@@ -46,6 +46,7 @@ class TaskView:
     from_ui: Callable[[dict[str, Any]], dict[str, Any]] = dict  # component values -> API values
     present: Callable[[dict[str, Any], str], Any] = lambda values, text: text  # -> output's value
     extras: Callable[["Tab"], None] | None = None  # wires the task's own events
+    notebook: str | None = None  # the input that Continue appends each run's text to (Generate's prompt)
 
     @property
     def task(self) -> Task:
@@ -127,6 +128,11 @@ class Tab:
                                      show_progress="minimal", api_visibility="private", concurrency_id=GENERATION))
 
 
+def append_run(text: str, output: str, status: str) -> str:
+    """`text` with the run's `output` after it, once a run has reported its seed."""
+    return text + output if status and not status.startswith("⚠️") and output else text
+
+
 def adapter_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
     """The adapter switch's state for this task and model: off and greyed out, with the reason
     as its info, when there is no adapter to switch on."""
@@ -161,6 +167,8 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches) -> Ta
         widgets = view.build()
         with gr.Row():
             run_button = gr.Button(i18n(view.run_label), variant="primary", elem_id=f"{task.name}-run")
+            continue_button = (gr.Button(i18n("continue"), variant="secondary", elem_id=f"{task.name}-continue")
+                               if view.notebook else None)
             stop_button = gr.Button(i18n("stop"), variant="stop", elem_id=f"{task.name}-stop")
         status = gr.Markdown(elem_id=f"{task.name}-status")
         adapter = gr.Checkbox(label=i18n("adapter"), **adapter_props(task, host.current), elem_id=f"{task.name}-adapter")
@@ -176,6 +184,13 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches) -> Ta
               insight)
     tab.add_run([run_button.click] + [box.submit for box in widgets.submit])
     tab.add_run([insight.alternatives.input], continuing=True)
+    if continue_button is not None:
+        notebook = widgets.inputs[view.notebook]
+        tab.add_run([continue_button.click])
+        # Notebook: the run's text joins the input itself, which stays editable, so one can write,
+        # continue, correct, continue; a refused run (no seed line) leaves it as it was.
+        tab.run_events[-1].then(append_run, [notebook, widgets.output, status], notebook, queue=False,
+                                api_visibility="private")
     insight.wire(host)
     if view.extras is not None:
         view.extras(tab)

@@ -35,7 +35,7 @@ GENERATE = TaskView(
     examples=[["Once upon a time, there was a little fox who"],
               ["The old king called his three sons and said,"],
               ["Lily looked out of the window and saw"]],
-    example_inputs=("prompt",),
+    example_inputs=("prompt",), notebook="prompt",
 )
 
 
