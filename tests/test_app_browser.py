@@ -446,3 +446,54 @@ def test_continue_appends_to_the_prompt_and_goes_on_from_the_edited_text(page):
     page.locator("#tab-generate").get_by_text("Prompt sent to the model").click()
     assert page.locator("#generate-prompt-sent textarea").input_value() == edited  # it went on from the edit
     screenshot(page, "notebook")
+
+
+def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(page, tmp_path):
+    """The conversation, persona and settings are kept in the browser: a reload finds them;
+    New chat empties the tab and lists the conversation under Earlier conversations, from where it
+    reopens and goes on; an exported conversation imports back as it was."""
+    page.get_by_role("tab", name="Chat").click()
+    message = page.locator("#dialogue-message textarea")
+    page.locator("#dialogue-persona textarea").fill("Bot is a friendly sailor.")
+    set_setting(page, "dialogue", "temperature", 0.7)
+    set_setting(page, "dialogue", "seed", 31)
+    message.fill("Hello there")
+    page.locator("#dialogue-run").click()
+    wait_for_run(page, "dialogue", 31)
+    users, bots = chat_turns(page)
+    page.wait_for_timeout(500)  # the save after the run
+    page.reload()
+    page.wait_for_selector("#generate-run")
+    page.get_by_role("tab", name="Chat").click()
+    expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(1)
+    assert chat_turns(page) == (users, bots)
+    expect(page.locator("#dialogue-persona textarea")).to_have_value("Bot is a friendly sailor.")
+    page.locator("#tab-dialogue").get_by_text("Decoding settings").click()
+    expect(page.locator("#dialogue-temperature input[type=number]")).to_have_value("0.7")
+    screenshot(page, "chat-after-reload")
+    exported = download_export(page, 1)
+
+    page.locator("#dialogue-new").click()
+    expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(0)
+    expect(page.locator("#dialogue-persona textarea")).to_have_value("")
+    page.locator("#dialogue-earlier input").click()
+    page.get_by_role("option", name=re.compile("Hello there")).click()  # reopen it
+    expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(1)
+    expect(page.locator("#dialogue-persona textarea")).to_have_value("Bot is a friendly sailor.")
+    set_setting(page, "dialogue", "seed", 32)
+    message.fill("Where are you sailing?")
+    page.locator("#dialogue-run").click()
+    wait_for_run(page, "dialogue", 32)
+    assert [u.strip() for u in chat_turns(page)[0]] == ["Hello there", "Where are you sailing?"]  # it went on
+
+    page.locator("#dialogue-new").click()
+    saved = tmp_path / "conversation.json"
+    saved.write_text(json.dumps(exported), encoding="utf-8")
+    with page.expect_file_chooser() as chooser:
+        page.locator("#dialogue-import").click()
+    chooser.value.set_files(str(saved))
+    expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(1)
+    assert chat_turns(page) == (users, bots)
+    expect(page.locator("#dialogue-persona textarea")).to_have_value(exported["persona"])
+    assert download_export(page, 1) == exported
+    screenshot(page, "chat-imported")

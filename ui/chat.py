@@ -1,5 +1,10 @@
 """The Chat tab: a gr.Chatbot conversation with a persona line, retry / undo / clear, and the
-conversation exported as JSON.
+conversation exported as JSON and imported back.
+
+The conversation, the persona, the adapter switch and the decoding settings are kept in the
+browser's own storage (gr.BrowserState: per browser, never on the server), so they survive a
+reload; "New chat" files the conversation under "Earlier conversations", from where it can be
+reopened, and starts afresh.
 
 The API (/chat) takes the history as [user, bot] pairs, the shape an exported conversation has,
 so a conversation saved from the browser can be sent back through the API as it is.
@@ -19,13 +24,19 @@ import gradio as gr
 from tasks import TASKS, DialogueInputs
 
 from .i18n import i18n
-from .running import MAX_CHARS, MAX_CHAT_TURNS, Param, TaskAPI, check_size, checked_text
+from .messages import language, localized
+from .running import MAX_CHARS, MAX_CHAT_TURNS, RANDOM_SEED, Param, TaskAPI, check_size, checked_text
 from .tab import Tab, TaskView, Widgets
 
 EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations"
 # Every finished turn, undo or clear writes the conversation's export; the newest this many are
 # kept. (Gradio serves its own copy of each, which it deletes after an hour: see delete_cache in app.py.)
 MAX_EXPORTS = 100
+MAX_EARLIER = 20  # conversations kept under "Earlier conversations", newest first
+STORAGE_KEY = "pre-ln-gpt2-studio-chat"
+# The browser keeps the conversations encrypted with this; a fixed one, so that they survive a
+# restart of the app (a random one per start would make them unreadable).
+STORAGE_SECRET = "pre-ln-gpt2-studio"
 
 
 def message_text(message: dict) -> str:
@@ -72,10 +83,16 @@ def chat_widgets() -> Widgets:
     chatbot = gr.Chatbot(label=i18n("conversation"), height=360, buttons=["copy", "copy_all"],
                          elem_id="dialogue-chatbot")
     with gr.Row():
+        new_chat = gr.Button(i18n("new_chat"), size="sm", scale=0, elem_id="dialogue-new")
         export = gr.DownloadButton(str(i18n("export_conversation")), size="sm", scale=0, elem_id="dialogue-export")
+        upload = gr.UploadButton(str(i18n("import_conversation")), file_types=[".json"], size="sm", scale=0,
+                                 elem_id="dialogue-import")
+        earlier = gr.Dropdown([], value=None, label=i18n("earlier_conversations"), scale=1,
+                              elem_id="dialogue-earlier")
     message = gr.Textbox(label=i18n("message"), placeholder=i18n("message_placeholder"), elem_id="dialogue-message")
     return Widgets({"message": message, "history": chatbot, "persona": persona}, output=chatbot,
-                   submit=(message,), cleared=(message,), more={"export": export})
+                   submit=(message,), cleared=(message,),
+                   more={"export": export, "new": new_chat, "import": upload, "earlier": earlier})
 
 
 def from_ui(values: dict[str, Any]) -> dict[str, Any]:
@@ -134,6 +151,106 @@ def prune_exports(newest: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def conversation_title(conversation: dict) -> str:
+    """How a kept conversation is listed: its first message, and its length."""
+    first = conversation["history"][0][0] if conversation["history"] else ""
+    first = " ".join(first.split())
+    return f"{first[:40]}{'…' if len(first) > 40 else ''} ({len(conversation['history'])})"
+
+
+def earlier_choices(store: dict) -> gr.Dropdown:
+    return gr.Dropdown(choices=[(conversation_title(c), i) for i, c in enumerate(store.get("earlier", []))],
+                       value=None)
+
+
+def filed(store: dict, current: dict | None) -> dict:
+    """The store with `current` filed first under the earlier conversations, if it has turns."""
+    earlier = list(store.get("earlier", []))
+    if current and current.get("history"):
+        earlier = [current, *earlier][:MAX_EARLIER]
+    return {"current": None, "earlier": earlier}
+
+
+def read_import(path: str | None) -> dict:
+    """An exported conversation ({"persona", "history": [[user, bot], ...]}), checked as the API
+    checks them."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"the file is not an exported conversation ({type(error).__name__})") from None
+    if not isinstance(data, dict):
+        raise ValueError("the file is not an exported conversation (not a JSON object)")
+    return {"history": [list(pair) for pair in history_pairs(data.get("history", []))],
+            "persona": checked_text("persona", data.get("persona", ""))}
+
+
+def keep_in_browser(tab: Tab, export: dict) -> None:
+    """The conversation, persona, adapter switch and settings kept in the browser (see the module
+    docstring): saved after each change, restored on load, filed by New chat, reopened from the
+    list, imported from an exported file; each of those makes the export button's file too."""
+    chatbot, persona = tab.widgets.inputs["history"], tab.widgets.inputs["persona"]
+    more, names = tab.widgets.more, list(tab.settings)
+    store = gr.BrowserState({"current": None, "earlier": []}, storage_key=STORAGE_KEY, secret=STORAGE_SECRET)
+    kept = [chatbot, persona, tab.adapter, *tab.settings.values()]
+    defaults = {name: getattr(tab.view.task.defaults, name, None) for name in names} | {"seed": RANDOM_SEED}
+
+    def current(messages, persona_text, adapter, *values) -> dict:
+        return {"history": pairs_from_messages(messages or []), "persona": persona_text or "",
+                "adapter": bool(adapter), "settings": dict(zip(names, values))}
+
+    def shown(conversation: dict | None) -> list:
+        """The components' values for a kept conversation (None: a new one)."""
+        conversation = conversation or {}
+        settings = {**defaults, **conversation.get("settings", {})}
+        return [messages_from_pairs(conversation.get("history", [])), conversation.get("persona", ""),
+                conversation.get("adapter", False), *(settings[name] for name in names)]
+
+    def save(saved: dict, *values) -> dict:
+        return {**saved, "current": current(*values)}
+
+    def restore(saved: dict):
+        conversation = (saved or {}).get("current")
+        values = shown(conversation) if conversation else [gr.skip()] * len(kept)
+        return [*values, earlier_choices(saved or {})]
+
+    def new_chat(saved: dict, *values):
+        saved = filed(saved or {}, current(*values))
+        return [*shown(None), saved, earlier_choices(saved), ""]
+
+    def reopen(index, saved: dict, *values):
+        earlier = (saved or {}).get("earlier", [])
+        if not isinstance(index, int) or not 0 <= index < len(earlier):
+            return [*[gr.skip()] * len(kept), gr.skip(), gr.skip()]
+        chosen = earlier[index]
+        saved = filed({"earlier": earlier[:index] + earlier[index + 1:]}, current(*values))
+        saved["current"] = chosen
+        return [*shown(chosen), saved, earlier_choices(saved)]
+
+    def imported(request: gr.Request, path, saved: dict, *values):  # Gradio puts the request first
+        try:
+            conversation = read_import(path)
+        except ValueError as error:
+            return [*[gr.skip()] * len(kept), gr.skip(), gr.skip(), f"⚠️ {localized(str(error), language(request))}"]
+        saved = filed(saved or {}, current(*values))
+        saved["current"] = {**current(*values), **conversation}
+        return [*shown(saved["current"]), saved, earlier_choices(saved), ""]
+
+    root = gr.context.Context.root_block
+    root.load(restore, store, [*kept, more["earlier"]], queue=False, api_visibility="private").then(**export)
+    saving = dict(fn=save, inputs=[store, *kept], outputs=store, queue=False, api_visibility="private")
+    for finished in tab.run_events:
+        finished.then(**saving)
+    gr.on([persona.blur, persona.submit, tab.adapter.input, chatbot.undo, chatbot.clear,
+           *(slider.release if hasattr(slider, "release") else slider.blur for slider in tab.settings.values())],
+          **saving)
+    more["new"].click(new_chat, [store, *kept], [*kept, store, more["earlier"], tab.status], queue=False,
+                      api_visibility="private").then(**export)
+    more["earlier"].input(reopen, [more["earlier"], store, *kept], [*kept, store, more["earlier"]], queue=False,
+                          api_visibility="private").then(**export)
+    more["import"].upload(imported, [more["import"], store, *kept], [*kept, store, more["earlier"], tab.status],
+                          queue=False, api_visibility="private").then(**export)
+
+
 def chat_extras(tab: Tab) -> None:
     chatbot, message, persona = (tab.widgets.inputs[name] for name in ("history", "message", "persona"))
     tab.add_run([chatbot.retry], prepare=take_back_last_turn)
@@ -148,6 +265,7 @@ def chat_extras(tab: Tab) -> None:
     for finished in [*tab.run_events, undone, cleared]:
         finished.then(**export)
     gr.on([persona.blur, persona.submit], **export)  # once the persona is typed, not per keystroke
+    keep_in_browser(tab, export)
 
 
 CHAT = TaskView(
