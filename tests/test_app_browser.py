@@ -497,3 +497,41 @@ def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(p
     expect(page.locator("#dialogue-persona textarea")).to_have_value(exported["persona"])
     assert download_export(page, 1) == exported
     screenshot(page, "chat-imported")
+
+
+def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
+    page.get_by_role("tab", name="Chat").click()
+    message = page.locator("#dialogue-message textarea")
+    set_setting(page, "dialogue", "seed", 41)
+    message.fill("Hello there")
+    page.locator("#dialogue-run").click()
+    wait_for_run(page, "dialogue", 41)
+    first = chat_turns(page)[1][-1]
+    set_setting(page, "dialogue", "seed", 42)
+    page.locator("#dialogue-chatbot [aria-label=Retry]").click()
+    wait_for_run(page, "dialogue", 42)
+    second = chat_turns(page)[1][-1]
+    assert second != first
+    which = page.locator("#dialogue-which-reply")
+    expect(which).to_contain_text("2 / 2")
+    page.locator("#dialogue-previous-reply").click()
+    expect(which).to_contain_text("1 / 2")
+    assert chat_turns(page)[1][-1] == first  # the other reply is still there
+    page.locator("#dialogue-next-reply").click()
+    expect(which).to_contain_text("2 / 2")
+    assert chat_turns(page)[1][-1] == second
+    screenshot(page, "chat-replies")
+
+    set_setting(page, "dialogue", "seed", 43)
+    user = page.locator("#dialogue-chatbot [data-testid=user]").last
+    user.hover()
+    page.locator("#dialogue-chatbot [aria-label=Edit]").last.click()
+    box = page.locator("#dialogue-chatbot textarea").last
+    box.fill("Good evening")
+    page.locator("#dialogue-chatbot").get_by_role("button", name=re.compile("Submit|Save", re.I)).last.click()
+    wait_for_run(page, "dialogue", 43)
+    users, _ = chat_turns(page)
+    assert [u.strip() for u in users] == ["Good evening"]
+    page.locator("#tab-dialogue").get_by_text("Prompt sent to the model").click()
+    assert page.locator("#dialogue-prompt-sent textarea").input_value().endswith("User: Good evening\nBot:")
+    screenshot(page, "chat-edited")

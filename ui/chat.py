@@ -80,8 +80,12 @@ def history_pairs(history: Any) -> list[tuple[str, str]]:
 
 def chat_widgets() -> Widgets:
     persona = gr.Textbox(label=i18n("persona"), placeholder=i18n("persona_placeholder"), elem_id="dialogue-persona")
-    chatbot = gr.Chatbot(label=i18n("conversation"), height=360, buttons=["copy", "copy_all"],
+    chatbot = gr.Chatbot(label=i18n("conversation"), height=360, buttons=["copy", "copy_all"], editable="user",
                          elem_id="dialogue-chatbot")
+    with gr.Row(visible=False) as switcher:  # after Retry: every reply to the last turn stays reachable
+        previous_reply = gr.Button("◀", size="sm", scale=0, min_width=40, elem_id="dialogue-previous-reply")
+        which_reply = gr.Markdown(elem_id="dialogue-which-reply")
+        next_reply = gr.Button("▶", size="sm", scale=0, min_width=40, elem_id="dialogue-next-reply")
     with gr.Row():
         new_chat = gr.Button(i18n("new_chat"), size="sm", scale=0, elem_id="dialogue-new")
         export = gr.DownloadButton(str(i18n("export_conversation")), size="sm", scale=0, elem_id="dialogue-export")
@@ -92,7 +96,8 @@ def chat_widgets() -> Widgets:
     message = gr.Textbox(label=i18n("message"), placeholder=i18n("message_placeholder"), elem_id="dialogue-message")
     return Widgets({"message": message, "history": chatbot, "persona": persona}, output=chatbot,
                    submit=(message,), cleared=(message,),
-                   more={"export": export, "new": new_chat, "import": upload, "earlier": earlier})
+                   more={"export": export, "new": new_chat, "import": upload, "earlier": earlier,
+                         "switcher": switcher, "previous": previous_reply, "next": next_reply, "which": which_reply})
 
 
 def from_ui(values: dict[str, Any]) -> dict[str, Any]:
@@ -110,6 +115,46 @@ def take_back_last_turn(values: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("there is no turn to retry")
     *history, (message, _) = values["history"]
     return {**values, "history": history, "message": message}
+
+
+def branch_at_edit(messages: list[dict], edit: gr.EditData) -> tuple[list[dict[str, str]], str]:
+    """An edited user message: the conversation before it, and its new text in the message box, to
+    be sent again (the reply then follows the edited text)."""
+    index = edit.index if isinstance(edit.index, int) else edit.index[0]
+    value = edit.value if isinstance(edit.value, str) else message_text({"content": edit.value})
+    return messages_from_pairs(pairs_from_messages(messages[:index])), value
+
+
+def replies_before_retry(messages: list[dict], replies: dict) -> dict:
+    """Retry: the last turn's reply, kept (with any kept before for this turn) to switch back to."""
+    pairs = pairs_from_messages(messages)
+    if not pairs:
+        return replies
+    turn = len(pairs) - 1
+    kept = replies.get("replies", []) if replies.get("turn") == turn else [pairs[-1][1]]
+    return {"turn": turn, "replies": kept, "at": len(kept) - 1}
+
+
+def replies_after_retry(messages: list[dict], replies: dict):
+    """The new reply joins the kept ones; the switcher shows which of them is shown."""
+    pairs = pairs_from_messages(messages)
+    if not pairs or replies.get("turn") != len(pairs) - 1:
+        return {}, gr.Row(visible=False), ""
+    kept = [*replies["replies"], pairs[-1][1]]
+    replies = {"turn": replies["turn"], "replies": kept, "at": len(kept) - 1}
+    return replies, gr.Row(visible=True), f"{len(kept)} / {len(kept)}"
+
+
+def switch_reply(step: int):
+    def switch(messages: list[dict], replies: dict):
+        pairs = pairs_from_messages(messages)
+        kept = replies.get("replies", [])
+        if not kept or replies.get("turn") != len(pairs) - 1:
+            return gr.skip(), replies, gr.skip()
+        at = (replies["at"] + step) % len(kept)
+        pairs[-1][1] = kept[at]
+        return messages_from_pairs(pairs), {**replies, "at": at}, f"{at + 1} / {len(kept)}"
+    return switch
 
 
 def undo(messages: list[dict]) -> tuple[list[dict[str, str]], str]:
@@ -253,7 +298,21 @@ def keep_in_browser(tab: Tab, export: dict) -> None:
 
 def chat_extras(tab: Tab) -> None:
     chatbot, message, persona = (tab.widgets.inputs[name] for name in ("history", "message", "persona"))
+    more = tab.widgets.more
+    sending = list(tab.run_events)  # Send and Enter
+    replies = gr.State({})
+    chatbot.retry(replies_before_retry, [chatbot, replies], replies, queue=False, api_visibility="private")
     tab.add_run([chatbot.retry], prepare=take_back_last_turn)
+    tab.run_events[-1].then(replies_after_retry, [chatbot, replies], [replies, more["switcher"], more["which"]],
+                            queue=False, api_visibility="private")
+    for step, button in ((-1, more["previous"]), (1, more["next"])):
+        button.click(switch_reply(step), [chatbot, replies], [chatbot, replies, more["which"]], queue=False,
+                     api_visibility="private")
+    edited = chatbot.edit(branch_at_edit, chatbot, [chatbot, message], queue=False, api_visibility="private")
+    tab.add_run([edited])
+    for new_turn in [*sending, tab.run_events[-1]]:  # a new turn: the kept replies were another turn's
+        new_turn.then(lambda: ({}, gr.Row(visible=False)), None, [replies, more["switcher"]], queue=False,
+                      api_visibility="private")
     undone = chatbot.undo(undo, chatbot, [chatbot, message], queue=False, api_visibility="private")
     cleared = chatbot.clear(lambda: ([], "", ""), None, [chatbot, tab.status, tab.prompt_sent], queue=False,
                             api_visibility="private")

@@ -76,7 +76,8 @@ class Tab:
 
     def add_run(self, triggers: list, prepare: Callable[[dict[str, Any]], dict[str, Any]] = lambda values: values,
                 continuing: bool = False):
-        """Run the task when any of `triggers` fires, on the tab's values made ready by `prepare`
+        """Run the task when any of `triggers` fires (or, for an event's dependency, once it has
+        run), on the tab's values made ready by `prepare`
         (Chat's retry, for one, first takes back the last turn). `continuing`: from the token
         chosen in the token view, with the alternative chosen there (Insight)."""
         view, named_inputs, insight = self.view, self.named_inputs, self.insight
@@ -124,8 +125,14 @@ class Tab:
                 yield [gr.skip(), f"⚠️ {message}", *[gr.skip()] * 6, *skips]
                 raise gr.Error(message, title=word("error", lang), print_exception=False) from None
 
-        self.run_events.append(gr.on(triggers, run_in_tab, inputs=reads, outputs=outputs,
-                                     show_progress="minimal", api_visibility="private", concurrency_id=GENERATION))
+        listeners = [trigger for trigger in triggers if not isinstance(trigger, gr.events.Dependency)]
+        handler = dict(fn=run_in_tab, inputs=reads, outputs=outputs, show_progress="minimal",
+                       api_visibility="private", concurrency_id=GENERATION)
+        if listeners:
+            self.run_events.append(gr.on(listeners, **handler))
+        for before in triggers:  # a handler that readies the tab first (Chat's edit): run after it
+            if isinstance(before, gr.events.Dependency):
+                self.run_events.append(before.then(**handler))
 
 
 def append_run(text: str, output: str, status: str) -> str:
