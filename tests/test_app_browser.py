@@ -535,3 +535,19 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     page.locator("#tab-dialogue").get_by_text("Prompt sent to the model").click()
     assert page.locator("#dialogue-prompt-sent textarea").input_value().endswith("User: Good evening\nBot:")
     screenshot(page, "chat-edited")
+
+
+def test_the_console_shows_no_error_on_load_or_on_any_tab(browser, studio_url):
+    page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+    errors: list[str] = []
+    page.on("console", lambda entry: errors.append(entry.text) if entry.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        page.goto(studio_url)
+        page.wait_for_selector("#generate-run")
+        for name in ("Chat", "Translate", "Summarise", "Architecture", "Generate"):
+            page.get_by_role("tab", name=name).first.click()
+            page.wait_for_timeout(400)
+        assert errors == []
+    finally:
+        page.context.close()
