@@ -53,8 +53,11 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
             model_choice = gr.Dropdown(list(host.names), value=host.current.name, label=i18n("switch_model"),
                                        info=i18n("switch_model_info"), elem_id="model-choice")
         # Wrapped onto a second row rather than folded into an overflow menu: a phone sees every tab.
+        # A view's state kept at the page's top level (Chat's conversations): outside the tabs,
+        # whose only children must be tabs.
+        page_states = {name: VIEWS[name].page_state() for name in TASKS if VIEWS[name].page_state}
         with gr.Tabs(overflow_behavior="wrap"):
-            tabs = [task_tab(VIEWS[name], host, stop_switches) for name in TASKS]
+            tabs = [task_tab(VIEWS[name], host, stop_switches, page_states.get(name)) for name in TASKS]
             architecture_tab(host)
 
         for tab in tabs:

@@ -537,17 +537,26 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     screenshot(page, "chat-edited")
 
 
-def test_the_console_shows_no_error_on_load_or_on_any_tab(browser, studio_url):
-    page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+TAB_LABELS = ("Generate", "Chat", "Translate", "Summarise", "Architecture")
+
+
+@pytest.mark.parametrize("width", [1400, 390], ids=["desktop", "phone"])
+def test_each_tab_label_shows_once_at_every_width_and_the_console_stays_clean(browser, studio_url, width):
+    """After clicking every tab, the strip holds each label exactly once (Gradio counted a state
+    made beside the tabs as a tab, and showed a clicked tab's label twice in its place), and the
+    console shows no error on load or on any tab."""
+    page = browser.new_context(viewport={"width": width, "height": 900}).new_page()
     errors: list[str] = []
     page.on("console", lambda entry: errors.append(entry.text) if entry.type == "error" else None)
     page.on("pageerror", lambda error: errors.append(str(error)))
     try:
         page.goto(studio_url)
         page.wait_for_selector("#generate-run")
-        for name in ("Chat", "Translate", "Summarise", "Architecture", "Generate"):
-            page.get_by_role("tab", name=name).first.click()
-            page.wait_for_timeout(400)
+        for name in (*TAB_LABELS[1:], TAB_LABELS[0]):
+            page.get_by_role("tab", name=name).click()
+            page.wait_for_timeout(300)
+            assert page.get_by_role("tab").all_inner_texts() == list(TAB_LABELS), name
+        screenshot(page, f"tabs-{width}")
         assert errors == []
     finally:
         page.context.close()

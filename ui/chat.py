@@ -229,13 +229,20 @@ def read_import(path: str | None) -> dict:
             "persona": checked_text("persona", data.get("persona", ""))}
 
 
+def chat_store() -> gr.BrowserState:
+    """Where the browser keeps the conversations; made at the page's top level (app.build_app),
+    outside the tabs, so that its stored value is there when the page loads."""
+    return gr.BrowserState({"current": None, "earlier": []}, storage_key=STORAGE_KEY, secret=STORAGE_SECRET)
+
+
 def keep_in_browser(tab: Tab, export: dict) -> None:
     """The conversation, persona, adapter switch and settings kept in the browser (see the module
     docstring): saved after each change, restored on load, filed by New chat, reopened from the
     list, imported from an exported file; each of those makes the export button's file too."""
     chatbot, persona = tab.widgets.inputs["history"], tab.widgets.inputs["persona"]
     more, names = tab.widgets.more, list(tab.settings)
-    store = gr.BrowserState({"current": None, "earlier": []}, storage_key=STORAGE_KEY, secret=STORAGE_SECRET)
+    store = tab.page_state
+    root = gr.context.Context.root_block
     kept = [chatbot, persona, tab.adapter, *tab.settings.values()]
     defaults = {name: getattr(tab.view.task.defaults, name, None) for name in names} | {"seed": RANDOM_SEED}
 
@@ -280,7 +287,6 @@ def keep_in_browser(tab: Tab, export: dict) -> None:
         saved["current"] = {**current(*values), **conversation}
         return [*shown(saved["current"]), saved, earlier_choices(saved), ""]
 
-    root = gr.context.Context.root_block
     root.load(restore, store, [*kept, more["earlier"]], queue=False, api_visibility="private").then(**export)
     saving = dict(fn=save, inputs=[store, *kept], outputs=store, queue=False, api_visibility="private")
     for finished in tab.run_events:
@@ -341,5 +347,5 @@ CHAT = TaskView(
     example_inputs=("message", "persona"),
     example_labels=["Hello! What is your name?", "A story about a brave mouse (storyteller)",
                     "What to cook tonight (chef)"],
-    from_ui=from_ui, present=show_turn, extras=chat_extras,
+    from_ui=from_ui, present=show_turn, extras=chat_extras, page_state=chat_store,
 )

@@ -47,6 +47,7 @@ class TaskView:
     present: Callable[[dict[str, Any], str], Any] = lambda values, text: text  # -> output's value
     extras: Callable[["Tab"], None] | None = None  # wires the task's own events
     notebook: str | None = None  # the input that Continue appends each run's text to (Generate's prompt)
+    page_state: Callable[[], gr.Component] | None = None  # makes a state to keep at the page's top level
 
     @property
     def task(self) -> Task:
@@ -66,6 +67,7 @@ class Tab:
     status: gr.Markdown
     prompt_sent: gr.Textbox
     insight: "Insight"
+    page_state: gr.Component | None = None  # the view's state kept at the page's top level (Chat's)
     run_events: list = field(default_factory=list)
 
     @property
@@ -167,8 +169,10 @@ def settings_widgets(task: Task) -> dict[str, gr.Component]:
     return widgets
 
 
-def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches) -> Tab:
-    """Lay out and wire one task's tab; call inside a gr.Blocks."""
+def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
+             page_state: gr.Component | None = None) -> Tab:
+    """Lay out and wire one task's tab; call inside a gr.Blocks. `page_state`: the view's state
+    made at the page's top level (TaskView.page_state)."""
     task = view.task
     with gr.Tab(i18n(view.label), id=task.name, elem_id=f"tab-{task.name}"):
         widgets = view.build()
@@ -187,20 +191,22 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches) -> Ta
                                      interactive=False, buttons=["copy"], elem_id=f"{task.name}-prompt-sent")
         gr.Examples(view.examples, [widgets.inputs[name] for name in view.example_inputs], label=i18n("examples"),
                     example_labels=view.example_labels, cache_examples=False, api_visibility="private")
-    tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_button, stop_button, status, prompt_sent,
-              insight)
-    tab.add_run([run_button.click] + [box.submit for box in widgets.submit])
-    tab.add_run([insight.alternatives.input], continuing=True)
-    if continue_button is not None:
-        notebook = widgets.inputs[view.notebook]
-        tab.add_run([continue_button.click])
-        # Notebook: the run's text joins the input itself, which stays editable, so one can write,
-        # continue, correct, continue; a refused run (no seed line) leaves it as it was.
-        tab.run_events[-1].then(append_run, [notebook, widgets.output, status], notebook, queue=False,
-                                api_visibility="private")
-    insight.wire(host)
-    if view.extras is not None:
-        view.extras(tab)
+        # Wired inside the tab: what the wiring creates (the states of a view's extras) must be the
+        # tab's, not a child of gr.Tabs, where Gradio would count it as a tab and show the wrong labels.
+        tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_button, stop_button, status, prompt_sent,
+                  insight, page_state)
+        tab.add_run([run_button.click] + [box.submit for box in widgets.submit])
+        tab.add_run([insight.alternatives.input], continuing=True)
+        if continue_button is not None:
+            notebook = widgets.inputs[view.notebook]
+            tab.add_run([continue_button.click])
+            # Notebook: the run's text joins the input itself, which stays editable, so one can write,
+            # continue, correct, continue; a refused run (no seed line) leaves it as it was.
+            tab.run_events[-1].then(append_run, [notebook, widgets.output, status], notebook, queue=False,
+                                    api_visibility="private")
+        insight.wire(host)
+        if view.extras is not None:
+            view.extras(tab)
 
     def stop(request: gr.Request):
         stop_switches.stop(request.session_hash, task.name, STOP_WAIT_S)
