@@ -257,6 +257,12 @@ def test_bad_input_shows_why_and_the_tab_keeps_working(page):
     set_setting(page, "generate", "seed", 41)
     page.locator("#generate-run").click()
     wait_for_run(page, "generate", 41)
+    # The chat's empty message: one message in the status line, nothing in Gradio's error state.
+    page.get_by_role("tab", name="Chat").click()
+    page.locator("#dialogue-run").click()
+    expect(page.locator("#dialogue-status")).to_contain_text("message is empty")
+    assert page.get_by_test_id("toast-body").count() == 0
+    assert page.locator(".error").count() == 0, "a component was left in an error state"
 
 
 def test_summarise_shows_the_article_length_and_when_it_will_be_cut(page):
