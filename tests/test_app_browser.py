@@ -433,15 +433,21 @@ def test_compare_streams_two_columns_and_stop_stops_both(page):
 
 def test_continue_appends_to_the_prompt_and_goes_on_from_the_edited_text(page):
     """Generate's notebook: Continue writes the continuation into the prompt box itself, which
-    stays editable; a second Continue goes on from the text as the user corrected it."""
+    stays editable; a second Continue goes on from the text as the user corrected it. A Generate
+    run's text joins the prompt before a Continue goes on."""
     prompt = page.locator("#generate-prompt textarea")
     prompt.fill("Once upon a time")
     set_setting(page, "generate", "max_new_tokens", 6)
+    set_setting(page, "generate", "seed", 2)
+    page.locator("#generate-run").click()
+    wait_for_run(page, "generate", 2)
+    generated = page.locator("#generate-output textarea").input_value()
+    expect(prompt).to_have_value("Once upon a time")  # Generate leaves the prompt as it is
     set_setting(page, "generate", "seed", 3)
     page.locator("#generate-continue").click()
     wait_for_run(page, "generate", 3)
     output = page.locator("#generate-output textarea").input_value()
-    expect(prompt).to_have_value("Once upon a time" + output)
+    expect(prompt).to_have_value("Once upon a time" + generated + output)
     prompt.fill(prompt.input_value() + " Then")  # the user corrects and adds
     edited = prompt.input_value()
     set_setting(page, "generate", "seed", 4)

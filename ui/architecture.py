@@ -181,7 +181,8 @@ def architecture_tab(host: ModelHost) -> None:
                            elem_id="architecture-top")
         lens_adapter = gr.Dropdown([NO_ADAPTER, *host.current.adapters], value=NO_ADAPTER, label=i18n("lens_adapter"),
                                    info=i18n("lens_adapter_info"), elem_id="architecture-lens-adapter")
-        lens = gr.Plot(label=i18n("logit_lens"), elem_id="architecture-lens")
+        gr.Markdown(i18n("logit_lens"))  # above, not as the plot's label, which would cover its title
+        lens = gr.Plot(show_label=False, elem_id="architecture-lens")
         run = look_inside(host)
         for event in (run_button.click, prompt.submit, layer.release, head.release, lens_adapter.input):
             # One at a time: matplotlib's text layout (its mathtext parser) is not safe across threads,

@@ -24,7 +24,7 @@ from engine.scheduler import in_thread_of_its_own
 from tasks import Task, TaskDone, run_task
 
 from .model_host import LoadedModel, ModelHost
-from .tokens import first_difference
+from .tokens import TOP_SHOWN, first_difference
 
 REQUIRED = inspect.Parameter.empty
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
     loaded = host.current
     try:
         params = sampling_params(api.task, values)
-        params = replace(params, seed=resolve_seed(params.seed), logprobs=max(params.logprobs, 1))
+        params = replace(params, seed=resolve_seed(params.seed), logprobs=max(params.logprobs, TOP_SHOWN))
         inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
         sides = [run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter_on, cancel)
                  for adapter_on in (False, True)]

@@ -104,7 +104,8 @@ class Tab:
                     if comparing:
                         for texts, status, comparison in run_compare(view.api, self.host, values, cancel):
                             view_value = gr.skip() if comparison is None else insight.compared(comparison, lang)
-                            yield [gr.skip(), localized(status, lang) or GENERATING, gr.skip(), view_value, *texts,
+                            shown = gr.skip() if comparison is None else view.present(values, texts[1])  # adapter on
+                            yield [shown, localized(status, lang) or GENERATING, gr.skip(), view_value, *texts,
                                    gr.update(choices=[], visible=False),
                                    gr.skip() if comparison is None else insight.remembered(comparison), *skips]
                         return
@@ -137,9 +138,14 @@ class Tab:
                 self.run_events.append(before.then(**handler))
 
 
+def joinable(status: str) -> bool:
+    """Whether a run's output may join the notebook: it ran (a refusal's line starts with ⚠️)."""
+    return bool(status) and not status.startswith("⚠️")
+
+
 def append_run(text: str, output: str, status: str) -> str:
     """`text` with the run's `output` after it, once a run has reported its seed."""
-    return text + output if status and not status.startswith("⚠️") and output else text
+    return text + output if joinable(status) and output else text
 
 
 def adapter_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
@@ -198,10 +204,15 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
         tab.add_run([run_button.click] + [box.submit for box in widgets.submit])
         tab.add_run([insight.alternatives.input], continuing=True)
         if continue_button is not None:
-            notebook = widgets.inputs[view.notebook]
-            tab.add_run([continue_button.click])
             # Notebook: the run's text joins the input itself, which stays editable, so one can write,
-            # continue, correct, continue; a refused run (no seed line) leaves it as it was.
+            # continue, correct, continue; a refused run (no seed line) leaves it as it was. A
+            # Generate run's text, shown but not yet in the input, joins it before Continue goes on.
+            notebook, unjoined = widgets.inputs[view.notebook], gr.State("")
+            tab.run_events[0].then(lambda output, line: output if joinable(line) else "", [widgets.output, status],
+                                   unjoined, queue=False, api_visibility="private")
+            joined = continue_button.click(lambda text, pending: (text + pending, ""), [notebook, unjoined],
+                                           [notebook, unjoined], queue=False, api_visibility="private")
+            tab.add_run([joined])
             tab.run_events[-1].then(append_run, [notebook, widgets.output, status], notebook, queue=False,
                                     api_visibility="private")
         insight.wire(host)
