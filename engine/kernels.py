@@ -142,7 +142,8 @@ def _compile() -> None:
 def wait_until_built(timeout_s: float | None = 600) -> bool:
     """Start the build if needed and wait for it (at most timeout_s); whether the kernels are ready."""
     start_build()
-    _built.wait(timeout_s)
+    if _built.wait(timeout_s) and _build is not None:
+        _build.join(timeout_s)  # its thread has ended too: a caller counting threads sees it gone
     return _module is not None
 
 
