@@ -414,6 +414,8 @@ def test_compare_streams_two_columns_and_stop_stops_both(page):
     if off.input_value() != on.input_value():
         expect(view.locator(".tok.diverges")).to_have_count(2)
         assert "part at token" in view.inner_text()
+    else:
+        assert "the two are the same" in view.inner_text()
     screenshot(page, "compare")
     set_setting(page, "summarize", "temperature", 1.5)
     set_setting(page, "summarize", "top_k", 0)

@@ -173,11 +173,16 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
         log.info("/%s: cancelled, or its client left, after %d updates; its decoding row is freed", api.name, sent)
         raise
     except Exception as error:  # a fault in the app, not in the input: say so, and keep serving
-        log.error("/%s: generation failed on %s: %s: %s", api.name, loaded.name, type(error).__name__, error)
         if held_back is not None:  # the text made before the fault, which the user would not see otherwise
             yield held_back, "", "", []
-        raise gr.Error(f"the generation failed ({type(error).__name__}); the app is still serving, "
-                       "please try again", print_exception=False) from error
+        raise fault(api, loaded, error) from error
+
+
+def fault(api: TaskAPI, loaded: LoadedModel, error: Exception) -> gr.Error:
+    """A generation's fault (not its input's), logged, as the error its user gets."""
+    log.error("/%s: generation failed on %s: %s: %s", api.name, loaded.name, type(error).__name__, error)
+    return gr.Error(f"the generation failed ({type(error).__name__}); the app is still serving, please try again",
+                    print_exception=False)
 
 
 def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
@@ -212,9 +217,7 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
         log.info("/%s: a comparison was cancelled, or its client left; its decoding rows are freed", api.name)
         raise
     except Exception as error:
-        log.error("/%s: comparison failed on %s: %s: %s", api.name, loaded.name, type(error).__name__, error)
-        raise gr.Error(f"the generation failed ({type(error).__name__}); the app is still serving, "
-                       "please try again", print_exception=False) from error
+        raise fault(api, loaded, error) from error
 
 
 def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], params: SamplingParams) -> dict:

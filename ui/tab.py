@@ -107,7 +107,8 @@ class Tab:
                             shown = gr.skip() if comparison is None else view.present(values, texts[1])  # adapter on
                             yield [shown, localized(status, lang) or GENERATING, gr.skip(), view_value, *texts,
                                    gr.update(choices=[], visible=False),
-                                   gr.skip() if comparison is None else insight.remembered(comparison), *skips]
+                                   gr.skip() if comparison is None
+                                   else insight.kept(zip(comparison["entries"], (False, True))), *skips]
                         return
                     for text, status, prompt, logprobs in run(view.api, self.host, values, cancel):
                         final = bool(status)
@@ -115,8 +116,7 @@ class Tab:
                         yield [view.present(values, text), localized(status, lang) or GENERATING, prompt,
                                insight.single(entries, values["adapter"], lang) if final else gr.skip(),
                                gr.skip(), gr.skip(), gr.update(choices=[], visible=False) if final else gr.skip(),
-                               {"rows": [{"entries": entries, "adapter": values["adapter"],
-                                          "forced": values.get("forced", [])}]} if final else gr.skip(),
+                               insight.kept([(entries, values["adapter"])]) if final else gr.skip(),
                                *[""] * len(self.widgets.cleared)]
             except (Refusal, ValueError) as refused:
                 # One message, in the status line, saying which field and why; no component is

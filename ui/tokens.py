@@ -179,9 +179,9 @@ class Insight:
         return {"rows": rows, "note": localized(note, lang)}
 
     @staticmethod
-    def remembered(comparison: dict) -> dict:
-        return {"rows": [{"entries": entries, "adapter": adapter}
-                         for entries, adapter in zip(comparison["entries"], (False, True))]}
+    def kept(rows) -> dict:
+        """The last run as last_run keeps it, from its (entries, adapter on) rows."""
+        return {"rows": [{"entries": entries, "adapter": adapter} for entries, adapter in rows]}
 
 
 TOKENS_NOTE = "point at a token for its probability and alternatives; click it to continue from one"
