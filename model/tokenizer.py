@@ -192,12 +192,20 @@ def load_tokenizer(directory: Path) -> Tokenizer:
     raise FileNotFoundError(f"no tokenizer in {directory}: looked for {', '.join(looked_for)}")
 
 
+# Every letter of English, French and German (and French's narrow no-break space) is a piece of
+# its own, however rare in the training text: a letter left to byte fallback costs two tokens
+# each time and shares its bytes with unrelated letters.
+REQUIRED_CHARS = ("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+                  "àâäæçéèêëîïôöœùûüÿÀÂÄÆÇÉÈÊËÎÏÔÖŒÙÛÜŸß«»\u202f")
+
+
 def train_sentencepiece(texts: Iterable[str], out_prefix: Path, vocab_size: int) -> SentencePieceTokenizer:
     """Train a byte-fallback BPE whose decode(encode(s)) == s for any text; write <out_prefix>.model.
 
     Whitespace is kept exactly (identity normalisation, no dummy prefix, no
     whitespace collapsing), newline and tab are single-token symbols,
-    characters too rare for 99.95% coverage fall back to UTF-8 byte pieces.
+    characters too rare for 99.95% coverage, other than REQUIRED_CHARS, fall back to UTF-8 byte
+    pieces.
     Texts are fed line by line (SentencePiece trains on "sentences").
     """
     def lines():
@@ -207,7 +215,7 @@ def train_sentencepiece(texts: Iterable[str], out_prefix: Path, vocab_size: int)
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=lines(), model_writer=model, vocab_size=vocab_size,
-        model_type="bpe", byte_fallback=True, character_coverage=0.9995,
+        model_type="bpe", byte_fallback=True, character_coverage=0.9995, required_chars=REQUIRED_CHARS,
         normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
         split_digits=True, allow_whitespace_only_pieces=True,
         user_defined_symbols=[END_OF_TEXT, "\n", "\t"],

@@ -1,6 +1,11 @@
 """Train the bundled model's SentencePiece tokenizer and report how well it compresses.
 
     python scripts/train_tokenizer.py --vocab-size 8192 --out assets/tokenizer
+    python scripts/train_tokenizer.py --check assets/tokenizer.model
+
+--check only reports on an existing tokenizer: bytes per token on English stories, French and
+German (against GPT-2's BPE), and the byte-fallback rate, the share of tokens that are single
+bytes because no piece covered the text (accented letters, umlauts).
 
 Training text: the pretraining train split (Gutenberg + TinyStories) plus the
 task data (Tatoeba English/French/German, dialogue turns, Aesop), so French
@@ -19,7 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from train import corpus  # noqa: E402
-from model.tokenizer import GPT2BPETokenizer, Tokenizer, train_sentencepiece  # noqa: E402
+from model.tokenizer import GPT2BPETokenizer, SentencePieceTokenizer, Tokenizer, train_sentencepiece  # noqa: E402
 
 
 def every_kth_line(texts, budget_mb: float) -> list[str]:
@@ -29,8 +34,32 @@ def every_kth_line(texts, budget_mb: float) -> list[str]:
     return lines[::max(1, math.ceil(total / (budget_mb * 1e6)))]
 
 
-def tokens_per_byte(tokenizer: Tokenizer, texts: list[str]) -> float:
-    return sum(len(tokenizer.encode(text)) for text in texts) / sum(len(text.encode()) for text in texts)
+def bytes_per_token(tokenizer: Tokenizer, texts: list[str]) -> float:
+    return sum(len(text.encode()) for text in texts) / sum(len(tokenizer.encode(text)) for text in texts)
+
+
+def byte_fallback_rate(tokenizer: Tokenizer, texts: list[str]) -> float | None:
+    """Share of tokens that are byte pieces (SentencePiece's <0xAB>); None for a byte-level BPE."""
+    processor = getattr(tokenizer, "processor", None)
+    if processor is None:
+        return None
+    ids = [i for text in texts for i in tokenizer.encode(text)]
+    return sum(processor.is_byte(i) for i in ids) / len(ids)
+
+
+def report(tokenizer: Tokenizer) -> None:
+    gpt2_dir = corpus.DATA_DIR / "gpt2-bpe"
+    gpt2 = GPT2BPETokenizer.from_files(gpt2_dir / "encoder.json", gpt2_dir / "vocab.bpe")
+    samples = {
+        "TinyStories validation": [corpus.tinystories_validation_text()],
+        "French (Tatoeba)": [french for _, french in corpus.translation_pairs("fra")],
+        "German (Tatoeba)": [german for _, german in corpus.translation_pairs("deu")],
+    }
+    print(f"| text | bytes per token, this | GPT-2 | byte fallback, this |\n|---|---:|---:|---:|")
+    for name, texts in samples.items():
+        fallback = byte_fallback_rate(tokenizer, texts)
+        print(f"| {name} | {bytes_per_token(tokenizer, texts):.2f} | {bytes_per_token(gpt2, texts):.2f} | "
+              + (f"{fallback:.2%} |" if fallback is not None else "— |"))
 
 
 def main():
@@ -43,7 +72,12 @@ def main():
                         help="megabytes of pretraining text to train on (default: 12)")
     parser.add_argument("--task-mb", type=float, default=6,
                         help="megabytes of task text (translation, dialogue, fables) to train on (default: 6)")
+    parser.add_argument("--check", type=Path, default=None, metavar="MODEL",
+                        help="only report on this existing SentencePiece model, train nothing")
     args = parser.parse_args()
+    if args.check:
+        report(SentencePieceTokenizer.from_file(args.check))
+        return
 
     start = time.perf_counter()
     lines = (every_kth_line(corpus.pretrain_documents("train"), args.pretrain_mb)
@@ -58,17 +92,7 @@ def main():
     validation = corpus.tinystories_validation_text()
     if tokenizer.decode(tokenizer.encode(validation)) != validation:
         sys.exit("decode(encode(text)) != text on the TinyStories validation split")
-    gpt2_dir = corpus.DATA_DIR / "gpt2-bpe"
-    gpt2 = GPT2BPETokenizer.from_files(gpt2_dir / "encoder.json", gpt2_dir / "vocab.bpe")
-    samples = {
-        "TinyStories validation": [validation],
-        "French (Tatoeba)": [french for _, french in corpus.translation_pairs("fra")],
-        "German (Tatoeba)": [german for _, german in corpus.translation_pairs("deu")],
-    }
-    print(f"{'tokens per byte':<24}{'this':>8}{'GPT-2':>8}")
-    for name, texts in samples.items():
-        print(f"{name:<24}{tokens_per_byte(tokenizer, texts):>8.3f}{tokens_per_byte(gpt2, texts):>8.3f}")
-
+    report(tokenizer)
 
 if __name__ == "__main__":
     main()

@@ -59,6 +59,7 @@ import yaml
 from train.corpus import DATA_DIR, read_text, translation_pairs
 
 from . import TASKS
+from .base import one_line
 from .dialogue import DialogueInputs
 from .summarization import SummarizeInputs
 from .translation import TranslateInputs
@@ -276,7 +277,9 @@ LANGUAGE_NAMES = {"fra": "French", "deu": "German"}
 
 def translation_units() -> list[Unit]:
     """Connected components of sentences linked by a Tatoeba pair, both directions of every pair."""
-    pairs = [(language, english, other) for language in LANGUAGE_NAMES
+    # Whitespace made plain first, as the prompts make it: "message ?" with a narrow no-break
+    # space and with a plain one are the same sentence to the model, so they must be one unit.
+    pairs = [(language, one_line(english), one_line(other)) for language in LANGUAGE_NAMES
              for english, other in translation_pairs(language)]
     parent: dict[tuple[str, str], tuple[str, str]] = {}
 
@@ -361,6 +364,29 @@ def interleave(a: list, b: list) -> list:
     """a and b mixed evenly, in a fixed order, so the first N of the file hold both kinds."""
     tagged = [(i / len(a), 0, x) for i, x in enumerate(a)] + [(i / len(b), 1, x) for i, x in enumerate(b)]
     return [x for *_, x in sorted(tagged, key=lambda t: t[:2])]
+
+
+# --- the task formats in the pretraining stream -----------------------------------------------
+
+PAIRS_PER_DOCUMENT = 8  # translation lines per document, as in a few-shot prompt
+
+
+def pretraining_documents() -> dict[str, list[str]]:
+    """Training records only, written the way the tabs prompt, by source for the pretraining mix:
+    "translation": documents of PAIRS_PER_DOCUMENT `source = target` lines of one direction (the
+    prompt-only translation format); "dialogue": speaker-tagged transcripts ending in the reply;
+    "summaries": an article, TL;DR: and its summary. Test and validation units never appear."""
+    by_direction = defaultdict(list)
+    for r in translation_splits()["train"]:
+        by_direction[r["source"], r["target"]].append(f"{one_line(r['text'])} = {one_line(r['translation'])}")
+    translation = ["\n".join(lines[i:i + PAIRS_PER_DOCUMENT])
+                   for lines in by_direction.values() for i in range(0, len(lines), PAIRS_PER_DOCUMENT)]
+
+    def formatted(task: str, records: list[dict]) -> list[str]:
+        return ["".join(TASKS[task].format_example(*example_from_record(task, r))) for r in records]
+
+    return {"translation": translation, "dialogue": formatted("dialogue", dialogue_splits()["train"]),
+            "summaries": formatted("summarize", summarize_splits()["train"])}
 
 
 BUILDERS = {"dialogue": dialogue_splits, "translate": translation_splits, "summarize": summarize_splits}

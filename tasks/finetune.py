@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from model.checkpoint import load_pretrained, pick_device
 from model.tokenizer import Tokenizer
-from train.pretrain import IGNORE, TrainSettings, seed_everything, train
+from train.pretrain import IGNORE, TrainSettings, add_precision_flag, pick_bf16, seed_everything, train
 
 from . import TASKS
 from .data import RECORD_FORMATS, example_from_record, read_records
@@ -153,6 +153,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-examples", type=int, default=0, help="train on at most the first N --data records (0 = all)")
     p.add_argument("--seed", type=int, default=1337, help="seed for the LoRA initialisation and the batch order")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
+    add_precision_flag(p)
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads for torch (0 = torch's default); 1 is faster when another job shares the cores")
     args = p.parse_args(argv)
@@ -208,7 +209,7 @@ def main(argv=None) -> list[dict]:
     args.out.mkdir(parents=True, exist_ok=True)
     settings = TrainSettings(max_steps=args.steps, lr=args.lr, warmup_steps=args.warmup_steps,
                              weight_decay=args.weight_decay, eval_every=args.eval_every, save_every=args.steps,
-                             seed=args.seed)
+                             seed=args.seed, bf16=pick_bf16(args.precision, device))
     recorded = {k: shown_path(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     recorded["base"] = shown_path(args.base or "bundled")
     (args.out / "finetune_args.json").write_text(json.dumps(

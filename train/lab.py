@@ -44,7 +44,7 @@ from model.tokenizer import Tokenizer, load_tokenizer
 
 from .corpus import tinystories_validation_text
 from .inspect import residual_stream
-from .pretrain import (TrainSettings, lm_loss, mixed_batches, pretraining_streams, random_windows, split_rows,
+from .pretrain import (TrainSettings, lm_loss, mixed_batches, pretraining_streams, random_windows,
                     train, validation_loss)
 
 # Post-LN is the original Transformer's block, whose last LayerNorm already normalises the output:
@@ -280,7 +280,7 @@ def train_one(grid: TrainGrid, run: dict, train_data: dict, val_data: dict, toke
     settings = TrainSettings(max_steps=grid.steps, lr=run["lr"], warmup_steps=run["warmup"], grad_clip=None,
                              eval_every=grid.eval_every, seed=run["seed"])
     # Every source an equal share of each batch.
-    next_batch = mixed_batches(train_data, split_rows(grid.batch_size, dict.fromkeys(train_data, 1 / len(train_data))),
+    next_batch = mixed_batches(train_data, dict.fromkeys(train_data, 1 / len(train_data)), grid.batch_size,
                                grid.block_size, run["seed"], device)
 
     def evaluate():
