@@ -28,6 +28,9 @@ from safetensors.torch import load_file
 from .gpt2 import GPT2
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+# In a checkpoint's adapters/ folder: {"on": [task, ...]}, the adapters the checkpoint's own
+# evaluation found better than prompting the base alone, which the app starts switched on.
+ON_BY_DEFAULT_FILE = "on_by_default.json"
 PEFT_PREFIX = "base_model.model."
 
 # An adapter switched on: its name, and how much of its update to add (1: as trained).
@@ -78,11 +81,24 @@ def check_adapter(model: GPT2, name: str | None) -> None:
 
 
 def load_adapters(model: GPT2, root: str | Path) -> list[str]:
-    """Load every adapter under root (one subdirectory each, named after its task)."""
+    """Load every adapter under root (one subdirectory each, named after its task), and which of
+    them are on by default (ON_BY_DEFAULT_FILE, if there is one)."""
     root = Path(root)
     if not root.is_dir():
         return []
-    return [load_adapter(model, d, d.name) for d in sorted(root.iterdir()) if (d / CONFIG_FILE).is_file()]
+    names = [load_adapter(model, d, d.name) for d in sorted(root.iterdir()) if (d / CONFIG_FILE).is_file()]
+    defaults = root / ON_BY_DEFAULT_FILE
+    if defaults.is_file():
+        try:
+            on = json.loads(defaults.read_text())["on"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{defaults}: expected {{\"on\": [task, ...]}} ({type(e).__name__}: {e})") from None
+        model.adapters_on_by_default = [name for name in on if name in names]
+    return names
+
+
+def adapters_on_by_default(model: GPT2) -> list[str]:
+    return list(getattr(model, "adapters_on_by_default", []))
 
 
 def load_adapter(model: GPT2, directory: str | Path, name: str) -> str:

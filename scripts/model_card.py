@@ -21,7 +21,10 @@ sys.path.insert(0, str(REPO))
 from bench import cpu_name  # noqa: E402
 from engine import kernels, prepare_for_serving  # noqa: E402
 from model import load_pretrained  # noqa: E402
+from model.adapters import ON_BY_DEFAULT_FILE  # noqa: E402
 from model.checkpoint import BUNDLED_DIR  # noqa: E402
+from tasks.eval import HEADLINES  # noqa: E402
+from train.pretrain import PRETRAIN_SOURCES, TRAINING_RECORD  # noqa: E402
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TaskDone, TranslateInputs, run_task  # noqa: E402
 
 SAMPLE_SEED = 1234
@@ -56,10 +59,51 @@ def make_samples(model, tokenizer) -> list[dict]:
 
 
 def train_command(train_args: dict) -> str:
-    flags = ["n_layer", "n_embd", "n_head", "block_size", "batch_size", "max_steps", "warmup_steps", "lr",
-             "tinystories_fraction", "seed"]
+    flags = ["tokenizer", "n_layer", "n_embd", "n_head", "block_size", "batch_size", "max_steps", "warmup_steps", "lr",
+             "seed"]
+    mix = " ".join(f"{name}={share:g}" for name, share in train_args["mix"])
     return "python -m train.pretrain --out runs/bundled " + " ".join(
-        f"--{name.replace('_', '-')} {train_args[name]}" for name in flags)
+        f"--{name.replace('_', '-')} {train_args[name]}" for name in flags) + f" --mix {mix}"
+
+
+def regressions(before: dict, now: dict) -> list[str]:
+    """Where `now` is worse than `before`: bits per byte, and per task the better of prompt and
+    adapter on its headline row (tasks.eval.HEADLINES)."""
+    def headline(evaluation, task, metric, test_set):
+        r = next((r for r in evaluation["rows"] if (r["task"], r["metric"], r["test_set"]) == (task, metric, test_set)),
+                 None)
+        return [v for v in (r["base"], r["adapter"]) if v is not None] if r else []
+
+    worse = []
+    checks = [("language modelling", "bits per byte (lower is better)", "TinyStories validation (n in bytes)", False),
+              *((task, *rest) for task, rest in HEADLINES.items())]
+    for task, metric, test_set, higher_is_better in checks:
+        pick = max if higher_is_better else min
+        if not headline(before, task, metric, test_set):
+            print(f"{task}: the earlier evaluation has no {metric} row to compare with")
+            continue
+        old, new = pick(headline(before, task, metric, test_set)), pick(headline(now, task, metric, test_set))
+        if (new < old) if higher_is_better else (new > old):
+            worse.append(f"{task}, {metric}, {test_set}: {new:.3f} now, {old:.3f} before")
+    return worse
+
+
+def before_and_now(before: dict, now: dict) -> str:
+    """The headline rows of two evaluations side by side (those both have)."""
+    earlier = {(r["task"], r["metric"], r["test_set"]): r for r in before["rows"]}
+    lines = ["| task | metric | test set | before: base | before: adapter | now: base | now: adapter |",
+             "|---|---|---|---:|---:|---:|---:|"]
+
+    def cell(value):
+        return "—" if value is None else f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
+
+    for r in now["rows"]:
+        old = earlier.get((r["task"], r["metric"], r["test_set"]))
+        if old is None or r["metric"] == "BLEU":
+            continue
+        lines.append(f"| {r['task']} | {r['metric']} | {r['test_set']} | {cell(old['base'])} | {cell(old['adapter'])} "
+                     f"| {cell(r['base'])} | {cell(r['adapter'])} |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> None:
@@ -67,10 +111,23 @@ def main(argv=None) -> None:
     p.add_argument("--train-dir", type=Path, default=REPO / "runs" / "bundled",
                    help="the pretraining run (train_args.json, log.jsonl)")
     p.add_argument("--eval", type=Path, default=REPO / "docs" / "eval-bundled.json", help="tasks.eval's JSON")
+    p.add_argument("--before", type=Path, default=REPO / "docs" / "training" / "eval-edition1.json",
+                   help="tasks.eval's JSON of the model this one replaces, for the now-and-before table")
+    p.add_argument("--sweep", type=Path, default=REPO / "docs" / "training" / "size-sweep.md",
+                   help="the size sweep's table (scripts/size_sweep.py)")
     p.add_argument("--hardware", default=f"{cpu_name()}, 2 cores, no GPU", help="what the model was trained on")
-    p.add_argument("--training-time", required=True, help='wall-clock pretraining time, e.g. "1.4 hours"')
+    p.add_argument("--check-improves", action="store_true",
+                   help="only say whether --eval improves on --before (bits per byte and each task's best "
+                        "headline); exit 1 if not")
+    p.add_argument("--training-time", required=False, help='wall-clock pretraining time, e.g. "1.4 hours"')
     p.add_argument("--notes", default="", help="anything about the run the logs do not say (a resume, a change)")
     args = p.parse_args(argv)
+    if args.check_improves:
+        worse = regressions(json.loads(args.before.read_text()), json.loads(args.eval.read_text()))
+        print("\n".join(worse) if worse else f"{args.eval} improves on {args.before}")
+        raise SystemExit(1 if worse else 0)
+    if not args.training_time:
+        p.error("--training-time is needed to write the card")
 
     started = time.perf_counter()
     model, tokenizer = load_pretrained(BUNDLED_DIR)  # the weights, the tokenizer and the three adapters
@@ -82,7 +139,14 @@ def main(argv=None) -> None:
     final = [r for r in log if "val_loss" in r][-1]
     evaluation = json.loads(args.eval.read_text())
     bpb = next(r["base"] for r in evaluation["rows"] if r["metric"].startswith("bits per byte"))
-    tokens_seen = final["step"] * train_args["batch_size"] * train_args["block_size"]
+    training = json.loads((BUNDLED_DIR / TRAINING_RECORD).read_text())
+    tokens_seen = training["tokens_seen"]
+    this_run = training["runs"][-1]
+    mix = ", ".join(f"{share:.0%} {PRETRAIN_SOURCES[name]}" for name, share in this_run["mix"].items())
+    helped = evaluation["adapters_that_help"]
+    (BUNDLED_DIR / "adapters" / ON_BY_DEFAULT_FILE).write_text(json.dumps({"on": helped}) + "\n")
+    before = json.loads(args.before.read_text())
+    sweep = args.sweep.read_text().strip()
     c = model.config
 
     samples = make_samples(model, tokenizer)
@@ -96,6 +160,7 @@ def main(argv=None) -> None:
                          f"(stopped: {s['stop_reason']})\n\n```text\n{s['prompt']}\n```\n\n"
                          f"→\n\n```text\n{s['output']}\n```\n")
 
+    on_by_default = ", ".join(helped) if helped else "none"
     card = f"""---
 license: mit
 language: [en, fr, de]
@@ -107,9 +172,11 @@ tags: [gpt2, pre-ln, tiny, lora]
 
 A small GPT-2 with Pre-Layer Normalization, trained from scratch by this project on open data so
 that the app works offline, with a LoRA adapter for each of dialogue, translation and
-summarisation. It is a toy next to GPT-2 (124M parameters, 40 GB of web text): expect simple
-children's-story English and adapters that have learned the shape of their task more than its
-substance. Everything here is reproducible with the commands below.
+summarisation. Its pretraining already carries the tabs' own formats (translation pairs, chat
+transcripts, TL;DR summaries) next to children's stories and books. It is a toy next to GPT-2
+(124M parameters, 40 GB of web text): expect simple English, short everyday translations and
+adapters that know their task's format better than its substance. Everything here is
+reproducible with the commands below.
 
 ## Configuration
 
@@ -119,11 +186,16 @@ substance. Everything here is reproducible with the commands below.
 | parameters | {model.num_parameters():,} |
 | layers / width / heads | {c.n_layer} / {c.n_embd} / {c.n_head} |
 | context | {c.n_positions} tokens |
-| tokenizer | SentencePiece BPE, {tokenizer.vocab_size:,} pieces, byte fallback (`tokenizer.model`) |
-| tokens seen | {tokens_seen:,} ({final['step']} steps × {train_args['batch_size']} sequences × {train_args['block_size']} tokens) |
-| training time | {args.training_time} on {args.hardware} (pretraining) |
+| tokenizer | SentencePiece BPE, {tokenizer.vocab_size:,} pieces, byte fallback, every English, French and German letter a piece of its own (`tokenizer.model`) |
+| tokens seen | {tokens_seen:,} in {len(training['runs'])} pretraining run{'s' if len(training['runs']) > 1 else ''} (this one: {this_run['steps']:,} steps × {train_args['batch_size']} sequences × {train_args['block_size']} tokens) |
+| training time | {args.training_time} on {args.hardware} (pretraining), {'bf16 autocast' if this_run['bf16'] else 'fp32'} |
 | optimiser | AdamW (β 0.9/0.95, weight decay {train_args['weight_decay']}), peak lr {train_args['lr']}, {train_args['warmup_steps']} warmup steps, cosine to {train_args['min_lr_ratio']}×, gradient clipping {train_args['grad_clip']}, seed {train_args['seed']} |
-| data mix | {train_args['tinystories_fraction']:.0%} TinyStories, the rest Gutenberg, per batch |
+| data mix | {mix}; rows of each batch drawn by these shares |
+| adapters on by default | {on_by_default} (those whose evaluation below beats the prompt alone) |
+
+## How the size was chosen
+
+{sweep}
 
 ## Results
 
@@ -132,12 +204,9 @@ Validation loss (nats per token) at the end of pretraining: {final['val_loss']:.
 held-out Gutenberg books. **Bits per byte on the TinyStories validation split
 (`yuninxia_tinystories_val.txt`, never trained on): {bpb:.3f}.**
 
-What more compute would buy: the validation loss was still falling when the cosine schedule
-ended (see `docs/training/pretrain-log.jsonl`), and a 25-minute probe of a 5.9M-parameter model
-on 1.6M tokens reached 1.56 bits per byte where this run's {tokens_seen / 1e6:.1f}M tokens reached
-{bpb:.2f}: more tokens are the cheapest gain at this size, and a wider model only pays once it
-sees several times more of them (the usual rule of thumb is about 20 tokens per parameter; this
-run saw about {tokens_seen / model.num_parameters():.1f}).
+Now against the model this one replaces (its card's evaluation; `docs/training/eval-edition1.md`):
+
+{before_and_now(before, evaluation)}
 
 Loading takes {load_seconds:.2f} s on the machine above (`load_pretrained()` with no path: the
 weights, the tokenizer and the three adapters, offline), on top of about 2 s for Python to import
@@ -146,21 +215,23 @@ torch and transformers.
 {eval_table}
 ## Data and licenses
 
-- Pretraining: 43 public-domain children's classics from Project Gutenberg (headers and footers
-  stripped; *Tik-Tok of Oz* and *The Happy Prince and Other Tales* held out for validation), and
-  TinyStories (Eldan and Li, 2023; CDLA-Sharing-1.0): the normal-cased file, less its last 10%
-  held out, plus the lowercased file's stories that are not in it, with their casing restored by a
-  truecaser learned from the normal-cased stories (see `train/corpus.py`).
-- Translation adapter: Tatoeba English-French and English-German sentence pairs
-  (Tatoeba.org, CC BY 2.0 FR), both directions.
-- Dialogue adapter: Topical-Chat (Amazon, CDLA-Sharing-1.0), Schema-Guided Dialogue (Google,
+- Pretraining prose: 43 public-domain children's classics from Project Gutenberg (headers and
+  footers stripped; *Tik-Tok of Oz* and *The Happy Prince and Other Tales* held out for
+  validation), and TinyStories (Eldan and Li, 2023; CDLA-Sharing-1.0): the normal-cased file,
+  less its last 10% held out, plus the lowercased file's stories that are not in it, with their
+  casing restored by a truecaser learned from the normal-cased stories (see `train/corpus.py`).
+- The task formats in pretraining and the adapters come from the training splits of the task
+  sets below (`tasks/data.py`; `tasks.data.pretraining_documents` for the pretraining text);
+  their test and validation splits were cut first and never trained on.
+- Translation: Tatoeba English-French and English-German sentence pairs (Tatoeba.org, CC BY 2.0
+  FR), both directions.
+- Dialogue: Topical-Chat (Amazon, CDLA-Sharing-1.0), Schema-Guided Dialogue (Google,
   CC BY-SA 4.0), Taskmaster-4 (Byrne and Ganesh, Google, CC BY 4.0), chatterbot-corpus
   (BSD-3-Clause).
-- Summarisation adapter: *The Aesop for Children* (1919, Library of Congress, public domain),
+- Summarisation: *The Aesop for Children* (1919, Library of Congress, public domain),
   fable -> lesson, plus pairs derived by this project from Schema-Guided Dialogue: the dialogue's
   transcript as the article and a one-line summary built from the services it uses (true by
   construction, but it names topics only; see `tasks/data.py`).
-- Every task set was split before training; the test splits above were never trained on.
 
 ## Samples
 
@@ -171,9 +242,14 @@ checked by `tests/test_bundled.py` against `samples.json`.
 ## Reproduce
 
 ```bash
+python scripts/train_tokenizer.py --out runs/tok/tokenizer
 {train_command(train_args)}
-bash scripts/build_bundled.sh   # task data, adapters, evaluation, this card
+bash scripts/build_bundled.sh "TRAINING TIME"   # task data, adapters, evaluation, this card
 ```
+
+Later sessions continue this model rather than start again:
+`python -m train.pretrain --init bundled --out runs/bundled --minutes 120` (a fresh warm-up and
+schedule; `training.json` adds the new run's tokens to the count above).
 
 {args.notes}
 """

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -86,12 +87,38 @@ def summarization_rows(model, tokenizer, records: list[dict], test_set: str, sys
 
 def dialogue_rows(model, tokenizer, records: list[dict], systems: list[str]) -> list[dict]:
     examples = encode_records("dialogue", records, tokenizer, model.config.n_positions).examples
-    values = {}
+    # Bits per byte as well as nats per token: a byte count does not depend on the tokenizer, so
+    # models with different vocabularies compare.
+    response_bytes = sum(len(tokenizer.decode(e.ids[e.prompt_tokens:]).encode("utf-8")) for e in examples)
+    per_token, per_byte = {}, {}
     for system in systems:
         with active_adapter(TASKS["dialogue"].adapter if system == "adapter" else None):
             total, count = completion_nll(model, examples, tokenizer.eos_id)
-        values[system] = total / count
-    return [row("dialogue", "response loss (nats/token, lower is better)", "held-out responses", len(examples), values)]
+        per_token[system], per_byte[system] = total / count, total / math.log(2) / response_bytes
+    return [row("dialogue", "response loss (nats/token, lower is better)", "held-out responses", len(examples),
+                per_token),
+            row("dialogue", "response loss (bits per byte, lower is better)", "held-out responses", len(examples),
+                per_byte)]
+
+
+# Per task, the row that says whether its adapter beats the prompt alone, and whether higher is better.
+HEADLINES = {
+    "translate": ("chrF", "Tatoeba all directions", True),
+    "summarize": ("ROUGE-L F1", "Aesop fable -> lesson", True),
+    "dialogue": ("response loss (bits per byte, lower is better)", "held-out responses", False),
+}
+
+
+def adapters_that_help(rows: list[dict]) -> list[str]:
+    """The tasks whose adapter scored better than the base with the task's prompt on its headline row."""
+    helped = []
+    for task, (metric, test_set, higher_is_better) in HEADLINES.items():
+        headline = next((r for r in rows if (r["task"], r["metric"], r["test_set"]) == (task, metric, test_set)), None)
+        if headline is None or headline["adapter"] is None:
+            continue
+        if (headline["adapter"] > headline["base"]) if higher_is_better else (headline["adapter"] < headline["base"]):
+            helped.append(task)
+    return helped
 
 
 def row(task: str, metric: str, test_set: str, n: int, values: dict[str, float]) -> dict:
@@ -222,7 +249,8 @@ def main(argv=None) -> list[dict]:
               f"is measured without adapters). Measured in {minutes:.1f} minutes with `{command}`.")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(markdown(rows, header), encoding="utf-8")
-    numbers = {"model": shown_path(args.model), "seed": SEED, "limit": args.limit, "rows": rows}
+    numbers = {"model": shown_path(args.model), "seed": SEED, "limit": args.limit, "rows": rows,
+               "adapters_that_help": adapters_that_help(rows)}
     args.out.with_suffix(".json").write_text(json.dumps(numbers, indent=2), encoding="utf-8")
     print(markdown(rows, header))
     return rows

@@ -1,6 +1,7 @@
 """Per-task LoRA adapters: PEFT files, switched per request, exact base logits when off."""
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 
@@ -85,3 +86,32 @@ def test_bad_adapter_files_are_named(checkpoint, tmp_path):
     with pytest.raises(ValueError, match="this model has no 'dialogue' adapter"):
         from engine.generate import SamplingParams, decode_tokens
         next(decode_tokens(model, [[1, 2]], SamplingParams(), [0], adapter="dialogue"))
+
+
+def test_the_adapters_the_evaluation_found_better_start_switched_on(checkpoint, tmp_path):
+    from tasks import TASKS
+    from tasks.eval import adapters_that_help
+    from ui.model_host import ModelHost
+    from ui.tab import adapter_props
+
+    def headline(task, metric, test_set, base, adapter):
+        return {"task": task, "metric": metric, "test_set": test_set, "n": 1, "base": base, "adapter": adapter}
+
+    rows = [headline("translate", "chrF", "Tatoeba all directions", 20.0, 31.0),
+            headline("translate", "chrF", "Tatoeba English->French", 40.0, 10.0),  # not the headline row
+            headline("summarize", "ROUGE-L F1", "Aesop fable -> lesson", 12.0, 9.0),
+            headline("dialogue", "response loss (bits per byte, lower is better)", "held-out responses", 2.0, 1.5)]
+    assert adapters_that_help(rows) == ["translate", "dialogue"]  # higher chrF, lower loss; not a worse ROUGE
+
+    with_defaults = tmp_path / "model"
+    shutil.copytree(checkpoint, with_defaults)
+    (with_defaults / "adapters" / "on_by_default.json").write_text(json.dumps({"on": ["translate", "dialogue"]}))
+    loaded = ModelHost([str(with_defaults)]).current
+    assert loaded.adapters_on == ["translate"]  # dialogue has no adapter in this checkpoint
+    assert adapter_props(TASKS["translate"], loaded)["value"] is True
+    assert adapter_props(TASKS["summarize"], loaded)["value"] is False
+    assert ModelHost([str(checkpoint)]).current.adapters_on == []  # no file: every adapter starts off
+
+    (with_defaults / "adapters" / "on_by_default.json").write_text('["translate"]')
+    with pytest.raises(ValueError, match="on_by_default.json"):
+        load_pretrained(with_defaults)

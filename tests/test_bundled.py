@@ -2,7 +2,9 @@
 samples in its card are what the shipped files write."""
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 from dataclasses import replace
 
 import pytest
@@ -13,6 +15,8 @@ from model.checkpoint import BUNDLED_DIR
 from tasks import TASKS, TaskDone, run_task
 
 from .conftest import serving
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +48,24 @@ def test_card_samples_are_what_the_shipped_files_write(bundled):
                                         sample["adapter"]) if isinstance(e, TaskDone))
         assert (done.prompt.text, done.text) == (sample["prompt"], sample["output"])
         assert f"```text\n{sample['output']}\n```" in card
+
+
+def test_a_new_edition_ships_only_where_its_evaluation_is_no_worse():
+    spec = importlib.util.spec_from_file_location("model_card", REPO / "scripts" / "model_card.py")
+    card = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(card)
+
+    def evaluation(bpb, chrf_base, chrf_adapter, rouge_adapter):
+        def r(task, metric, test_set, base, adapter=None):
+            return {"task": task, "metric": metric, "test_set": test_set, "base": base, "adapter": adapter}
+        return {"rows": [r("language modelling", "bits per byte (lower is better)", "TinyStories validation (n in bytes)",
+                           bpb),
+                         r("translate", "chrF", "Tatoeba all directions", chrf_base, chrf_adapter),
+                         r("summarize", "ROUGE-L F1", "Aesop fable -> lesson", 5.0, rouge_adapter)]}
+
+    before = evaluation(1.28, 7.1, 10.6, 9.0)
+    assert card.regressions(before, evaluation(1.05, 12.0, 25.0, 16.0)) == []
+    # the prompt alone overtaking the adapter still counts: the task's best is what a user can get
+    assert card.regressions(before, evaluation(1.05, 22.0, 9.0, 16.0)) == []
+    worse = card.regressions(before, evaluation(1.30, 12.0, 25.0, 8.0))
+    assert len(worse) == 2 and "bits per byte" in worse[0] and "ROUGE-L" in worse[1]

@@ -213,8 +213,11 @@ def test_eval_writes_every_metric(splits, tiny_base, tokenizer, tmp_path):
     for r in rows:
         assert math.isfinite(r["base"]) and (r["adapter"] is None) == (r["metric"].startswith("bits per byte"))
     assert str(tmp_path) not in table  # no machine paths in a table meant for docs/
-    dialogue = next(r for r in rows if r["task"] == "dialogue")
-    assert dialogue["adapter"] != dialogue["base"]
+    per_token, per_byte = [r for r in rows if r["task"] == "dialogue"]
+    assert per_token["adapter"] != per_token["base"] and "bits per byte" in per_byte["metric"]
+    # the same responses scored, counted per byte instead of per token: the two rows' ratios agree
+    assert per_byte["adapter"] / per_byte["base"] == pytest.approx(per_token["adapter"] / per_token["base"])
+    assert per_byte["base"] != per_token["base"]
     # --limit bounds bits per byte too: the first limit x BPB_CHARS_PER_LIMIT characters
     bpb = next(r for r in rows if r["metric"].startswith("bits per byte"))
     assert bpb["n"] == len(tinystories_validation_text()[:task_eval.BPB_CHARS_PER_LIMIT].encode())

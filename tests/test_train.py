@@ -125,3 +125,19 @@ def test_the_pretraining_mix_never_holds_a_test_item():
     assert aesop_tests and not aesop_tests & sentences
     prose = " ".join(" ".join(pretrain_documents("train")).split())  # nor is a test fable in the books or stories
     assert all(" ".join(r["article"].split()[:12]) not in prose for r in summarize_splits()["test"])
+
+
+def test_init_continues_from_a_checkpoint_with_a_fresh_schedule_and_counts_every_token(tmp_path):
+    text = tmp_path / "stories.txt"
+    text.write_text(tinystories_validation_text()[:60_000])
+    main(["--out", str(tmp_path / "first"), "--text", str(text), "--max-steps", "20", *TINY])
+    no_size = [flag for i, flag in enumerate(TINY) if "--block-size" not in TINY[max(0, i - 1):i + 1]]
+    main(["--out", str(tmp_path / "second"), "--init", str(tmp_path / "first"), "--text", str(text),
+          "--max-steps", "10", *no_size])
+    first, second = log_of(tmp_path / "first"), log_of(tmp_path / "second")
+    assert second[0]["step"] == 10 and second[0]["val_loss"] < first[0]["val_loss"]  # it went on from first
+    record = json.loads((tmp_path / "second" / "training.json").read_text())
+    assert [run["steps"] for run in record["runs"]] == [20, 10]
+    assert record["tokens_seen"] == (20 + 10) * 8 * 32
+    model, _ = load_pretrained(tmp_path / "second")
+    assert model.config.n_positions == 32  # the block size came from the checkpoint

@@ -283,7 +283,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-layer", type=int, default=6, help="number of transformer blocks")
     p.add_argument("--n-embd", type=int, default=256, help="width of the residual stream")
     p.add_argument("--n-head", type=int, default=8, help="attention heads per block")
-    p.add_argument("--block-size", type=int, default=256, help="context window (n_positions) and training length")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="context window (n_positions) and training length (default: 256, or --init's context)")
     p.add_argument("--norm-position", choices=["pre", "post"], default="pre", help="Pre-LN (GPT-2) or Post-LN block")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per optimizer step")
     p.add_argument("--mix", nargs="+", type=mix_share, default=list(DEFAULT_MIX.items()), metavar="SOURCE=SHARE",
@@ -345,6 +346,10 @@ def main(argv=None) -> None:
     if args.init and not (args.resume and (args.out / "train_state.pt").is_file()):
         init, tokenizer = load_pretrained(args.init, device=device)  # the tokenizer goes with the weights
         history = earlier_training(args.init)
+    if args.block_size is None:
+        recorded = args.out / "train_args.json"
+        args.block_size = (json.loads(recorded.read_text())["block_size"] if args.resume and recorded.is_file()
+                           else init.config.n_positions if init is not None else 256)
     if args.text:
         # A user's own text: its last tenth validates.
         data = token_stream([args.text.read_text(encoding="utf-8")], tokenizer)

@@ -16,7 +16,7 @@ from typing import Sequence
 from engine import kernels, prepare_for_serving
 from engine.scheduler import Scheduler, in_thread_of_its_own
 from model import GPT2, load_pretrained
-from model.adapters import adapter_names
+from model.adapters import adapter_names, adapters_on_by_default
 from model.checkpoint import pick_device
 from model.tokenizer import Tokenizer
 
@@ -45,6 +45,11 @@ class LoadedModel:
     @property
     def adapters(self) -> list[str]:
         return adapter_names(self.model)
+
+    @property
+    def adapters_on(self) -> list[str]:
+        """The adapters the checkpoint's evaluation found better than the prompt alone."""
+        return adapters_on_by_default(self.model)
 
     def describe(self, lang: str = "en") -> str:
         """One Markdown line in `lang`: what is loaded, for the model panel."""

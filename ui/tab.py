@@ -149,13 +149,14 @@ def append_run(text: str, output: str, status: str) -> str:
 
 
 def adapter_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
-    """The adapter switch's state for this task and model: off and greyed out, with the reason
-    as its info, when there is no adapter to switch on."""
+    """The adapter switch's state for this task and model: on where the checkpoint's evaluation
+    found its adapter better than the prompt alone; off and greyed out, with the reason as its
+    info, when there is no adapter to switch on."""
     if task.adapter is None:
         return dict(value=False, interactive=False, info=i18n("no_adapter_task"))
     if task.adapter not in loaded.adapters:
         return dict(value=False, interactive=False, info=i18n("no_adapter_model") + f" ({task.adapter})")
-    return dict(interactive=True, info=i18n("adapter_info"))
+    return dict(value=task.adapter in loaded.adapters_on, interactive=True, info=i18n("adapter_info"))
 
 
 def settings_widgets(task: Task) -> dict[str, gr.Component]:
