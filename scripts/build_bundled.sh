@@ -2,8 +2,8 @@
 # Build what assets/ ships from a pretrained base (python -m train.pretrain --out runs/bundled ...):
 # the task data splits, one LoRA adapter per task, the evaluation table, and the model card.
 # Usage: bash scripts/build_bundled.sh "TRAINING TIME" ["NOTES FOR THE CARD"]
-# The adapters' step counts are what the held-out loss still fell through on the bundled model's
-# last build (docs/training/<task>-log.jsonl); the card's evaluation decides which start on.
+# The adapters' step counts are what the last build could afford (their held-out loss was still
+# falling: docs/training/<task>-log.jsonl); the card's evaluation decides which start on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -13,13 +13,13 @@ COMMON=(--base "$BASE" --seed 1337)
 
 $PY -m tasks.data --out "$DATA"
 $PY -m tasks.finetune --task translate --data "$DATA/translate-train.jsonl" --val "$DATA/translate-val.jsonl" \
-  --out runs/adapters/translate --steps "${TRANSLATE_STEPS:-2000}" --batch-size 32 --rank 16 --alpha 32 \
+  --out runs/adapters/translate --steps "${TRANSLATE_STEPS:-1500}" --batch-size 32 --rank 16 --alpha 32 \
   --eval-every 250 --lr 3e-3 --warmup-steps 50 "${COMMON[@]}"
 $PY -m tasks.finetune --task dialogue --data "$DATA/dialogue-train.jsonl" --val "$DATA/dialogue-val.jsonl" \
-  --out runs/adapters/dialogue --steps "${DIALOGUE_STEPS:-800}" --batch-size 16 --eval-every 100 --lr 2e-3 \
+  --out runs/adapters/dialogue --steps "${DIALOGUE_STEPS:-250}" --batch-size 16 --eval-every 50 --lr 2e-3 \
   --warmup-steps 30 "${COMMON[@]}"
 $PY -m tasks.finetune --task summarize --data "$DATA/summarize-train.jsonl" --val "$DATA/summarize-val.jsonl" \
-  --out runs/adapters/summarize --steps "${SUMMARIZE_STEPS:-300}" --batch-size 8 --eval-every 50 --lr 2e-3 \
+  --out runs/adapters/summarize --steps "${SUMMARIZE_STEPS:-150}" --batch-size 8 --eval-every 50 --lr 2e-3 \
   --warmup-steps 30 "${COMMON[@]}"
 
 # Evaluate the run before it replaces anything: assets/ changes only when the held-out evaluation improves.

@@ -69,3 +69,13 @@ def test_a_new_edition_ships_only_where_its_evaluation_is_no_worse():
     assert card.regressions(before, evaluation(1.05, 22.0, 9.0, 16.0)) == []
     worse = card.regressions(before, evaluation(1.30, 12.0, 25.0, 8.0))
     assert len(worse) == 2 and "bits per byte" in worse[0] and "ROUGE-L" in worse[1]
+
+
+def test_the_adapters_that_start_on_are_those_its_evaluation_found_better(bundled):
+    from model.adapters import adapters_on_by_default
+    from tasks.eval import adapters_that_help
+
+    evaluation = json.loads((REPO / "docs" / "eval-bundled.json").read_text())
+    model, _ = bundled
+    assert adapters_on_by_default(model) == adapters_that_help(evaluation["rows"]) == evaluation["adapters_that_help"]
+    assert "translate" in adapters_on_by_default(model)  # the tab that gains most starts with its adapter on
