@@ -90,9 +90,7 @@ class OurLoop:
     def __init__(self, config: GPT2Config, bf16: bool, out: Path):
         tokenizer = SentencePieceTokenizer.from_file(BUNDLED_DIR / "tokenizer.model")
         weights = dict(pretrain.DEFAULT_MIX)
-        streams = pretrain.pretraining_streams(tokenizer, "train")
-        from tasks.data import pretraining_documents
-        streams.update({name: pretrain.token_stream(docs, tokenizer) for name, docs in pretraining_documents().items()})
+        streams = pretrain.mix_streams(tokenizer, weights)
         self.val = pretrain.pretraining_streams(tokenizer, "val")
         torch.manual_seed(0)
         self.model, self.tokenizer, self.out = GPT2(config), tokenizer, out

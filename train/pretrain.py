@@ -13,7 +13,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -149,20 +149,14 @@ def train(model: nn.Module, next_batch: Callable[[int], tuple[torch.Tensor, torc
 
 
 def seconds_per_step(model: nn.Module, next_batch, s: TrainSettings, steps: int = 4) -> float:
-    """Time a few training steps on a copy of the model (the first one, which warms up, not counted)
-    plus a share for validation and checkpoints."""
-    probe = copy.deepcopy(model).train()
+    """Time a few training steps of the loop on a copy of the model (the first, which warms up,
+    not counted), plus a share for validation and checkpoints."""
+    probe = copy.deepcopy(model)
     optimizer = make_optimizer(probe, s)
-    times = []
-    for step in range(steps):
-        started = time.perf_counter()
-        x, y = next_batch(step)
-        loss = lm_loss(probe, x, y, s.bf16)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        times.append(time.perf_counter() - started)
-    return sorted(times[1:])[len(times[1:]) // 2] * 1.03
+    train(probe, next_batch, replace(s, max_steps=1), optimizer=optimizer, progress=False)
+    started = time.perf_counter()
+    train(probe, next_batch, replace(s, max_steps=steps), optimizer=optimizer, start_step=1, progress=False)
+    return (time.perf_counter() - started) / (steps - 1) * 1.03
 
 
 # --- pretraining CLI ---------------------------------------------------------------------------
@@ -205,6 +199,19 @@ def pretraining_streams(tokenizer, split: str, chars: int | None = None) -> dict
 
     return {name: token_stream(docs if chars is None else ["".join(docs)[:chars]], tokenizer)
             for name, docs in pretrain_sources(split).items()}
+
+
+def mix_streams(tokenizer, weights: dict[str, float]) -> dict[str, torch.Tensor]:
+    """The training token stream of each source the mix draws on (PRETRAIN_SOURCES)."""
+    streams = {name: data for name, data in pretraining_streams(tokenizer, "train").items() if name in weights}
+    task_sources = [name for name in weights if name not in streams]
+    if task_sources:
+        # The task formats come from the tasks' own training splits (the tasks package owns the
+        # splits; this is the one place training reads them).
+        from tasks.data import pretraining_documents
+        documents = pretraining_documents()
+        streams.update({name: token_stream(documents[name], tokenizer) for name in task_sources})
+    return streams
 
 
 def rows_per_source(batch_size: int, weights: dict[str, float], generator: torch.Generator) -> dict[str, int]:
@@ -357,15 +364,8 @@ def main(argv=None) -> None:
         train_data, val_data, weights = {"text": data[:split]}, {"text": data[split:]}, {"text": 1.0}
     else:
         weights = {name: share for name, share in dict(args.mix).items() if share > 0}
-        train_data = {name: data for name, data in pretraining_streams(tokenizer, "train").items() if name in weights}
+        train_data = mix_streams(tokenizer, weights)
         val_data = {name: data for name, data in pretraining_streams(tokenizer, "val").items() if name in weights}
-        task_sources = [name for name in weights if name not in train_data]
-        if task_sources:
-            # The task formats come from the tasks' own training splits (the tasks package owns the
-            # splits; this is the one place training reads them).
-            from tasks.data import pretraining_documents
-            documents = pretraining_documents()
-            train_data.update({name: token_stream(documents[name], tokenizer) for name in task_sources})
     for name, data in train_data.items():
         held_out = f"  val tokens {len(val_data[name]):,}" if name in val_data else ""
         print(f"{name}: {weights[name]:.0%} of rows, train tokens {len(data):,}{held_out}")
