@@ -60,7 +60,7 @@ from train.corpus import DATA_DIR, read_text, translation_pairs
 
 from . import TASKS
 from .base import one_line
-from .dialogue import DialogueInputs
+from .dialogue import PERSONAS, DialogueInputs
 from .summarization import SummarizeInputs
 from .translation import TranslateInputs
 
@@ -82,12 +82,6 @@ RECORD_FORMATS = {
 # files written here add "id" (the unit the record comes from) and, for summarisation, "source"
 # ("aesop" or "sgd-derived").
 
-PERSONAS = {
-    "topicalchat": "Bot is a curious person who likes to chat about fun facts.",
-    "sgd": "Bot is a virtual assistant who helps with bookings, travel and everyday tasks.",
-    "taskmaster": "Bot takes drink orders at a coffee shop.",
-    "chatterbot": "Bot is a friendly chatbot who makes small talk.",
-}
 SERVICE_TOPICS = {
     "Alarm": "alarms", "Banks": "banking", "Buses": "a bus trip", "Calendar": "the calendar",
     "Events": "events", "Flights": "flights", "Homes": "finding a home", "Hotels": "a place to stay",

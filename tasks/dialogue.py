@@ -18,6 +18,15 @@ from .base import Prompt, Task, adapter_completion, fit_newest, one_line, requir
 
 USER, BOT = "User", "Bot"
 
+# The persona line of each dialogue source the adapter and the pretraining mix learn from (tasks.data):
+# a conversation started with one of these gets the kind of reply that source taught.
+PERSONAS = {
+    "topicalchat": "Bot is a curious person who likes to chat about fun facts.",
+    "sgd": "Bot is a virtual assistant who helps with bookings, travel and everyday tasks.",
+    "taskmaster": "Bot takes drink orders at a coffee shop.",
+    "chatterbot": "Bot is a friendly chatbot who makes small talk.",
+}
+
 
 @dataclass(frozen=True)
 class DialogueInputs:

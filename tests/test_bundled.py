@@ -79,3 +79,35 @@ def test_the_adapters_that_start_on_are_those_its_evaluation_found_better(bundle
     model, _ = bundled
     assert adapters_on_by_default(model) == adapters_that_help(evaluation["rows"]) == evaluation["adapters_that_help"]
     assert "translate" in adapters_on_by_default(model)  # the tab that gains most starts with its adapter on
+
+
+# What each Translate example means, written by hand, to tell whether the model still gets them right.
+EXAMPLE_REFERENCES = {"The book is on the table.": "Le livre est sur la table.",
+                      "I want to go home.": "Ich will nach Hause gehen.",
+                      "Je suis très fatigué.": "I am very tired.",
+                      "Ich habe einen Hund.": "I have a dog."}
+
+
+def test_the_translate_examples_are_ones_the_model_translates(bundled):
+    import sacrebleu
+    from model.adapters import adapters_on_by_default
+    from tasks import TranslateInputs
+    from ui.views import TRANSLATE
+
+    model, tokenizer = bundled
+    task = TASKS["translate"]
+    adapter_on = task.adapter in adapters_on_by_default(model)
+    examples = TRANSLATE.examples
+    assert {text for text, *_ in examples} == set(EXAMPLE_REFERENCES)
+    assert len({(source, target) for _, source, target in examples}) == len(examples)  # one a direction
+    for text, source, target in examples:
+        done = next(e for e in run_task(task, model, tokenizer, TranslateInputs(text, source, target),
+                                        task.defaults, adapter_on) if isinstance(e, TaskDone))
+        assert sacrebleu.sentence_chrf(done.text, [EXAMPLE_REFERENCES[text]]).score >= 60, (text, done.text)
+
+
+def test_the_chat_examples_use_personas_the_model_learned():
+    from tasks.dialogue import PERSONAS
+    from ui.chat import CHAT
+
+    assert all(persona in PERSONAS.values() for _, persona in CHAT.examples)

@@ -22,6 +22,7 @@ from typing import Any
 import gradio as gr
 
 from tasks import TASKS, DialogueInputs
+from tasks.dialogue import PERSONAS
 
 from .i18n import i18n
 from .messages import language, localized
@@ -341,11 +342,12 @@ CHAT = TaskView(
                 description="The bot's reply to message, after history ([user, bot] pairs, oldest first) and a "
                             "persona line. Returns (reply, status line, prompt sent); streams."),
     label="tab_dialogue", run_label="send", build=chat_widgets,
-    examples=[["Hello! What is your name?", ""],
-              ["Can you tell me a story about a brave mouse?", "Bot is a kind storyteller for children."],
-              ["What should I cook for dinner tonight?", "Bot is a friendly chef."]],
+    # Requests of the kinds the bundled model learned, each with the persona line of its source.
+    examples=[["Hi, I'd like to order a coffee, please.", PERSONAS["taskmaster"]],
+              ["I want to book a hotel in Paris.", PERSONAS["sgd"]],
+              ["Can you find me a restaurant in San Jose?", PERSONAS["sgd"]]],
     example_inputs=("message", "persona"),
-    example_labels=["Hello! What is your name?", "A story about a brave mouse (storyteller)",
-                    "What to cook tonight (chef)"],
+    example_labels=["Order a coffee (coffee shop)", "Book a hotel (virtual assistant)",
+                    "Find a restaurant (virtual assistant)"],
     from_ui=from_ui, present=show_turn, extras=chat_extras, page_state=chat_store,
 )

@@ -32,9 +32,11 @@ GENERATE = TaskView(
                 make_inputs=lambda prompt: GenerateInputs(checked_text("prompt", prompt)),
                 description="Continue the prompt. Returns (continuation, status line, prompt sent); streams."),
     label="tab_generate", run_label="generate", build=generate_widgets,
+    # Examples are chosen by trying them on the bundled model with the tab's defaults and several seeds:
+    # it learned from children's stories, so story openings are what it continues best.
     examples=[["Once upon a time, there was a little fox who"],
-              ["The old king called his three sons and said,"],
-              ["Lily looked out of the window and saw"]],
+              ["One day, a little girl named Mia found a"],
+              ["Tom and his dog went to the park. They"]],
     example_inputs=("prompt",), notebook="prompt",
 )
 
@@ -113,13 +115,16 @@ TRANSLATE = TaskView(
                 description="Translate text by example pairs (GPT-2 paper style). examples: one `source = target` "
                             "a line; None for the built-in pairs. Returns (translation, status line, prompt sent)."),
     label="tab_translate", run_label="generate", build=translate_widgets,
-    examples=[["The cat is sleeping on the chair.", "English", "French"],
-              ["I like to read books in the evening.", "English", "German"],
-              ["Le chien court dans le jardin.", "French", "English"]],
+    # Short everyday sentences like Tatoeba's, one a direction, that the bundled model translates right.
+    examples=[["The book is on the table.", "English", "French"],
+              ["I want to go home.", "English", "German"],
+              ["Je suis très fatigué.", "French", "English"],
+              ["Ich habe einen Hund.", "German", "English"]],
     example_inputs=("text", "source", "target"),
-    example_labels=["English → French: The cat is sleeping on the chair.",
-                    "English → German: I like to read books in the evening.",
-                    "French → English: Le chien court dans le jardin."],
+    example_labels=["English → French: The book is on the table.",
+                    "English → German: I want to go home.",
+                    "French → English: Je suis très fatigué.",
+                    "German → English: Ich habe einen Hund."],
     extras=translate_extras,
 )
 
