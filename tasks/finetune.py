@@ -192,7 +192,7 @@ def main(argv=None) -> list[dict]:
     peft_model.peft_config["default"].base_model_name_or_path = shown_path(args.base or "bundled")
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     print(f"base {args.base or 'bundled'}: {base_parameters:,} parameters (frozen), "
-          f"LoRA r={args.rank}: {trainable:,} trainable; device {device}")
+          f"LoRA r={args.rank}: {trainable:,} trainable")
 
     pad_id = tokenizer.eos_id  # any id: padding is never attended to by real tokens nor scored
     batch = epoch_batches(len(train_set.examples), args.batch_size, args.seed)
