@@ -193,6 +193,15 @@ def test_an_adapter_changes_the_output_and_off_is_the_base_model(client):
     assert summary(False) == summary(False)
 
 
+def test_the_status_line_says_how_the_adapter_was_set(client):
+    def status(api_name, **adapter):
+        return client.predict(**REQUESTS[api_name], max_new_tokens=4, seed=3, **adapter, api_name=api_name)[1]
+    assert status("/summarize", adapter=False).split(" · ")[4] == "adapter off"
+    assert status("/summarize", adapter=True).split(" · ")[4] == "adapter on"
+    assert status("/summarize", adapter=True, adapter_scale=0.5).split(" · ")[4] == "adapter on at strength 0.5"
+    assert "adapter" not in status("/generate")  # a task without one
+
+
 def test_two_users_at_once_each_get_their_own_output(studio_url):
     requests = [("Once upon a time", 1), ("The king said", 2), ("In the forest", 3), ("A small boat", 4)]
     alone = [Client(studio_url, verbose=False).predict(prompt, max_new_tokens=24, seed=seed, api_name="/generate")[0]

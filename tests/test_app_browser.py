@@ -269,7 +269,7 @@ def test_summarise_shows_the_article_length_and_when_it_will_be_cut(page):
     page.get_by_role("tab", name="Summarise").click()
     article, length = page.locator("#summarize-article textarea"), page.locator("#summarize-length")
     article.fill(FABLE)
-    expect(length).to_contain_text("of 1024 context tokens in the prompt, 100 left for the summary")
+    expect(length).to_contain_text("of 1024 context tokens in the prompt; the summary may use up to 100")
     expect(length).not_to_contain_text("cut")
     article.fill(FABLE * 30)
     expect(length).to_contain_text("924 of 1024 context tokens in the prompt")  # all the room there is
@@ -343,6 +343,7 @@ def test_the_model_panel_switches_models_and_a_failed_load_keeps_the_current_one
     expect(info).to_contain_text("adapters: dialogue, summarize")
     page.get_by_role("tab", name="Chat").click()
     expect(chat_adapter).to_be_enabled()
+    expect(chat_adapter).to_be_checked()  # its checkpoint starts it on
     page.get_by_text("Model", exact=True).click()
     try:
         choose(page, "#model-choice", plain)
@@ -487,13 +488,18 @@ def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(p
     screenshot(page, "chat-after-reload")
     exported = download_export(page, 1)
 
+    adapter = page.locator("#dialogue-adapter input")
+    adapter.uncheck()  # kept with the conversation
+    page.wait_for_timeout(500)  # the save after the change
     page.locator("#dialogue-new").click()
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(0)
     expect(page.locator("#dialogue-persona textarea")).to_have_value("")
+    expect(adapter).to_be_checked()  # a new chat starts as the page did
     page.locator("#dialogue-earlier input").click()
     page.get_by_role("option", name=re.compile("Hello there")).click()  # reopen it
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(1)
     expect(page.locator("#dialogue-persona textarea")).to_have_value("Bot is a friendly sailor.")
+    expect(adapter).not_to_be_checked()
     set_setting(page, "dialogue", "seed", 32)
     message.fill("Where are you sailing?")
     page.locator("#dialogue-run").click()

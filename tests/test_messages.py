@@ -14,7 +14,7 @@ from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, Transl
 from ui import chat
 from ui.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, language, localized, translate_one, word
 from ui.model_host import ModelHost, ModelLoadError
-from ui.running import check_size, checked_text
+from ui.running import adapter_state, check_size, checked_text
 from ui.views import example_pairs
 
 ENGLISH_WORD = re.compile(r"[A-Za-z]{3,}")
@@ -96,6 +96,7 @@ def made_messages() -> list[str]:
                                  512, 16, False).notes[0],
         kernels.decode_path(),
         "seed 7 · 4 prompt + 16 generated tokens · 633.3 tokens/s · stopped: eos",
+        *(adapter_state(on, scale) for on, scale in ((False, 1.0), (True, 1.0), (True, 0.5))),
     ]
     return messages
 

@@ -27,7 +27,7 @@ from tasks.dialogue import PERSONAS
 from .i18n import i18n
 from .messages import language, localized
 from .running import MAX_CHARS, MAX_CHAT_TURNS, RANDOM_SEED, Param, TaskAPI, check_size, checked_text
-from .tab import Tab, TaskView, Widgets
+from .tab import Tab, TaskView, Widgets, adapter_props
 
 EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations"
 # Every finished turn, undo or clear writes the conversation's export; the newest this many are
@@ -252,11 +252,13 @@ def keep_in_browser(tab: Tab, export: dict) -> None:
                 "adapter": bool(adapter), "settings": dict(zip(names, values))}
 
     def shown(conversation: dict | None) -> list:
-        """The components' values for a kept conversation (None: a new one)."""
+        """The components' values for a kept conversation (None: a new one, with the tab's defaults:
+        the adapter as the model serving now starts it)."""
         conversation = conversation or {}
         settings = {**defaults, **conversation.get("settings", {})}
+        adapter = conversation.get("adapter", adapter_props(tab.view.task, tab.host.current)["value"])
         return [messages_from_pairs(conversation.get("history", [])), conversation.get("persona", ""),
-                conversation.get("adapter", False), *(settings[name] for name in names)]
+                adapter, *(settings[name] for name in names)]
 
     def save(saved: dict, *values) -> dict:
         return {**saved, "current": current(*values)}

@@ -39,7 +39,8 @@ ENGLISH = {
     "source_language": "From",
     "target_language": "To",
     "example_pairs": "Example pairs",
-    "example_pairs_info": "one per line: source = target; the model continues the pattern",
+    "example_pairs_info": "one per line: source = target; the model continues the pattern (with the adapter off: "
+                          "the adapter learned the task and its prompt holds no examples)",
     "translation": "Translation",
     "English": "English",
     "French": "French",
@@ -153,7 +154,7 @@ CHINESE = {
     "source_language": "源语言",
     "target_language": "目标语言",
     "example_pairs": "示例句对",
-    "example_pairs_info": "每行一对：源文 = 译文；模型会沿用这个模式",
+    "example_pairs_info": "每行一对：源文 = 译文；模型会沿用这个模式（仅在适配器关闭时：适配器已学会此任务，其提示不含示例）",
     "translation": "译文",
     "English": "英语",
     "French": "法语",

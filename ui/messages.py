@@ -68,8 +68,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                          "为放入上下文，删去了 {total} 个示例中的 {count} 个"),
     "article_cut": ("article cut from {tokens} to {room} tokens to fit the context",
                     "为放入上下文，文章从 {tokens} 个词元截短到 {room} 个"),
-    "article_length": ("{tokens} of {context} context tokens in the prompt, {left} left for the summary",
-                       "提示占上下文 {context} 个词元中的 {tokens} 个，摘要还剩 {left} 个"),
+    "article_length": ("{tokens} of {context} context tokens in the prompt; the summary may use up to {left}",
+                       "提示占上下文 {context} 个词元中的 {tokens} 个；摘要最多可用 {left} 个"),
     # the token view (ui/tokens.py)
     "tokens_note": ("point at a token for its probability and alternatives; click it to continue from one",
                     "指向一个词元可看其概率和备选；点击它可从某个备选继续"),
@@ -84,6 +84,9 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     # the status line of a run (engine/generate.py, Result.summary)
     "status": ("seed {seed} · {prompt} prompt + {generated} generated tokens · {speed} tokens/s · stopped: {reason}",
                "种子 {seed} · 提示 {prompt} + 生成 {generated} 个词元 · 每秒 {speed} 个词元 · 停止原因：{reason}"),
+    "adapter_off": ("adapter off", "适配器关闭"),
+    "adapter_on": ("adapter on", "适配器开启"),
+    "adapter_on_scaled": ("adapter on at strength {scale}", "适配器开启，强度 {scale}"),
 }
 
 # What a message may name, as the code names it, and its Chinese: API parameters and settings (by

@@ -116,9 +116,17 @@ def check_size(name: str, size: int, limit: int, unit: str) -> None:
         raise ValueError(f"{name} is too long: {size:,} {unit}; the limit is {limit:,}")
 
 
-def status_line(done: TaskDone) -> str:
-    """How to reproduce the run (seed, token counts, speed, why it stopped) and what was cut."""
-    return " · ".join([done.result.summary(), *done.prompt.notes])
+def status_line(done: TaskDone, task: Task, adapter_on: bool, adapter_scale: float) -> str:
+    """How to reproduce the run (seed, token counts, speed, why it stopped; the adapter, where the
+    task has one: its prompt and output differ with it) and what was cut."""
+    adapter = [] if task.adapter is None else [adapter_state(adapter_on, adapter_scale)]
+    return " · ".join([done.result.summary(), *adapter, *done.prompt.notes])
+
+
+def adapter_state(adapter_on: bool, adapter_scale: float) -> str:
+    if not adapter_on:
+        return "adapter off"
+    return "adapter on" if adapter_scale == 1 else f"adapter on at strength {adapter_scale:g}"
 
 
 @dataclass(frozen=True)
@@ -161,7 +169,8 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                     if event.result.stop_reason == "cancelled":
                         log.info("/%s: stopped by its user after %d tokens", api.name, event.result.generated_tokens)
                     sent += 1
-                    yield event.text, status_line(event), event.prompt.text, event.result.logprobs
+                    yield (event.text, status_line(event, api.task, adapter, params.adapter_scale), event.prompt.text,
+                           event.result.logprobs)
                 elif pacer.due(time.monotonic()):
                     sent, held_back = sent + 1, None
                     yield event.text, "", "", []
@@ -210,7 +219,7 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                 if None in done and pacer.due(time.monotonic()):
                     yield list(texts), "", None
         comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params))
-        yield [d.text for d in done], status_line(done[1]), comparison
+        yield [d.text for d in done], status_line(done[1], api.task, True, params.adapter_scale), comparison
     except ValueError as error:
         raise Refusal(str(error), print_exception=False) from error
     except GeneratorExit:
