@@ -24,6 +24,7 @@ from model import load_pretrained  # noqa: E402
 from model.adapters import ON_BY_DEFAULT_FILE  # noqa: E402
 from model.checkpoint import BUNDLED_DIR  # noqa: E402
 from tasks.eval import HEADLINES  # noqa: E402
+from tasks.finetune import shown_path  # noqa: E402
 from train.pretrain import PRETRAIN_SOURCES, TRAINING_RECORD  # noqa: E402
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TaskDone, TranslateInputs, run_task  # noqa: E402
 
@@ -111,8 +112,9 @@ def main(argv=None) -> None:
     p.add_argument("--train-dir", type=Path, default=REPO / "runs" / "bundled",
                    help="the pretraining run (train_args.json, log.jsonl)")
     p.add_argument("--eval", type=Path, default=REPO / "docs" / "eval-bundled.json", help="tasks.eval's JSON")
-    p.add_argument("--before", type=Path, default=REPO / "docs" / "training" / "eval-edition1.json",
-                   help="tasks.eval's JSON of the model this one replaces, for the now-and-before table")
+    p.add_argument("--before", type=Path, default=REPO / "docs" / "training" / "eval-previous.json",
+                   help="tasks.eval's JSON of the model this one replaces (build_bundled.sh keeps it there), "
+                        "for the now-and-before table")
     p.add_argument("--sweep", type=Path, default=REPO / "docs" / "training" / "size-sweep.md",
                    help="the size sweep's table (scripts/size_sweep.py)")
     p.add_argument("--hardware", default=f"{cpu_name()}, 2 cores, no GPU", help="what the model was trained on")
@@ -146,6 +148,7 @@ def main(argv=None) -> None:
     helped = evaluation["adapters_that_help"]
     (BUNDLED_DIR / "adapters" / ON_BY_DEFAULT_FILE).write_text(json.dumps({"on": helped}) + "\n")
     before = json.loads(args.before.read_text())
+    before_path = shown_path(args.before.with_suffix(".md"))
     sweep = args.sweep.read_text().strip()
     c = model.config
 
@@ -204,7 +207,7 @@ Validation loss (nats per token) at the end of pretraining: {final['val_loss']:.
 held-out Gutenberg books. **Bits per byte on the TinyStories validation split
 (`yuninxia_tinystories_val.txt`, never trained on): {bpb:.3f}.**
 
-Now against the model this one replaces (its card's evaluation; `docs/training/eval-edition1.md`):
+Now against the model this one replaces (its card's evaluation; `{before_path}`):
 
 {before_and_now(before, evaluation)}
 
