@@ -23,8 +23,8 @@ from engine import kernels, prepare_for_serving  # noqa: E402
 from model import load_pretrained  # noqa: E402
 from model.adapters import ON_BY_DEFAULT_FILE  # noqa: E402
 from model.checkpoint import BUNDLED_DIR  # noqa: E402
+from tasks.dialogue import PERSONAS  # noqa: E402
 from tasks.eval import HEADLINES  # noqa: E402
-from tasks.finetune import shown_path  # noqa: E402
 from train.pretrain import PRETRAIN_SOURCES, TRAINING_RECORD  # noqa: E402
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TaskDone, TranslateInputs, run_task  # noqa: E402
 
@@ -32,7 +32,7 @@ SAMPLE_SEED = 1234
 SAMPLE_INPUTS = {
     "generate": [GenerateInputs("Once upon a time, there was a little fox who"),
                  GenerateInputs("The old king called his three sons and said")],
-    "dialogue": [DialogueInputs("Hi! Can I get a large latte, please?", persona="Bot takes drink orders at a coffee shop."),
+    "dialogue": [DialogueInputs("Hi! Can I get a large latte, please?", persona=PERSONAS["taskmaster"]),
                  DialogueInputs("Do you like to read books?")],
     "translate": [TranslateInputs("I like to read books.", "English", "French"),
                   TranslateInputs("Where is the train station?", "English", "German")],
@@ -148,7 +148,10 @@ def main(argv=None) -> None:
     helped = evaluation["adapters_that_help"]
     (BUNDLED_DIR / "adapters" / ON_BY_DEFAULT_FILE).write_text(json.dumps({"on": helped}) + "\n")
     before = json.loads(args.before.read_text())
-    before_path = shown_path(args.before.with_suffix(".md"))
+    before_table = args.before.with_suffix(".md").resolve()
+    if not before_table.is_file():
+        p.error(f"{before_table} is missing: the card links the replaced model's evaluation table")
+    before_path = before_table.relative_to(REPO) if before_table.is_relative_to(REPO) else before_table.name
     sweep = args.sweep.read_text().strip()
     c = model.config
 

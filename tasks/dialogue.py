@@ -32,7 +32,7 @@ PERSONAS = {
 class DialogueInputs:
     message: str
     history: Sequence[tuple[str, str]] = ()  # earlier (user, bot) turns, oldest first
-    persona: str = ""  # a line that sets the scene, e.g. "Bot is a patient maths tutor."
+    persona: str = ""  # a line that sets the scene, e.g. "Bot takes drink orders at a coffee shop."
 
 
 def transcript(inputs: DialogueInputs) -> tuple[str, list[str], str]:

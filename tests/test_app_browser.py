@@ -332,7 +332,7 @@ def test_translate_swaps_a_repeated_language_and_keeps_the_users_example_pairs(p
     choose(page, "#translate-target", "French")  # the source's: they swap
     expect(source).to_have_value("German")
     expect(examples).to_have_value(example_lines(DEFAULT_EXAMPLES["German", "French"]))
-    page.get_by_text("English → German: I want to go home.").click()  # an example sets both
+    page.get_by_text("English → German: I like my new car.").click()  # an example sets both
     expect(examples).to_have_value(example_lines(DEFAULT_EXAMPLES["English", "German"]))
 
 

@@ -82,32 +82,27 @@ def test_the_adapters_that_start_on_are_those_its_evaluation_found_better(bundle
 
 
 # What each Translate example means, written by hand, to tell whether the model still gets them right.
-EXAMPLE_REFERENCES = {"The book is on the table.": "Le livre est sur la table.",
-                      "I want to go home.": "Ich will nach Hause gehen.",
-                      "Je suis très fatigué.": "I am very tired.",
-                      "Ich habe einen Hund.": "I have a dog."}
+EXAMPLE_REFERENCES = {"My book is on the table.": "Mon livre est sur la table.",
+                      "I like my new car.": "Ich mag mein neues Auto.",
+                      "Je veux aller à la plage.": "I want to go to the beach.",
+                      "Wir haben einen Hund.": "We have a dog."}
 
 
-def test_the_translate_examples_are_ones_the_model_translates(bundled):
+def test_the_translate_examples_are_ones_the_model_translates_and_never_trained_on(bundled):
     import sacrebleu
     from model.adapters import adapters_on_by_default
     from tasks import TranslateInputs
-    from ui.views import TRANSLATE
+    from tasks.data import translation_splits
+    from ui.views import TRANSLATE_EXAMPLES
 
     model, tokenizer = bundled
     task = TASKS["translate"]
     adapter_on = task.adapter in adapters_on_by_default(model)
-    examples = TRANSLATE.examples
-    assert {text for text, *_ in examples} == set(EXAMPLE_REFERENCES)
-    assert len({(source, target) for _, source, target in examples}) == len(examples)  # one a direction
-    for text, source, target in examples:
+    assert {text for text, *_ in TRANSLATE_EXAMPLES} == set(EXAMPLE_REFERENCES)
+    assert len({(source, target) for _, source, target in TRANSLATE_EXAMPLES}) == len(TRANSLATE_EXAMPLES)
+    trained_on = {sentence for r in translation_splits()["train"] for sentence in (r["text"], r["translation"])}
+    for text, source, target in TRANSLATE_EXAMPLES:
+        assert text not in trained_on and EXAMPLE_REFERENCES[text] not in trained_on, text
         done = next(e for e in run_task(task, model, tokenizer, TranslateInputs(text, source, target),
                                         task.defaults, adapter_on) if isinstance(e, TaskDone))
         assert sacrebleu.sentence_chrf(done.text, [EXAMPLE_REFERENCES[text]]).score >= 60, (text, done.text)
-
-
-def test_the_chat_examples_use_personas_the_model_learned():
-    from tasks.dialogue import PERSONAS
-    from ui.chat import CHAT
-
-    assert all(persona in PERSONAS.values() for _, persona in CHAT.examples)

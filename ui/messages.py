@@ -84,9 +84,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     # the status line of a run (engine/generate.py, Result.summary)
     "status": ("seed {seed} · {prompt} prompt + {generated} generated tokens · {speed} tokens/s · stopped: {reason}",
                "种子 {seed} · 提示 {prompt} + 生成 {generated} 个词元 · 每秒 {speed} 个词元 · 停止原因：{reason}"),
-    "adapter_off": ("adapter off", "适配器关闭"),
-    "adapter_on": ("adapter on", "适配器开启"),
-    "adapter_on_scaled": ("adapter on at strength {scale}", "适配器开启，强度 {scale}"),
+    "adapter_on_scaled": ("adapter on at strength {scale}", "适配器开，强度 {scale}"),  # "adapter on": NAMES_ZH
 }
 
 # What a message may name, as the code names it, and its Chinese: API parameters and settings (by

@@ -105,6 +105,13 @@ def translate_extras(tab: Tab) -> None:
                         queue=False, api_visibility="private")
 
 
+# Short everyday sentences like Tatoeba's, one a direction, that the bundled model translates right
+# and never saw in training (tests/test_bundled.py checks both).
+TRANSLATE_EXAMPLES = [("My book is on the table.", "English", "French"),
+                      ("I like my new car.", "English", "German"),
+                      ("Je veux aller à la plage.", "French", "English"),
+                      ("Wir haben einen Hund.", "German", "English")]
+
 TRANSLATE = TaskView(
     api=TaskAPI(TASKS["translate"], "translate",
                 (Param("text", str), Param("source", str, "English"), Param("target", str, "French"),
@@ -115,16 +122,9 @@ TRANSLATE = TaskView(
                 description="Translate text by example pairs (GPT-2 paper style). examples: one `source = target` "
                             "a line; None for the built-in pairs. Returns (translation, status line, prompt sent)."),
     label="tab_translate", run_label="generate", build=translate_widgets,
-    # Short everyday sentences like Tatoeba's, one a direction, that the bundled model translates right.
-    examples=[["The book is on the table.", "English", "French"],
-              ["I want to go home.", "English", "German"],
-              ["Je suis très fatigué.", "French", "English"],
-              ["Ich habe einen Hund.", "German", "English"]],
+    examples=[list(example) for example in TRANSLATE_EXAMPLES],
     example_inputs=("text", "source", "target"),
-    example_labels=["English → French: The book is on the table.",
-                    "English → German: I want to go home.",
-                    "French → English: Je suis très fatigué.",
-                    "German → English: Ich habe einen Hund."],
+    example_labels=[f"{source} → {target}: {text}" for text, source, target in TRANSLATE_EXAMPLES],
     extras=translate_extras,
 )
 
