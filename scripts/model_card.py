@@ -67,9 +67,15 @@ def train_command(train_args: dict) -> str:
         f"--{name.replace('_', '-')} {train_args[name]}" for name in flags) + f" --mix {mix}"
 
 
+# How far a headline moves between seeds alone, which a new edition may lose without counting as
+# worse: ROUGE-L over 30 fables sampled with top-k 2 moved by 1.5 points between two seeds of one
+# adapter. The others are greedy or exact (bits per byte, chrF, response loss): no slack.
+SEED_SPREAD = {"summarize": 1.0}
+
+
 def regressions(before: dict, now: dict) -> list[str]:
-    """Where `now` is worse than `before`: bits per byte, and per task the better of prompt and
-    adapter on its headline row (tasks.eval.HEADLINES)."""
+    """Where `now` is worse than `before` by more than SEED_SPREAD: bits per byte, and per task the
+    better of prompt and adapter on its headline row (tasks.eval.HEADLINES)."""
     def headline(evaluation, task, metric, test_set):
         r = next((r for r in evaluation["rows"] if (r["task"], r["metric"], r["test_set"]) == (task, metric, test_set)),
                  None)
@@ -84,7 +90,8 @@ def regressions(before: dict, now: dict) -> list[str]:
             print(f"{task}: the earlier evaluation has no {metric} row to compare with")
             continue
         old, new = pick(headline(before, task, metric, test_set)), pick(headline(now, task, metric, test_set))
-        if (new < old) if higher_is_better else (new > old):
+        slack = SEED_SPREAD.get(task, 0.0)
+        if (new < old - slack) if higher_is_better else (new > old + slack):
             worse.append(f"{task}, {metric}, {test_set}: {new:.3f} now, {old:.3f} before")
     return worse
 
@@ -126,7 +133,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.check_improves:
         worse = regressions(json.loads(args.before.read_text()), json.loads(args.eval.read_text()))
-        print("\n".join(worse) if worse else f"{args.eval} improves on {args.before}")
+        print("\n".join(worse) if worse else f"{args.eval} is no worse than {args.before}")
         raise SystemExit(1 if worse else 0)
     if not args.training_time:
         p.error("--training-time is needed to write the card")

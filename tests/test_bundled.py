@@ -67,8 +67,11 @@ def test_a_new_edition_ships_only_where_its_evaluation_is_no_worse():
     assert card.regressions(before, evaluation(1.05, 12.0, 25.0, 16.0)) == []
     # the prompt alone overtaking the adapter still counts: the task's best is what a user can get
     assert card.regressions(before, evaluation(1.05, 22.0, 9.0, 16.0)) == []
-    worse = card.regressions(before, evaluation(1.30, 12.0, 25.0, 8.0))
+    worse = card.regressions(before, evaluation(1.30, 12.0, 25.0, 7.5))
     assert len(worse) == 2 and "bits per byte" in worse[0] and "ROUGE-L" in worse[1]
+    # a sampled metric may lose what it moves between seeds alone; an exact one nothing
+    assert card.regressions(before, evaluation(1.28, 7.1, 10.6, 9.0 - card.SEED_SPREAD["summarize"])) == []
+    assert len(card.regressions(before, evaluation(1.28, 7.1, 10.5, 9.0))) == 1
 
 
 def test_the_adapters_that_start_on_are_those_its_evaluation_found_better(bundled):
