@@ -265,6 +265,17 @@ def test_bad_input_shows_why_and_the_tab_keeps_working(page):
     assert page.locator(".error").count() == 0, "a component was left in an error state"
 
 
+def test_adapter_controls_show_only_on_tabs_whose_task_has_an_adapter(page):
+    page.locator("#tab-generate").get_by_text("Why this output").click()
+    expect(page.locator("#generate-show-tokens")).to_be_visible()
+    expect(page.locator("#generate-adapter_scale")).to_be_hidden()
+    expect(page.locator("#generate-compare")).to_be_hidden()
+    page.get_by_role("tab", name="Summarise").click()
+    page.locator("#tab-summarize").get_by_text("Why this output").click()
+    expect(page.locator("#summarize-adapter_scale")).to_be_visible()
+    expect(page.locator("#summarize-compare")).to_be_visible()
+
+
 def test_summarise_shows_the_article_length_and_when_it_will_be_cut(page):
     page.get_by_role("tab", name="Summarise").click()
     article, length = page.locator("#summarize-article textarea"), page.locator("#summarize-length")

@@ -111,14 +111,14 @@ class Insight:
     def build(cls, task: str, has_adapter: bool) -> "Insight":
         """Lay out the parts; call inside the tab, below the adapter switch."""
         adapter_scale = gr.Slider(*LIMITS["adapter_scale"], value=1.0, step=0.05, label=i18n("adapter_scale"),
-                                  info=i18n("adapter_scale_info"), interactive=has_adapter,
+                                  info=i18n("adapter_scale_info"), visible=has_adapter,  # a task without one
                                   elem_id=f"{task}-adapter_scale")
         with gr.Accordion(i18n("look_inside_output"), open=False, elem_id=f"{task}-insight"):
             with gr.Row():
                 show_tokens = gr.Checkbox(False, label=i18n("show_tokens"), info=i18n("show_tokens_info"),
                                           elem_id=f"{task}-show-tokens")
                 compare = gr.Checkbox(False, label=i18n("compare"), info=i18n("compare_info"),
-                                      interactive=has_adapter, elem_id=f"{task}-compare")
+                                      visible=has_adapter, elem_id=f"{task}-compare")
             with gr.Row(visible=False) as compare_row:
                 texts = tuple(gr.Textbox(label=i18n(label), lines=4, interactive=False, elem_id=f"{task}-{label}")
                               for label in ("adapter_off", "adapter_on"))
