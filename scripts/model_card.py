@@ -24,7 +24,7 @@ from model import load_pretrained  # noqa: E402
 from model.adapters import ON_BY_DEFAULT_FILE  # noqa: E402
 from model.checkpoint import BUNDLED_DIR  # noqa: E402
 from tasks.dialogue import PERSONAS  # noqa: E402
-from tasks.eval import HEADLINES  # noqa: E402
+from tasks.eval import HEADLINES, LANGUAGE_MODELLING, find_row  # noqa: E402
 from train.pretrain import PRETRAIN_SOURCES, TRAINING_RECORD  # noqa: E402
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TaskDone, TranslateInputs, run_task  # noqa: E402
 
@@ -76,20 +76,19 @@ SEED_SPREAD = {"summarize": 1.0}
 def regressions(before: dict, now: dict) -> list[str]:
     """Where `now` is worse than `before` by more than SEED_SPREAD: bits per byte, and per task the
     better of prompt and adapter on its headline row (tasks.eval.HEADLINES)."""
-    def headline(evaluation, task, metric, test_set):
-        r = next((r for r in evaluation["rows"] if (r["task"], r["metric"], r["test_set"]) == (task, metric, test_set)),
-                 None)
+    def values(evaluation, task, metric, test_set):
+        r = find_row(evaluation["rows"], task, metric, test_set)
         return [v for v in (r["base"], r["adapter"]) if v is not None] if r else []
 
     worse = []
-    checks = [("language modelling", "bits per byte (lower is better)", "TinyStories validation (n in bytes)", False),
-              *((task, *rest) for task, rest in HEADLINES.items())]
+    checks = [(*LANGUAGE_MODELLING, False), *((task, *rest) for task, rest in HEADLINES.items())]
     for task, metric, test_set, higher_is_better in checks:
         pick = max if higher_is_better else min
-        if not headline(before, task, metric, test_set):
+        earlier = values(before, task, metric, test_set)
+        if not earlier:
             print(f"{task}: the earlier evaluation has no {metric} row to compare with")
             continue
-        old, new = pick(headline(before, task, metric, test_set)), pick(headline(now, task, metric, test_set))
+        old, new = pick(earlier), pick(values(now, task, metric, test_set))
         slack = SEED_SPREAD.get(task, 0.0)
         if (new < old - slack) if higher_is_better else (new > old + slack):
             worse.append(f"{task}, {metric}, {test_set}: {new:.3f} now, {old:.3f} before")
@@ -147,7 +146,7 @@ def main(argv=None) -> None:
     log = [json.loads(line) for line in (args.train_dir / "log.jsonl").read_text().splitlines()]
     final = [r for r in log if "val_loss" in r][-1]
     evaluation = json.loads(args.eval.read_text())
-    bpb = next(r["base"] for r in evaluation["rows"] if r["metric"].startswith("bits per byte"))
+    bpb = find_row(evaluation["rows"], *LANGUAGE_MODELLING)["base"]
     training = json.loads((BUNDLED_DIR / TRAINING_RECORD).read_text())
     tokens_seen = training["tokens_seen"]
     this_run = training["runs"][-1]

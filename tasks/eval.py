@@ -101,6 +101,8 @@ def dialogue_rows(model, tokenizer, records: list[dict], systems: list[str]) -> 
                 per_byte)]
 
 
+# The base model's own row (task, metric, test set): it has no adapter, and lower is better.
+LANGUAGE_MODELLING = ("language modelling", "bits per byte (lower is better)", "TinyStories validation (n in bytes)")
 # Per task, the row that says whether its adapter beats the prompt alone, and whether higher is better.
 HEADLINES = {
     "translate": ("chrF", "Tatoeba all directions", True),
@@ -109,11 +111,15 @@ HEADLINES = {
 }
 
 
+def find_row(rows: list[dict], task: str, metric: str, test_set: str) -> dict | None:
+    return next((r for r in rows if (r["task"], r["metric"], r["test_set"]) == (task, metric, test_set)), None)
+
+
 def adapters_that_help(rows: list[dict]) -> list[str]:
     """The tasks whose adapter scored better than the base with the task's prompt on its headline row."""
     helped = []
     for task, (metric, test_set, higher_is_better) in HEADLINES.items():
-        headline = next((r for r in rows if (r["task"], r["metric"], r["test_set"]) == (task, metric, test_set)), None)
+        headline = find_row(rows, task, metric, test_set)
         if headline is None or headline["adapter"] is None:
             continue
         if (headline["adapter"] > headline["base"]) if higher_is_better else (headline["adapter"] < headline["base"]):
@@ -149,8 +155,8 @@ def evaluate(model, tokenizer, data_dir: Path, limit: int = 0, bpb_chars: int = 
     text = tinystories_validation_text()
     bpb_chars = bpb_chars or limit * BPB_CHARS_PER_LIMIT
     text = text[:bpb_chars] if bpb_chars else text
-    rows = [row("language modelling", "bits per byte (lower is better)", "TinyStories validation (n in bytes)",
-                len(text.encode("utf-8")), {"base": bits_per_byte(model, tokenizer, text, progress=True)})]
+    rows = [row(*LANGUAGE_MODELLING, len(text.encode("utf-8")),
+                {"base": bits_per_byte(model, tokenizer, text, progress=True)})]
     rows += translation_rows(model, tokenizer, test_records("translate-test.jsonl", "translate"), systems("translate"))
     rows += summarization_rows(model, tokenizer, test_records("summarize-test.jsonl", "summarize"),
                                "Aesop fable -> lesson", systems("summarize"))
