@@ -13,6 +13,7 @@ from model import load_pretrained
 from model.adapters import adapter_names
 from model.checkpoint import BUNDLED_DIR
 from tasks import TASKS, TaskDone, run_task
+from tasks.eval import LANGUAGE_MODELLING
 
 from .conftest import serving
 
@@ -58,8 +59,7 @@ def test_a_new_edition_ships_only_where_its_evaluation_is_no_worse():
     def evaluation(bpb, chrf_base, chrf_adapter, rouge_adapter):
         def r(task, metric, test_set, base, adapter=None):
             return {"task": task, "metric": metric, "test_set": test_set, "base": base, "adapter": adapter}
-        return {"rows": [r("language modelling", "bits per byte (lower is better)", "TinyStories validation (n in bytes)",
-                           bpb),
+        return {"rows": [r(*LANGUAGE_MODELLING, bpb),
                          r("translate", "chrF", "Tatoeba all directions", chrf_base, chrf_adapter),
                          r("summarize", "ROUGE-L F1", "Aesop fable -> lesson", 5.0, rouge_adapter)]}
 
