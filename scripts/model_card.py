@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, replace
@@ -67,29 +68,29 @@ def train_command(train_args: dict) -> str:
         f"--{name.replace('_', '-')} {train_args[name]}" for name in flags) + f" --mix {mix}"
 
 
-# How far a headline moves between seeds alone, which a new edition may lose without counting as
-# worse: ROUGE-L over 30 fables sampled with top-k 2 moved by 1.5 points between two seeds of one
-# adapter. The others are greedy or exact (bits per byte, chrF, response loss): no slack.
-SEED_SPREAD = {"summarize": 1.0}
-
-
 def regressions(before: dict, now: dict) -> list[str]:
-    """Where `now` is worse than `before` by more than SEED_SPREAD: bits per byte, and per task the
-    better of prompt and adapter on its headline row (tasks.eval.HEADLINES)."""
-    def values(evaluation, task, metric, test_set):
+    """Where `now` is worse than `before`: bits per byte, and per task the better of prompt and adapter
+    on its headline row (tasks.eval.HEADLINES). A sampled headline is a mean over seeds, so it may
+    lose up to two standard errors of the difference, what seeds alone move it by; an exact one
+    (bits per byte, greedy chrF, response loss) nothing."""
+    def best(evaluation, task, metric, test_set, pick):
         r = find_row(evaluation["rows"], task, metric, test_set)
-        return [v for v in (r["base"], r["adapter"]) if v is not None] if r else []
+        systems = [s for s in ("base", "adapter") if r and r[s] is not None]
+        if not systems:
+            return None
+        system = pick(systems, key=lambda s: r[s])
+        return r[system], (r.get("standard_error") or {}).get(system) or 0.0
 
     worse = []
     checks = [(*LANGUAGE_MODELLING, False), *((task, *rest) for task, rest in HEADLINES.items())]
     for task, metric, test_set, higher_is_better in checks:
         pick = max if higher_is_better else min
-        earlier = values(before, task, metric, test_set)
-        if not earlier:
+        earlier = best(before, task, metric, test_set, pick)
+        if earlier is None:
             print(f"{task}: the earlier evaluation has no {metric} row to compare with")
             continue
-        old, new = pick(earlier), pick(values(now, task, metric, test_set))
-        slack = SEED_SPREAD.get(task, 0.0)
+        (old, old_error), (new, new_error) = earlier, best(now, task, metric, test_set, pick)
+        slack = 2 * math.hypot(old_error, new_error)
         if (new < old - slack) if higher_is_better else (new > old + slack):
             worse.append(f"{task}, {metric}, {test_set}: {new:.3f} now, {old:.3f} before")
     return worse

@@ -56,12 +56,14 @@ def test_a_new_edition_ships_only_where_its_evaluation_is_no_worse():
     card = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(card)
 
-    def evaluation(bpb, chrf_base, chrf_adapter, rouge_adapter):
-        def r(task, metric, test_set, base, adapter=None):
-            return {"task": task, "metric": metric, "test_set": test_set, "base": base, "adapter": adapter}
+    def evaluation(bpb, chrf_base, chrf_adapter, rouge_adapter, rouge_error=None):
+        def r(task, metric, test_set, base, adapter=None, errors=None):
+            return {"task": task, "metric": metric, "test_set": test_set, "base": base, "adapter": adapter,
+                    **({"standard_error": errors} if errors else {})}
         return {"rows": [r(*LANGUAGE_MODELLING, bpb),
                          r("translate", "chrF", "Tatoeba all directions", chrf_base, chrf_adapter),
-                         r("summarize", "ROUGE-L F1", "Aesop fable -> lesson", 5.0, rouge_adapter)]}
+                         r("summarize", "ROUGE-L F1", "Aesop fable -> lesson", 5.0, rouge_adapter,
+                           {"base": 0.5, "adapter": rouge_error} if rouge_error else None)]}
 
     before = evaluation(1.28, 7.1, 10.6, 9.0)
     assert card.regressions(before, evaluation(1.05, 12.0, 25.0, 16.0)) == []
@@ -69,9 +71,13 @@ def test_a_new_edition_ships_only_where_its_evaluation_is_no_worse():
     assert card.regressions(before, evaluation(1.05, 22.0, 9.0, 16.0)) == []
     worse = card.regressions(before, evaluation(1.30, 12.0, 25.0, 7.5))
     assert len(worse) == 2 and "bits per byte" in worse[0] and "ROUGE-L" in worse[1]
-    # a sampled metric may lose what it moves between seeds alone; an exact one nothing
-    assert card.regressions(before, evaluation(1.28, 7.1, 10.6, 9.0 - card.SEED_SPREAD["summarize"])) == []
+    # a mean over seeds may lose two standard errors of the difference (here 2 x hypot(0.3, 0.4) = 1.0);
+    # a metric without a standard error (greedy, exact, or a single seed) nothing
+    sampled = evaluation(1.28, 7.1, 10.6, 9.0, rouge_error=0.3)
+    assert card.regressions(sampled, evaluation(1.28, 7.1, 10.6, 8.01, rouge_error=0.4)) == []
+    assert len(card.regressions(sampled, evaluation(1.28, 7.1, 10.6, 7.99, rouge_error=0.4))) == 1
     assert len(card.regressions(before, evaluation(1.28, 7.1, 10.5, 9.0))) == 1
+    assert len(card.regressions(before, evaluation(1.28, 7.1, 10.6, 8.9))) == 1
 
 
 def test_the_adapters_that_start_on_are_those_its_evaluation_found_better(bundled):

@@ -221,6 +221,37 @@ def test_eval_writes_every_metric(splits, tiny_base, tokenizer, tmp_path):
     # --limit bounds bits per byte too: the first limit x BPB_CHARS_PER_LIMIT characters
     bpb = next(r for r in rows if r["metric"].startswith("bits per byte"))
     assert bpb["n"] == len(tinystories_validation_text()[:task_eval.BPB_CHARS_PER_LIMIT].encode())
+    # summarisation is sampled: its rows carry a standard error over the seeds, greedy translation's none
+    assert json.loads(out.with_suffix(".json").read_text())["seeds"] == list(task_eval.SEEDS)
+    for r in rows:
+        sampled = r["task"] == "summarize"
+        assert ("standard_error" in r) == sampled, r
+        if sampled:
+            assert all(math.isfinite(r["standard_error"][system]) for system in ("base", "adapter"))
+            assert f"{r['standard_error']['adapter']:.2f}" in table
+
+
+def test_a_sampled_score_is_the_mean_of_its_seeds_scores(splits, tiny_base, monkeypatch):
+    model, tokenizer = load_pretrained(tiny_base)
+    records = splits["summarize"]["test"][:2]
+    # A random model's summaries share no words with a real lesson; seed 0's own summaries as the
+    # references give seed 0 full marks and the other seeds less.
+    records = [{**r, "summary": summary}
+               for r, summary in zip(records, task_eval.generate_all("summarize", model, tokenizer, records, False, 0))]
+
+    def rouge_l(seeds):
+        monkeypatch.setattr(task_eval, "SEEDS", seeds)
+        rows = task_eval.summarization_rows(model, tokenizer, records, "fables", ["base"])
+        return next(r for r in rows if r["metric"] == "ROUGE-L F1")
+
+    each = [rouge_l((seed,))["base"] for seed in (0, 1, 2)]
+    assert len(set(each)) > 1  # the seeds sample different summaries, or the mean would hide nothing
+    together = rouge_l((0, 1, 2))
+    assert together["base"] == pytest.approx(sum(each) / 3)
+    mean = sum(each) / 3
+    assert together["standard_error"]["base"] == pytest.approx(
+        math.sqrt(sum((v - mean) ** 2 for v in each) / 2 / 3))
+    assert "standard_error" not in rouge_l((0,))  # one seed has none
 
 
 def run_eval(*args: str, **env: str) -> subprocess.CompletedProcess:
