@@ -194,10 +194,11 @@ def load_tokenizer(directory: Path) -> Tokenizer:
 
 # Every letter of English, French and German (and French's narrow no-break space) is a piece of
 # its own, however rare in the training text: a letter left to byte fallback costs two tokens
-# each time and shares its bytes with unrelated letters. (Not in a toy vocabulary too small to
-# hold them next to the 256 byte pieces.)
+# each time and shares its bytes with unrelated letters. Not below MIN_VOCAB_FOR_REQUIRED_CHARS:
+# a toy vocabulary is too small to hold them next to the 256 byte pieces.
 REQUIRED_CHARS = ("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
                   "àâäæçéèêëîïôöœùûüÿÀÂÄÆÇÉÈÊËÎÏÔÖŒÙÛÜŸß«»\u202f")
+MIN_VOCAB_FOR_REQUIRED_CHARS = 1024
 
 
 def train_sentencepiece(texts: Iterable[str], out_prefix: Path, vocab_size: int) -> SentencePieceTokenizer:
@@ -216,7 +217,8 @@ def train_sentencepiece(texts: Iterable[str], out_prefix: Path, vocab_size: int)
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=lines(), model_writer=model, vocab_size=vocab_size,
-        model_type="bpe", byte_fallback=True, character_coverage=0.9995, required_chars=REQUIRED_CHARS if vocab_size >= 1024 else "",
+        model_type="bpe", byte_fallback=True, character_coverage=0.9995,
+        required_chars=REQUIRED_CHARS if vocab_size >= MIN_VOCAB_FOR_REQUIRED_CHARS else "",
         normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
         split_digits=True, allow_whitespace_only_pieces=True,
         user_defined_symbols=[END_OF_TEXT, "\n", "\t"],

@@ -22,7 +22,6 @@ sys.path.insert(0, str(REPO))
 from bench import cpu_name  # noqa: E402
 from engine import kernels, prepare_for_serving  # noqa: E402
 from model import load_pretrained  # noqa: E402
-from model.adapters import ON_BY_DEFAULT_FILE  # noqa: E402
 from model.checkpoint import BUNDLED_DIR  # noqa: E402
 from tasks.dialogue import PERSONAS  # noqa: E402
 from tasks.eval import HEADLINES, LANGUAGE_MODELLING, find_row  # noqa: E402
@@ -125,13 +124,13 @@ def main(argv=None) -> None:
     p.add_argument("--sweep", type=Path, default=REPO / "docs" / "training" / "size-sweep.md",
                    help="the size sweep's table (scripts/size_sweep.py)")
     p.add_argument("--hardware", default=f"{cpu_name()}, 2 cores, no GPU", help="what the model was trained on")
-    p.add_argument("--check-improves", action="store_true",
+    p.add_argument("--check-no-worse", action="store_true",
                    help="only say whether --eval improves on --before (bits per byte and each task's best "
                         "headline); exit 1 if not")
     p.add_argument("--training-time", required=False, help='wall-clock pretraining time, e.g. "1.4 hours"')
     p.add_argument("--notes", default="", help="anything about the run the logs do not say (a resume, a change)")
     args = p.parse_args(argv)
-    if args.check_improves:
+    if args.check_no_worse:
         worse = regressions(json.loads(args.before.read_text()), json.loads(args.eval.read_text()))
         print("\n".join(worse) if worse else f"{args.eval} is no worse than {args.before}")
         raise SystemExit(1 if worse else 0)
@@ -153,7 +152,6 @@ def main(argv=None) -> None:
     this_run = training["runs"][-1]
     mix = ", ".join(f"{share:.0%} {PRETRAIN_SOURCES[name]}" for name, share in this_run["mix"].items())
     helped = evaluation["adapters_that_help"]
-    (BUNDLED_DIR / "adapters" / ON_BY_DEFAULT_FILE).write_text(json.dumps({"on": helped}) + "\n")
     before = json.loads(args.before.read_text())
     before_table = args.before.with_suffix(".md").resolve()
     if not before_table.is_file():

@@ -34,7 +34,7 @@ import torch
 from rouge_score import rouge_scorer
 from tqdm import tqdm
 
-from model.adapters import active_adapter, adapter_names, load_adapters
+from model.adapters import active_adapter, adapter_names, load_adapters, write_on_by_default
 from model.checkpoint import load_pretrained, pick_device
 from train.corpus import DATA_DIR, TINYSTORIES_DIR, tinystories_validation_text
 from train.metrics import bits_per_byte
@@ -226,6 +226,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bpb-chars", type=int, default=0,
                    help="measure bits per byte on the first N characters of the validation text "
                         "(0 = all of it, or what --limit says)")
+    p.add_argument("--on-by-default", type=Path, default=None, metavar="ADAPTERS_DIR",
+                   help="write ADAPTERS_DIR/on_by_default.json: the adapters that scored better than the "
+                        "prompt alone, which the app then starts with (e.g. assets/adapters)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads for torch (0 = torch's default); 1 is faster when another job shares the cores")
@@ -288,6 +291,8 @@ def main(argv=None) -> list[dict]:
     numbers = {"model": shown_path(args.model), "seeds": list(SEEDS), "limit": args.limit, "rows": rows,
                "adapters_that_help": adapters_that_help(rows)}
     args.out.with_suffix(".json").write_text(json.dumps(numbers, indent=2), encoding="utf-8")
+    if args.on_by_default is not None:
+        write_on_by_default(args.on_by_default, numbers["adapters_that_help"])
     print(markdown(rows, header))
     return rows
 

@@ -16,7 +16,7 @@ from peft import PeftModel
 from transformers import GPT2LMHeadModel
 
 from model import GPT2, GPT2Config, load_pretrained, save_pretrained
-from model.adapters import active_adapter, load_adapter
+from model.adapters import active_adapter, adapters_on_by_default, load_adapter
 from train.corpus import tinystories_validation_text
 from train.metrics import bits_per_byte
 from model.tokenizer import SentencePieceTokenizer
@@ -204,8 +204,13 @@ def test_eval_writes_every_metric(splits, tiny_base, tokenizer, tmp_path):
             if name in ("test", "derived-test"):
                 write_jsonl(test_data / f"{task}-{name}.jsonl", records)
     out = tmp_path / "docs" / "eval.md"
-    rows = task_eval.main(["--model", str(checkpoint), "--data", str(test_data), "--out", str(out), "--limit", "1"])
+    rows = task_eval.main(["--model", str(checkpoint), "--data", str(test_data), "--out", str(out), "--limit", "1",
+                           "--on-by-default", str(checkpoint / "adapters")])
     table = out.read_text()
+    # the adapters that beat the prompt are the ones the checkpoint now starts with
+    helped = json.loads(out.with_suffix(".json").read_text())["adapters_that_help"]
+    assert json.loads((checkpoint / "adapters" / "on_by_default.json").read_text()) == {"on": helped}
+    assert adapters_on_by_default(load_pretrained(checkpoint)[0]) == helped == task_eval.adapters_that_help(rows)
     for name in ("bits per byte", "chrF", "BLEU", "ROUGE-1", "ROUGE-2", "ROUGE-L", "response loss",
                  "English->French", "German->English", "all directions", "Aesop", "derived"):
         assert name in table, name
