@@ -4,7 +4,7 @@
 # Usage: bash scripts/build_bundled.sh "TRAINING TIME" ["NOTES FOR THE CARD"]
 # The adapters' step counts are where their held-out loss stopped falling in the last build (translate
 # nearly so; longer dialogue and summarisation runs did no better: docs/training/<task>-log.jsonl);
-# the card's evaluation decides which start on.
+# the evaluation decides which start on (tasks.eval --on-by-default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

@@ -102,6 +102,10 @@ def test_the_adapters_the_evaluation_found_better_start_switched_on(checkpoint, 
             headline("summarize", "ROUGE-L F1", "Aesop fable -> lesson", 12.0, 9.0),
             headline("dialogue", "response loss (bits per byte, lower is better)", "held-out responses", 2.0, 1.5)]
     assert adapters_that_help(rows) == ["translate", "dialogue"]  # higher chrF, lower loss; not a worse ROUGE
+    # a mean over seeds must win by more than two standard errors of the difference (2 x hypot(0.6, 0.8) = 2)
+    rouge = {**rows[2], "base": 10.0, "adapter": 11.9, "standard_error": {"base": 0.6, "adapter": 0.8}}
+    assert adapters_that_help([rouge]) == []
+    assert adapters_that_help([{**rouge, "adapter": 12.1}]) == ["summarize"]
 
     with_defaults = tmp_path / "model"
     shutil.copytree(checkpoint, with_defaults)

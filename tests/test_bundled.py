@@ -78,6 +78,16 @@ def test_a_new_edition_ships_only_where_its_evaluation_is_no_worse():
     assert len(card.regressions(sampled, evaluation(1.28, 7.1, 10.6, 7.99, rouge_error=0.4))) == 1
     assert len(card.regressions(before, evaluation(1.28, 7.1, 10.5, 9.0))) == 1
     assert len(card.regressions(before, evaluation(1.28, 7.1, 10.6, 8.9))) == 1
+    # a single-seed score before against a mean now: only the mean's error counts (2 x 0.4)
+    assert card.regressions(before, evaluation(1.28, 7.1, 10.6, 8.3, rouge_error=0.4)) == []
+    assert len(card.regressions(before, evaluation(1.28, 7.1, 10.6, 8.1, rouge_error=0.4))) == 1
+    # the best system changed (the prompt's 5.0 ± 0.5 now leads): its own error is the one used
+    assert card.regressions(evaluation(1.28, 7.1, 10.6, 5.8), evaluation(1.28, 7.1, 10.6, 4.0, rouge_error=0.1)) == []
+    assert len(card.regressions(evaluation(1.28, 7.1, 10.6, 6.1), evaluation(1.28, 7.1, 10.6, 4.0, rouge_error=0.1))) == 1
+    # a headline the new evaluation lacks is a regression, not a crash
+    no_rouge = {"rows": [r for r in evaluation(1.05, 12.0, 25.0, 16.0)["rows"] if r["task"] != "summarize"]}
+    missing = card.regressions(before, no_rouge)
+    assert len(missing) == 1 and "no such row now" in missing[0]
 
 
 def test_the_adapters_that_start_on_are_those_its_evaluation_found_better(bundled):

@@ -231,9 +231,10 @@ def test_eval_writes_every_metric(splits, tiny_base, tokenizer, tmp_path):
     for r in rows:
         sampled = r["task"] == "summarize"
         assert ("standard_error" in r) == sampled, r
+        line = next(line for line in table.splitlines() if f"| {r['metric']} | {r['test_set']} |" in line)
+        assert line.count(" ± ") == (2 if sampled else 0), line
         if sampled:
-            assert all(math.isfinite(r["standard_error"][system]) for system in ("base", "adapter"))
-            assert f"{r['standard_error']['adapter']:.2f}" in table
+            assert all(r["standard_error"][system] >= 0 for system in ("base", "adapter"))
 
 
 def test_a_sampled_score_is_the_mean_of_its_seeds_scores(splits, tiny_base, monkeypatch):
