@@ -114,6 +114,9 @@ def test_the_adapters_the_evaluation_found_better_start_switched_on(checkpoint, 
     assert loaded.adapters_on == ["translate"]  # dialogue has no adapter in this checkpoint
     assert adapter_props(TASKS["translate"], loaded)["value"] is True
     assert adapter_props(TASKS["summarize"], loaded)["value"] is False
+    # an adapter that starts off says so, and why, so a user knows it is meant
+    assert adapter_props(TASKS["summarize"], loaded)["info"].key == "adapter_info_off"
+    assert adapter_props(TASKS["translate"], loaded)["info"].key == "adapter_info"
     assert ModelHost([str(checkpoint)]).current.adapters_on == []  # no file: every adapter starts off
 
     (with_defaults / "adapters" / "on_by_default.json").write_text('["translate"]')

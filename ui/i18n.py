@@ -39,8 +39,8 @@ ENGLISH = {
     "source_language": "From",
     "target_language": "To",
     "example_pairs": "Example pairs",
-    "example_pairs_info": "one per line: source = target; the model continues the pattern (with the adapter off: "
-                          "the adapter learned the task and its prompt holds no examples)",
+    "example_pairs_info": "one per line: source = target. Sent only with the adapter off, for the model to continue "
+                          "their pattern; the adapter learned the task, so with it on the prompt holds none",
     "translation": "Translation",
     "English": "English",
     "French": "French",
@@ -50,6 +50,9 @@ ENGLISH = {
     # every tab
     "adapter": "Adapter",
     "adapter_info": "switch on the fine-tuned adapter for this task",
+    # Off by default where the model's evaluation found the adapter no better than the prompt alone
+    # (or the model has no evaluation): said, so that the off does not look like a mistake.
+    "adapter_info_off": "off by default for this model: switch it on to compare with the prompt alone",
     "lens_adapter": "Adapter for the logit lens",
     "lens_adapter_info": "with one on, red outlines the layers and tokens where it changes the top-1",
     "logit_lens": "Logit lens: what each layer would predict (ln_f and the tied head on the residual stream)",
@@ -154,7 +157,7 @@ CHINESE = {
     "source_language": "源语言",
     "target_language": "目标语言",
     "example_pairs": "示例句对",
-    "example_pairs_info": "每行一对：源文 = 译文；模型会沿用这个模式（仅在适配器关闭时：适配器已学会此任务，其提示不含示例）",
+    "example_pairs_info": "每行一对：源文 = 译文。仅在适配器关闭时发送，供模型沿用其模式；适配器已学会此任务，开启时提示中不含示例",
     "translation": "译文",
     "English": "英语",
     "French": "法语",
@@ -163,6 +166,7 @@ CHINESE = {
     "summary": "摘要",
     "adapter": "适配器",
     "adapter_info": "启用此任务微调过的适配器",
+    "adapter_info_off": "此模型默认关闭：可开启，与仅用提示对比",
     "lens_adapter": "逻辑透镜使用的适配器",
     "lens_adapter_info": "启用后，红框标出它改变了首选词元的层和位置",
     "logit_lens": "逻辑透镜：每一层会预测什么（对残差流施加 ln_f 和共享的输出头）",

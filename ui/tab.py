@@ -156,7 +156,8 @@ def adapter_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
         return dict(value=False, interactive=False, info=i18n("no_adapter_task"))
     if task.adapter not in loaded.adapters:
         return dict(value=False, interactive=False, info=i18n("no_adapter_model") + f" ({task.adapter})")
-    return dict(value=task.adapter in loaded.adapters_on, interactive=True, info=i18n("adapter_info"))
+    on = task.adapter in loaded.adapters_on
+    return dict(value=on, interactive=True, info=i18n("adapter_info" if on else "adapter_info_off"))
 
 
 def settings_widgets(task: Task) -> dict[str, gr.Component]:
