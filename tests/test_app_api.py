@@ -200,6 +200,10 @@ def test_the_status_line_says_how_the_adapter_was_set(client):
     assert status("/summarize", adapter=True).split(" · ")[4] == "adapter on"
     assert status("/summarize", adapter=True, adapter_scale=0.5).split(" · ")[4] == "adapter on at strength 0.5"
     assert "adapter" not in status("/generate")  # a task without one
+    # the settings the seed alone does not give back: those changed from the task's defaults
+    assert status("/summarize", adapter=False).split(" · ")[5] == "changed settings: max_new_tokens 4"
+    assert (status("/summarize", adapter=False, temperature=0.5).split(" · ")[5]
+            == "changed settings: temperature 0.5, max_new_tokens 4")
 
 
 def test_two_users_at_once_each_get_their_own_output(studio_url):

@@ -3,6 +3,7 @@ languages, and the messages the code really makes, each matched by a template.""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -14,14 +15,14 @@ from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, Transl
 from ui import chat
 from ui.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, language, localized, translate_one, word
 from ui.model_host import ModelHost, ModelLoadError
-from ui.running import adapter_state, check_size, checked_text
+from ui.running import adapter_state, changed_settings, check_size, checked_text
 from ui.views import example_pairs
 
 ENGLISH_WORD = re.compile(r"[A-Za-z]{3,}")
 SAMPLE_VALUES = {"name": "prompt", "what": "the prompt", "unit": "characters", "reason": "max_tokens",
                  "task": "generate", "adapter": "chat", "adapters": "none", "languages": "English, French, German",
                  "source": "English", "target": "French", "kind": "RuntimeError", "capability": "AVX512",
-                 "names": "bundled", "line": "'x'"}
+                 "names": "bundled", "line": "'x'", "settings": "temperature 0.7, top_k 40"}
 
 
 def sample(template: str) -> str:
@@ -97,6 +98,7 @@ def made_messages() -> list[str]:
         kernels.decode_path(),
         "seed 7 · 4 prompt + 16 generated tokens · 633.3 tokens/s · stopped: eos",
         *(adapter_state(on, scale) for on, scale in ((False, 1.0), (True, 1.0), (True, 0.5))),
+        *changed_settings(replace(TASKS["summarize"].defaults, temperature=0.7, top_k=40), TASKS["summarize"].defaults),
     ]
     return messages
 
@@ -106,6 +108,16 @@ def test_every_message_the_app_makes_has_its_chinese():
         assert translate_one(message) != message or message in NAMES_ZH, f"no template for: {message}"
         translated = localized(message, "zh")
         assert re.search(r"[\u4e00-\u9fff]", translated), (message, translated)
+
+
+def test_the_changed_settings_are_named_and_translated_each():
+    defaults = TASKS["summarize"].defaults
+    assert changed_settings(defaults, defaults) == []  # the defaults: nothing to add
+    part, = changed_settings(replace(defaults, temperature=0.7, top_k=40, seed=5, adapter_scale=0.5), defaults)
+    assert part == "changed settings: temperature 0.7, top_k 40"  # the seed and strength have their own parts
+    zh = localized(part, "zh")
+    assert NAMES_ZH["temperature"] in zh and NAMES_ZH["top_k"] in zh and "0.7" in zh and "40" in zh
+    assert "temperature" not in zh and "top_k" not in zh
 
 
 def test_the_model_line_is_whole_in_each_language():

@@ -85,6 +85,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "status": ("seed {seed} · {prompt} prompt + {generated} generated tokens · {speed} tokens/s · stopped: {reason}",
                "种子 {seed} · 提示 {prompt} + 生成 {generated} 个词元 · 每秒 {speed} 个词元 · 停止原因：{reason}"),
     "adapter_on_scaled": ("adapter on at strength {scale}", "适配器开，强度 {scale}"),  # "adapter on": NAMES_ZH
+    "changed_settings": ("changed settings: {settings}", "更改的设置：{settings}"),  # "name value, ..."
 }
 
 # What a message may name, as the code names it, and its Chinese: API parameters and settings (by
@@ -151,9 +152,17 @@ def translate_one(message: str) -> str:
     for english, chinese in TEMPLATES.values():
         found = _pattern(english).match(message)
         if found:
-            return chinese.format(**{key: translate_one(value) if key == "reason" else NAMES_ZH.get(value, value)
-                                     for key, value in found.groupdict().items()})
+            return chinese.format(**{key: translate_field(key, value) for key, value in found.groupdict().items()})
     return message
+
+
+def translate_field(key: str, value: str) -> str:
+    if key == "reason":
+        return translate_one(value)
+    if key == "settings":  # "temperature 0.7, top_k 40": each setting's name
+        return "，".join(f"{NAMES_ZH.get(name, name)} {number}"
+                        for name, number in (item.rsplit(" ", 1) for item in value.split(", ")))
+    return NAMES_ZH.get(value, value)
 
 
 def word(key: str, lang: str) -> str:

@@ -116,11 +116,20 @@ def check_size(name: str, size: int, limit: int, unit: str) -> None:
         raise ValueError(f"{name} is too long: {size:,} {unit}; the limit is {limit:,}")
 
 
-def status_line(done: TaskDone, task: Task, adapter_on: bool, adapter_scale: float) -> str:
+def status_line(done: TaskDone, task: Task, params: SamplingParams, adapter_on: bool) -> str:
     """How to reproduce the run (seed, token counts, speed, why it stopped; the adapter, where the
-    task has one: its prompt and output differ with it) and what was cut."""
-    adapter = [] if task.adapter is None else [adapter_state(adapter_on, adapter_scale)]
-    return " · ".join([done.result.summary(), *adapter, *done.prompt.notes])
+    task has one: its prompt and output differ with it; the settings changed from the task's
+    defaults, which the seed alone does not give back) and what was cut."""
+    adapter = [] if task.adapter is None else [adapter_state(adapter_on, params.adapter_scale)]
+    return " · ".join([done.result.summary(), *adapter, *changed_settings(params, task.defaults),
+                       *done.prompt.notes])
+
+
+def changed_settings(params: SamplingParams, defaults: SamplingParams) -> list[str]:
+    """The status line's part naming each decoding setting that differs from the task's default."""
+    changed = [f"{name} {getattr(params, name):g}" for name, _ in SETTINGS
+               if getattr(params, name) != getattr(defaults, name)]
+    return [f"changed settings: {', '.join(changed)}"] if changed else []
 
 
 def adapter_state(adapter_on: bool, adapter_scale: float) -> str:
@@ -169,7 +178,7 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                     if event.result.stop_reason == "cancelled":
                         log.info("/%s: stopped by its user after %d tokens", api.name, event.result.generated_tokens)
                     sent += 1
-                    yield (event.text, status_line(event, api.task, adapter, params.adapter_scale), event.prompt.text,
+                    yield (event.text, status_line(event, api.task, params, adapter), event.prompt.text,
                            event.result.logprobs)
                 elif pacer.due(time.monotonic()):
                     sent, held_back = sent + 1, None
@@ -219,7 +228,7 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                 if None in done and pacer.due(time.monotonic()):
                     yield list(texts), "", None
         comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params))
-        yield [d.text for d in done], status_line(done[1], api.task, True, params.adapter_scale), comparison
+        yield [d.text for d in done], status_line(done[1], api.task, params, True), comparison
     except ValueError as error:
         raise Refusal(str(error), print_exception=False) from error
     except GeneratorExit:
