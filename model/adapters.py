@@ -97,11 +97,9 @@ def load_adapters(model: GPT2, root: str | Path) -> list[str]:
     return names
 
 
-def write_on_by_default(root: str | Path, names: list[str]) -> Path:
+def write_on_by_default(root: str | Path, names: list[str]) -> None:
     """Write which of the adapters under root start on (read back by load_adapters)."""
-    path = Path(root) / ON_BY_DEFAULT_FILE
-    path.write_text(json.dumps({"on": list(names)}) + "\n")
-    return path
+    (Path(root) / ON_BY_DEFAULT_FILE).write_text(json.dumps({"on": list(names)}) + "\n")
 
 
 def adapters_on_by_default(model: GPT2) -> list[str]:

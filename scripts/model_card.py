@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, replace
@@ -25,7 +24,8 @@ from model import load_pretrained  # noqa: E402
 from model.adapters import adapters_on_by_default  # noqa: E402
 from model.checkpoint import BUNDLED_DIR  # noqa: E402
 from tasks.dialogue import PERSONAS  # noqa: E402
-from tasks.eval import HEADLINES, LANGUAGE_MODELLING, better_beyond_noise, find_row, standard_error_of  # noqa: E402
+from tasks.eval import (HEADLINES, LANGUAGE_MODELLING, SYSTEMS, better_beyond_noise, find_row, seed_noise,  # noqa: E402
+                        standard_error_of)
 from train.pretrain import PRETRAIN_SOURCES, TRAINING_RECORD  # noqa: E402
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TaskDone, TranslateInputs, run_task  # noqa: E402
 
@@ -74,7 +74,7 @@ def regressions(before: dict, now: dict) -> list[str]:
     seeds has a standard error; an exact or greedy score, or one from a single seed, counts as exact)."""
     def best(evaluation, task, metric, test_set, pick):
         r = find_row(evaluation["rows"], task, metric, test_set)
-        systems = [s for s in ("base", "adapter") if r and r[s] is not None]
+        systems = [s for s in SYSTEMS if r and r[s] is not None]
         if not systems:
             return None
         system = pick(systems, key=lambda s: r[s])
@@ -91,7 +91,7 @@ def regressions(before: dict, now: dict) -> list[str]:
             worse.append(f"{task}, {metric}, {test_set}: no such row now, {earlier[0]:.3f} before")
         elif better_beyond_noise(*earlier, *latest, higher_is_better):
             (old, old_error), (new, new_error) = earlier, latest
-            slack = 2 * math.hypot(old_error, new_error)
+            slack = seed_noise(old_error, new_error)
             noise = f" (more than the {slack:.2f} seeds move it)" if slack else ""
             worse.append(f"{task}, {metric}, {test_set}: {new:.3f} now, {old:.3f} before{noise}")
     return worse

@@ -137,11 +137,16 @@ def standard_error_of(r: dict, system: str) -> float:
     return (r.get("standard_error") or {}).get(system) or 0.0
 
 
+def seed_noise(a_error: float, b_error: float) -> float:
+    """How far seeds alone could move the difference of two scores with these standard errors:
+    two standard errors of the difference; 0 for exact scores."""
+    return 2 * math.hypot(a_error, b_error)
+
+
 def better_beyond_noise(a: float, a_error: float, b: float, b_error: float, higher_is_better: bool) -> bool:
-    """Whether score a beats score b by more than two standard errors of their difference, which
-    seeds alone could move it by; with no standard errors (exact scores), whether it beats it at all."""
-    margin = (a - b if higher_is_better else b - a) - 2 * math.hypot(a_error, b_error)
-    return margin > 0
+    """Whether score a beats score b by more than seed_noise; with no standard errors (exact
+    scores), whether it beats it at all."""
+    return (a - b if higher_is_better else b - a) > seed_noise(a_error, b_error)
 
 
 def adapters_that_help(rows: list[dict]) -> list[str]:
