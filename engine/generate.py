@@ -123,6 +123,11 @@ class Chunk:
     text: str  # text generated since the previous chunk
 
 
+# Why a run stopped, as its status line says it to a person (Result.stop_reason keeps the code).
+STOP_REASON_WORDS = {"eos": "end of text", "stop_string": "stop string", "max_tokens": "max_new_tokens reached",
+                     "context_full": "context full", "cancelled": "Stop pressed", "task_done": "answer complete"}
+
+
 @dataclass
 class Result:
     text: str  # the whole generated text, stop string cut off
@@ -138,7 +143,7 @@ class Result:
 
     def summary(self) -> str:
         return (f"seed {self.seed} · {self.prompt_tokens} prompt + {self.generated_tokens} generated tokens · "
-                f"{self.tokens_per_second:.1f} tokens/s · stopped: {self.stop_reason}")
+                f"{self.tokens_per_second:.1f} tokens/s · stopped: {STOP_REASON_WORDS[self.stop_reason]}")
 
 
 def brief(value, limit: int = 60) -> str:

@@ -20,6 +20,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import cpu_name  # noqa: E402
 from engine import kernels, prepare_for_serving  # noqa: E402
+from engine.generate import STOP_REASON_WORDS  # noqa: E402
 from model import load_pretrained  # noqa: E402
 from model.adapters import adapters_on_by_default  # noqa: E402
 from model.checkpoint import BUNDLED_DIR  # noqa: E402
@@ -169,7 +170,7 @@ def main(argv=None) -> None:
     for s in samples:
         setting = f"adapter {'on' if s['adapter'] else 'off'}" if TASKS[s["task"]].adapter else "no adapter"
         sample_md.append(f"**{s['task']}**, {setting}, seed {s['seed']}, the task's default settings "
-                         f"(stopped: {s['stop_reason']})\n\n```text\n{s['prompt']}\n```\n\n"
+                         f"(stopped: {STOP_REASON_WORDS[s['stop_reason']]})\n\n```text\n{s['prompt']}\n```\n\n"
                          f"→\n\n```text\n{s['output']}\n```\n")
 
     on_by_default = ", ".join(adapters_on_by_default(model)) or "none"  # what assets/adapters ships

@@ -10,6 +10,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from ui import chat
+from ui.i18n import ENGLISH
 
 from .conftest import open_app, screenshot
 
@@ -77,17 +78,21 @@ def recorded_values(page: Page) -> list[str]:
     return page.evaluate("() => { clearInterval(window.recorder); return window.seen; }")
 
 
-TABS = {  # task: (tab label, input box, text to type, how the prompt sent ends)
-    "generate": ("Generate", "#generate-prompt textarea", "Once upon a time", "Once upon a time"),
-    "translate": ("Translate", "#translate-text textarea", "The cat is asleep.", "\nThe cat is asleep. ="),
-    "summarize": ("Summarise", "#summarize-article textarea", FABLE, f"{FABLE}\nTL;DR:"),
+TABS = {  # task: (tab label, input box, text to type, how the prompt sent ends, run button)
+    "generate": ("Generate", "#generate-prompt textarea", "Once upon a time", "Once upon a time", "Generate"),
+    "translate": ("Translate", "#translate-text textarea", "The cat is asleep.", "\nThe cat is asleep. =",
+                  "Translate"),
+    "summarize": ("Summarise", "#summarize-article textarea", FABLE, f"{FABLE}\nTL;DR:", "Summarise"),
 }
 
 
 @pytest.mark.parametrize("task", TABS)
 def test_each_tab_streams_its_text_and_shows_the_seed(page, task):
-    label, box, text, prompt_end = TABS[task]
+    label, box, text, prompt_end, run_label = TABS[task]
     page.get_by_role("tab", name=label).click()
+    # The tab says what it does, and its button names the task.
+    expect(page.locator(f"#{task}-intro")).to_contain_text(re.sub(r"[*`]", "", ENGLISH[f"intro_{task}"]))
+    expect(page.locator(f"#{task}-run")).to_have_text(run_label)
     page.locator(box).fill(text)
     set_setting(page, task, "seed", 11)
     record_values(page, f"#{task}-output textarea")
@@ -96,7 +101,7 @@ def test_each_tab_streams_its_text_and_shows_the_seed(page, task):
     shown = [value for value in recorded_values(page) if value]
     output = page.locator(f"#{task}-output textarea").input_value()
     assert output.strip() and shown[-1] == output
-    assert re.search(r"\d+ prompt \+ \d+ generated tokens · [\d.]+ tokens/s · stopped: \w+", line)
+    assert re.search(r"\d+ prompt \+ \d+ generated tokens · [\d.]+ tokens/s · stopped: [\w ]+", line)
     # The exact prompt is in its accordion.
     page.locator(f"#tab-{task}").get_by_text("Prompt sent to the model").click()
     assert page.locator(f"#{task}-prompt-sent textarea").input_value().endswith(prompt_end)
@@ -230,7 +235,7 @@ def test_stop_ends_a_long_generation_and_keeps_its_text(page):
     expect(output).not_to_have_value("")  # text is streaming in
     page.locator("#generate-stop").click()
     line = wait_for_run(page, "generate", 31)
-    assert "stopped: cancelled" in line
+    assert "stopped: Stop pressed" in line
     generated = int(re.search(r"(\d+) generated tokens", line).group(1))
     assert 0 < generated < 500
     assert output.input_value().strip(), "the partial text stays"
@@ -274,6 +279,17 @@ def test_adapter_controls_show_only_on_tabs_whose_task_has_an_adapter(page):
     page.locator("#tab-summarize").get_by_text("Why this output").click()
     expect(page.locator("#summarize-adapter_scale")).to_be_visible()
     expect(page.locator("#summarize-compare")).to_be_visible()
+    # The strength can be set only where an adapter runs: switched on, or compared.
+    adapter, compare = page.locator("#summarize-adapter input"), page.locator("#summarize-compare input")
+    strength = page.locator("#summarize-adapter_scale input[type=range]")
+    adapter.set_checked(False)
+    expect(strength).to_be_disabled()
+    compare.set_checked(True)
+    expect(strength).to_be_enabled()
+    compare.set_checked(False)
+    expect(strength).to_be_disabled()
+    adapter.set_checked(True)
+    expect(strength).to_be_enabled()
 
 
 def test_summarise_shows_the_article_length_and_when_it_will_be_cut(page):
@@ -438,7 +454,7 @@ def test_compare_streams_two_columns_and_stop_stops_both(page):
     expect(on).not_to_have_value("")
     page.locator("#summarize-stop").click()
     line = wait_for_run(page, "summarize", 10)
-    assert "stopped: cancelled" in line
+    assert "stopped: Stop pressed" in line
     stopped = off.input_value(), on.input_value()
     page.wait_for_timeout(1000)
     assert (off.input_value(), on.input_value()) == stopped  # both stopped

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from engine import kernels
-from engine.generate import SamplingParams, check_prompt_fits
+from engine.generate import STOP_REASON_WORDS, Result, SamplingParams, check_prompt_fits
 from model import GPT2, GPT2Config
 from model.adapters import check_adapter
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
@@ -19,7 +19,7 @@ from ui.running import adapter_state, changed_settings, check_size, checked_text
 from ui.views import example_pairs
 
 ENGLISH_WORD = re.compile(r"[A-Za-z]{3,}")
-SAMPLE_VALUES = {"name": "prompt", "what": "the prompt", "unit": "characters", "reason": "max_tokens",
+SAMPLE_VALUES = {"name": "prompt", "what": "the prompt", "unit": "characters", "reason": "max_new_tokens reached",
                  "task": "generate", "adapter": "chat", "adapters": "none", "languages": "English, French, German",
                  "source": "English", "target": "French", "kind": "RuntimeError", "capability": "AVX512",
                  "names": "bundled", "line": "'x'", "settings": "temperature 0.7, top_k 40"}
@@ -96,7 +96,7 @@ def made_messages() -> list[str]:
         TASKS["dialogue"].prompt(DialogueInputs(message="Hi", history=[("a " * 200, "b " * 200)] * 3), tokenizer,
                                  512, 16, False).notes[0],
         kernels.decode_path(),
-        "seed 7 · 4 prompt + 16 generated tokens · 633.3 tokens/s · stopped: eos",
+        *(Result("", 7, 4, 16, 633.3, reason).summary() for reason in STOP_REASON_WORDS),
         *(adapter_state(on, scale) for on, scale in ((False, 1.0), (True, 1.0), (True, 0.5))),
         *changed_settings(replace(TASKS["summarize"].defaults, temperature=0.7, top_k=40), TASKS["summarize"].defaults),
     ]

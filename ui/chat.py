@@ -343,7 +343,7 @@ CHAT = TaskView(
                     checked_text("message", message), history_pairs(history), checked_text("persona", persona)),
                 description="The bot's reply to message, after history ([user, bot] pairs, oldest first) and a "
                             "persona line. Returns (reply, status line, prompt sent); streams."),
-    label="tab_dialogue", run_label="send", build=chat_widgets,
+    label="tab_dialogue", run_label="send", intro="intro_dialogue", build=chat_widgets,
     # Requests of the kinds the bundled model learned, each with the persona line of its source.
     examples=[["Hi, I'd like to order a coffee, please.", PERSONAS["taskmaster"]],
               ["I want to book a hotel in Paris.", PERSONAS["sgd"]],

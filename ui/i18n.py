@@ -18,9 +18,20 @@ ENGLISH = {
     "tab_translate": "Translate",
     "tab_summarize": "Summarise",
     "tab_architecture": "Architecture",
+    # what each task tab does, the line at its top
+    "intro_generate": "The model continues your text. **Continue** adds what it wrote to the prompt, "
+                      "so you can correct it and go on.",
+    "intro_dialogue": "Talk with the model. The persona sets the scene; each reply is the model's next line "
+                      "in the transcript.",
+    "intro_translate": "Translate a sentence between English, French and German. With the adapter off, the "
+                       "example pairs show the model what to do.",
+    "intro_summarize": "Summarise a text: the model reads it, then `TL;DR:`, and its first few sentences are "
+                       "the summary.",
     # buttons
     "generate": "Generate",
     "send": "Send",
+    "run_translate": "Translate",
+    "run_summarize": "Summarise",
     "stop": "Stop",
     "continue": "Continue",
     "export_conversation": "Export conversation (JSON)",
@@ -57,7 +68,8 @@ ENGLISH = {
     "lens_adapter_info": "with one on, red outlines the layers and tokens where it changes the top-1",
     "logit_lens": "Logit lens: what each layer would predict (ln_f and the tied head on the residual stream)",
     "adapter_scale": "Adapter strength",
-    "adapter_scale_info": "how much of the adapter's change to add: 0 = the base model, 1 = as trained",
+    "adapter_scale_info": "how much of the adapter's change to add: 0 = the base model, 1 = as trained; "
+                          "with the adapter on, or when comparing",
     "look_inside_output": "Why this output: tokens, alternatives, adapter off vs on",
     "show_tokens": "Show tokens",
     "show_tokens_info": "each token coloured by its probability, with the alternatives at that step",
@@ -138,8 +150,14 @@ CHINESE = {
     "tab_translate": "翻译",
     "tab_summarize": "摘要",
     "tab_architecture": "架构",
+    "intro_generate": "模型接着你的文字写下去。**继续**会把它写的内容加到提示后面，你可以改正后接着写。",
+    "intro_dialogue": "和模型对话。人设设定场景；每条回复是模型在对话记录里的下一句。",
+    "intro_translate": "在英语、法语和德语之间翻译一句话。关闭适配器时，示例句对向模型示范要做什么。",
+    "intro_summarize": "为一段文字写摘要：模型读完文章，再读 `TL;DR:`，写出的前几句就是摘要。",
     "generate": "生成",
     "send": "发送",
+    "run_translate": "翻译",
+    "run_summarize": "生成摘要",
     "stop": "停止",
     "continue": "续写",
     "export_conversation": "导出对话（JSON）",
@@ -171,7 +189,7 @@ CHINESE = {
     "lens_adapter_info": "启用后，红框标出它改变了首选词元的层和位置",
     "logit_lens": "逻辑透镜：每一层会预测什么（对残差流施加 ln_f 和共享的输出头）",
     "adapter_scale": "适配器强度",
-    "adapter_scale_info": "加入多少适配器的改变：0 = 基础模型，1 = 训练时的强度",
+    "adapter_scale_info": "加入多少适配器的改变：0 = 基础模型，1 = 训练时的强度；在适配器打开或对比时生效",
     "look_inside_output": "为什么是这个输出：词元、备选、适配器关与开",
     "show_tokens": "显示词元",
     "show_tokens_info": "每个词元按概率着色，并列出该步的备选",

@@ -100,8 +100,9 @@ NAMES_ZH: dict[str, str] = {
     "the prompt": "提示", "the persona and the message": "人设和消息", "the text to translate": "要翻译的文本",
     "TL;DR: and one token of the article": "TL;DR: 和文章的一个词元",
     "characters": "个字符", "turns": "轮", "pairs": "对",
-    "eos": "文本结束", "stop_string": "停止串", "max_tokens": "达到最大词元数", "context_full": "上下文已满",
-    "cancelled": "已取消", "task_done": "任务完成",
+    # why a run stopped (engine.generate.STOP_REASON_WORDS)
+    "end of text": "文本结束", "stop string": "停止串", "max_new_tokens reached": "达到最大词元数",
+    "context full": "上下文已满", "Stop pressed": "已按停止", "answer complete": "回答完整",
     "none": "无", "layer": "层", "head": "注意力头",
     "decode kernels building": "解码内核构建中", "kernels switched off": "内核已关闭", "no kernels": "无内核",
     "no C++ compiler": "没有 C++ 编译器",

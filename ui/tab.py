@@ -39,6 +39,7 @@ class TaskView:
     api: TaskAPI
     label: str  # i18n key of the tab
     run_label: str  # i18n key of the run button
+    intro: str  # i18n key of the line at the tab's top that says what the tab does
     build: Callable[[], Widgets]
     examples: list[list[Any]]  # one value per name in example_inputs
     example_inputs: tuple[str, ...]
@@ -160,6 +161,10 @@ def adapter_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
     return dict(value=on, interactive=True, info=i18n("adapter_info" if on else "adapter_info_off"))
 
 
+def strength_live(adapter_on: bool, comparing: bool) -> gr.Slider:
+    return gr.Slider(interactive=adapter_on or comparing)
+
+
 def settings_widgets(task: Task) -> dict[str, gr.Component]:
     """Sliders for the decoding settings, spanning the ranges the app accepts, set to the task's
     defaults; and the seed."""
@@ -183,6 +188,7 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
     made at the page's top level (TaskView.page_state)."""
     task = view.task
     with gr.Tab(i18n(view.label), id=task.name, elem_id=f"tab-{task.name}"):
+        gr.Markdown(i18n(view.intro), elem_id=f"{task.name}-intro")
         widgets = view.build()
         with gr.Row():
             run_button = gr.Button(i18n(view.run_label), variant="primary", elem_id=f"{task.name}-run")
@@ -190,8 +196,9 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
                                if view.notebook else None)
             stop_button = gr.Button(i18n("stop"), variant="stop", elem_id=f"{task.name}-stop")
         status = gr.Markdown(elem_id=f"{task.name}-status")
-        adapter = gr.Checkbox(label=i18n("adapter"), **adapter_props(task, host.current), elem_id=f"{task.name}-adapter")
-        insight = Insight.build(task.name, has_adapter=task.adapter is not None)
+        adapter_now = adapter_props(task, host.current)
+        adapter = gr.Checkbox(label=i18n("adapter"), **adapter_now, elem_id=f"{task.name}-adapter")
+        insight = Insight.build(task.name, has_adapter=task.adapter is not None, adapter_on=adapter_now["value"])
         with gr.Accordion(i18n("settings"), open=False):
             settings = settings_widgets(task)
         with gr.Accordion(i18n("prompt_sent"), open=False):
@@ -218,6 +225,9 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
             tab.run_events[-1].then(append_run, [notebook, widgets.output, status], notebook, queue=False,
                                     api_visibility="private")
         insight.wire(host)
+        # The strength acts only on an adapter that runs: switched on, or the on side of a comparison.
+        gr.on([adapter.change, insight.compare.change], strength_live, [adapter, insight.compare],
+              insight.adapter_scale, queue=False, api_visibility="private")
         if view.extras is not None:
             view.extras(tab)
 

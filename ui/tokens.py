@@ -108,11 +108,11 @@ class Insight:
     selected: gr.State  # {"row", "index"} of the token clicked last
 
     @classmethod
-    def build(cls, task: str, has_adapter: bool) -> "Insight":
-        """Lay out the parts; call inside the tab, below the adapter switch."""
+    def build(cls, task: str, has_adapter: bool, adapter_on: bool) -> "Insight":
+        """Lay out the parts; call inside the tab, below the adapter switch (`adapter_on`: its value)."""
         adapter_scale = gr.Slider(*LIMITS["adapter_scale"], value=1.0, step=0.05, label=i18n("adapter_scale"),
                                   info=i18n("adapter_scale_info"), visible=has_adapter,  # a task without one
-                                  elem_id=f"{task}-adapter_scale")
+                                  interactive=adapter_on, elem_id=f"{task}-adapter_scale")
         with gr.Accordion(i18n("look_inside_output"), open=False, elem_id=f"{task}-insight"):
             with gr.Row():
                 show_tokens = gr.Checkbox(False, label=i18n("show_tokens"), info=i18n("show_tokens_info"),

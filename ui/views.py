@@ -31,7 +31,7 @@ GENERATE = TaskView(
     api=TaskAPI(TASKS["generate"], "generate", (Param("prompt", str),),
                 make_inputs=lambda prompt: GenerateInputs(checked_text("prompt", prompt)),
                 description="Continue the prompt. Returns (continuation, status line, prompt sent); streams."),
-    label="tab_generate", run_label="generate", build=generate_widgets,
+    label="tab_generate", run_label="generate", intro="intro_generate", build=generate_widgets,
     # Examples are chosen by trying them on the bundled model with the tab's defaults and several seeds:
     # it learned from children's stories, so story openings are what it continues best.
     examples=[["Once upon a time, there was a little fox who"],
@@ -121,7 +121,7 @@ TRANSLATE = TaskView(
                     example_pairs(examples)),
                 description="Translate text by example pairs (GPT-2 paper style). examples: one `source = target` "
                             "a line; None for the built-in pairs. Returns (translation, status line, prompt sent)."),
-    label="tab_translate", run_label="generate", build=translate_widgets,
+    label="tab_translate", run_label="run_translate", intro="intro_translate", build=translate_widgets,
     examples=[list(example) for example in TRANSLATE_EXAMPLES],
     example_inputs=("text", "source", "target"),
     example_labels=[f"{source} → {target}: {text}" for text, source, target in TRANSLATE_EXAMPLES],
@@ -181,7 +181,7 @@ SUMMARIZE = TaskView(
                 make_inputs=lambda article: SummarizeInputs(checked_text("article", article)),
                 description="Summarise an article with `TL;DR:` (GPT-2 paper style): the first 3 sentences of "
                             "what follows. Returns (summary, status line, prompt sent)."),
-    label="tab_summarize", run_label="generate", build=summarize_widgets,
+    label="tab_summarize", run_label="run_summarize", intro="intro_summarize", build=summarize_widgets,
     examples=[[FOX_AND_CROW], [ANT_AND_DOVE]],
     example_inputs=("article",),
     example_labels=["The fox and the crow", "The ant and the dove"],
