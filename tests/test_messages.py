@@ -120,6 +120,13 @@ def test_the_changed_settings_are_named_and_translated_each():
     assert "temperature" not in zh and "top_k" not in zh
 
 
+def test_a_list_in_a_message_is_translated_item_by_item():
+    refused = next(message for message in made_messages() if "English, French, German" in message)
+    zh = localized(refused, "zh")
+    assert all(NAMES_ZH[name] in zh for name in ("English", "French", "German")), zh
+    assert not re.search("English|French|German", zh), zh
+
+
 def test_the_model_line_is_whole_in_each_language():
     for lang, template in MODEL_LINE.items():
         assert set(re.findall(r"\{(\w+)\}", template)) == set(re.findall(r"\{(\w+)\}", MODEL_LINE["en"]))

@@ -158,12 +158,19 @@ def translate_one(message: str) -> str:
 
 
 def translate_field(key: str, value: str) -> str:
+    """A field's value in Chinese: a stop reason as a message; a list ("English, French, German",
+    "temperature 0.7, top_k 40") item by item."""
     if key == "reason":
         return translate_one(value)
-    if key == "settings":  # "temperature 0.7, top_k 40": each setting's name
-        return "，".join(f"{NAMES_ZH.get(name, name)} {number}"
-                        for name, number in (item.rsplit(" ", 1) for item in value.split(", ")))
-    return NAMES_ZH.get(value, value)
+    return "，".join(map(translate_item, value.split(", ")))
+
+
+def translate_item(item: str) -> str:
+    """A name the app uses, or a setting with its value ("temperature 0.7"), in Chinese."""
+    name, _, number = item.rpartition(" ")
+    if item not in NAMES_ZH and name in NAMES_ZH and re.fullmatch(r"-?[\d.]+", number):
+        return f"{NAMES_ZH[name]} {number}"
+    return NAMES_ZH.get(item, item)
 
 
 def word(key: str, lang: str) -> str:
