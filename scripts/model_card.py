@@ -26,7 +26,7 @@ from model.adapters import adapters_on_by_default  # noqa: E402
 from model.checkpoint import BUNDLED_DIR  # noqa: E402
 from tasks.dialogue import PERSONAS  # noqa: E402
 from tasks.eval import (HEADLINES, LANGUAGE_MODELLING, SYSTEMS, better_beyond_noise, find_row, seed_noise,  # noqa: E402
-                        standard_error_of)
+                        score_text, standard_error_of)
 from train.pretrain import PRETRAIN_SOURCES, TRAINING_RECORD  # noqa: E402
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TaskDone, TranslateInputs, run_task  # noqa: E402
 
@@ -104,15 +104,12 @@ def before_and_now(before: dict, now: dict) -> str:
     lines = ["| task | metric | test set | before: base | before: adapter | now: base | now: adapter |",
              "|---|---|---|---:|---:|---:|---:|"]
 
-    def cell(value):
-        return "—" if value is None else f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
-
     for r in now["rows"]:
         old = earlier.get((r["task"], r["metric"], r["test_set"]))
         if old is None or r["metric"] == "BLEU":
             continue
-        lines.append(f"| {r['task']} | {r['metric']} | {r['test_set']} | {cell(old['base'])} | {cell(old['adapter'])} "
-                     f"| {cell(r['base'])} | {cell(r['adapter'])} |")
+        cells = [score_text(row, system) for row in (old, r) for system in SYSTEMS]
+        lines.append(f"| {r['task']} | {r['metric']} | {r['test_set']} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 

@@ -209,19 +209,22 @@ def evaluate(model, tokenizer, data_dir: Path, limit: int = 0, bpb_chars: int = 
     return rows
 
 
-def markdown(rows: list[dict], header: str) -> str:
-    def number(value):
-        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+def score_text(row: dict, system: str) -> str:
+    """One system's score in a row as a table cell: a sampled score as its mean ± standard error."""
+    value = row[system]
+    if value is None:
+        return "—"
+    if "standard_error" in row:
+        return f"{value:.2f} ± {standard_error_of(row, system):.2f}"
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
 
-    def cell(r, system):
-        if r[system] is None:
-            return "—"
-        return f"{r[system]:.2f} ± {standard_error_of(r, system):.2f}" if "standard_error" in r else number(r[system])
+
+def markdown(rows: list[dict], header: str) -> str:
     lines = [header, "", "| task | metric | test set | n | base + prompt | base + adapter |",
              "|---|---|---|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['task']} | {r['metric']} | {r['test_set']} | {r['n']:,} | {cell(r, 'base')} | "
-                     f"{cell(r, 'adapter')} |")
+        lines.append(f"| {r['task']} | {r['metric']} | {r['test_set']} | {r['n']:,} | {score_text(r, 'base')} | "
+                     f"{score_text(r, 'adapter')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -84,6 +84,10 @@ def test_a_new_edition_ships_only_where_its_evaluation_is_no_worse():
     # the best system changed (the prompt's 5.0 ± 0.5 now leads): its own error is the one used
     assert card.regressions(evaluation(1.28, 7.1, 10.6, 5.8), evaluation(1.28, 7.1, 10.6, 4.0, rouge_error=0.1)) == []
     assert len(card.regressions(evaluation(1.28, 7.1, 10.6, 6.1), evaluation(1.28, 7.1, 10.6, 4.0, rouge_error=0.1))) == 1
+    # the card's before-and-now table gives a sampled score with its standard error, before and now
+    table = card.before_and_now(sampled, evaluation(1.28, 7.1, 10.6, 8.01, rouge_error=0.4))
+    rouge = next(line for line in table.splitlines() if "ROUGE-L" in line)
+    assert "| 5.00 ± 0.50 | 9.00 ± 0.30 | 5.00 ± 0.50 | 8.01 ± 0.40 |" in rouge, rouge
     # a headline the new evaluation lacks is a regression, not a crash
     no_rouge = {"rows": [r for r in evaluation(1.05, 12.0, 25.0, 16.0)["rows"] if r["task"] != "summarize"]}
     missing = card.regressions(before, no_rouge)
