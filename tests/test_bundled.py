@@ -51,10 +51,13 @@ def test_card_samples_are_what_the_shipped_files_write(bundled):
         assert f"```text\n{sample['output']}\n```" in card
 
 
-def test_a_new_edition_ships_only_where_its_evaluation_is_no_worse():
+def test_a_new_edition_ships_only_where_its_evaluation_improves(tmp_path):
     spec = importlib.util.spec_from_file_location("model_card", REPO / "scripts" / "model_card.py")
     card = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(card)
+
+    def regressions(before, now):
+        return card.headline_changes(before, now)[0]
 
     def evaluation(bpb, chrf_base, chrf_adapter, rouge_adapter, rouge_error=None):
         def r(task, metric, test_set, base, adapter=None, errors=None):
@@ -66,31 +69,43 @@ def test_a_new_edition_ships_only_where_its_evaluation_is_no_worse():
                            {"base": 0.5, "adapter": rouge_error} if rouge_error else None)]}
 
     before = evaluation(1.28, 7.1, 10.6, 9.0)
-    assert card.regressions(before, evaluation(1.05, 12.0, 25.0, 16.0)) == []
+    assert regressions(before, evaluation(1.05, 12.0, 25.0, 16.0)) == []
     # the prompt alone overtaking the adapter still counts: the task's best is what a user can get
-    assert card.regressions(before, evaluation(1.05, 22.0, 9.0, 16.0)) == []
-    worse = card.regressions(before, evaluation(1.30, 12.0, 25.0, 7.5))
+    assert regressions(before, evaluation(1.05, 22.0, 9.0, 16.0)) == []
+    worse = regressions(before, evaluation(1.30, 12.0, 25.0, 7.5))
     assert len(worse) == 2 and "bits per byte" in worse[0] and "ROUGE-L" in worse[1]
     # a mean over seeds may lose two standard errors of the difference (here 2 x hypot(0.3, 0.4) = 1.0);
     # a metric without a standard error (greedy, exact, or a single seed) nothing
     sampled = evaluation(1.28, 7.1, 10.6, 9.0, rouge_error=0.3)
-    assert card.regressions(sampled, evaluation(1.28, 7.1, 10.6, 8.01, rouge_error=0.4)) == []
-    assert len(card.regressions(sampled, evaluation(1.28, 7.1, 10.6, 7.99, rouge_error=0.4))) == 1
-    assert len(card.regressions(before, evaluation(1.28, 7.1, 10.5, 9.0))) == 1
-    assert len(card.regressions(before, evaluation(1.28, 7.1, 10.6, 8.9))) == 1
+    assert regressions(sampled, evaluation(1.28, 7.1, 10.6, 8.01, rouge_error=0.4)) == []
+    assert len(regressions(sampled, evaluation(1.28, 7.1, 10.6, 7.99, rouge_error=0.4))) == 1
+    assert len(regressions(before, evaluation(1.28, 7.1, 10.5, 9.0))) == 1
+    assert len(regressions(before, evaluation(1.28, 7.1, 10.6, 8.9))) == 1
     # a single-seed score before against a mean now: only the mean's error counts (2 x 0.4)
-    assert card.regressions(before, evaluation(1.28, 7.1, 10.6, 8.3, rouge_error=0.4)) == []
-    assert len(card.regressions(before, evaluation(1.28, 7.1, 10.6, 8.1, rouge_error=0.4))) == 1
+    assert regressions(before, evaluation(1.28, 7.1, 10.6, 8.3, rouge_error=0.4)) == []
+    assert len(regressions(before, evaluation(1.28, 7.1, 10.6, 8.1, rouge_error=0.4))) == 1
     # the best system changed (the prompt's 5.0 ± 0.5 now leads): its own error is the one used
-    assert card.regressions(evaluation(1.28, 7.1, 10.6, 5.8), evaluation(1.28, 7.1, 10.6, 4.0, rouge_error=0.1)) == []
-    assert len(card.regressions(evaluation(1.28, 7.1, 10.6, 6.1), evaluation(1.28, 7.1, 10.6, 4.0, rouge_error=0.1))) == 1
+    assert regressions(evaluation(1.28, 7.1, 10.6, 5.8), evaluation(1.28, 7.1, 10.6, 4.0, rouge_error=0.1)) == []
+    assert len(regressions(evaluation(1.28, 7.1, 10.6, 6.1), evaluation(1.28, 7.1, 10.6, 4.0, rouge_error=0.1))) == 1
+    # what improved is named too, and an edition ships only where something did and nothing got worse
+    assert len(card.headline_changes(before, evaluation(1.05, 12.0, 25.0, 16.0))[1]) == 3
+    assert card.headline_changes(before, before) == ([], [])
+    assert card.headline_changes(sampled, evaluation(1.28, 7.1, 10.6, 9.99, rouge_error=0.4)) == ([], [])
+    assert len(card.headline_changes(sampled, evaluation(1.28, 7.1, 10.6, 10.01, rouge_error=0.4))[1]) == 1
+    # the build's gate: exit 0 only for an improvement
+    for now, code in ((evaluation(1.05, 12.0, 25.0, 16.0), 0), (before, 1), (evaluation(1.05, 12.0, 25.0, 7.5), 1)):
+        (tmp_path / "before.json").write_text(json.dumps(before))
+        (tmp_path / "now.json").write_text(json.dumps(now))
+        with pytest.raises(SystemExit) as gate:
+            card.main(["--check-improves", "--eval", str(tmp_path / "now.json"), "--before", str(tmp_path / "before.json")])
+        assert gate.value.code == code
     # the card's before-and-now table gives a sampled score with its standard error, before and now
     table = card.before_and_now(sampled, evaluation(1.28, 7.1, 10.6, 8.01, rouge_error=0.4))
     rouge = next(line for line in table.splitlines() if "ROUGE-L" in line)
     assert "| 5.00 ± 0.50 | 9.00 ± 0.30 | 5.00 ± 0.50 | 8.01 ± 0.40 |" in rouge, rouge
     # a headline the new evaluation lacks is a regression, not a crash
     no_rouge = {"rows": [r for r in evaluation(1.05, 12.0, 25.0, 16.0)["rows"] if r["task"] != "summarize"]}
-    missing = card.regressions(before, no_rouge)
+    missing = regressions(before, no_rouge)
     assert len(missing) == 1 and "no such row now" in missing[0]
 
 
