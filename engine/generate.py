@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 import torch
-from transformers import (LogitsProcessor, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
-                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+from transformers import (LogitsProcessor, MinNewTokensLengthLogitsProcessor, NoRepeatNGramLogitsProcessor,
+                          RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
+                          TopPLogitsWarper)
 
 from model.adapters import active_adapter, as_choice, check_adapter
 from model.gpt2 import GPT2
@@ -37,11 +38,12 @@ LIMITS = {
     "repetition_penalty": (0.5, 3.0),
     "no_repeat_ngram_size": (0, 10),
     "max_new_tokens": (1, 2048),
+    "min_new_tokens": (0, 2048),
     "seed": (0, MAX_SEED),
     "adapter_scale": (0.0, 2.0),
     "logprobs": (0, 20),
 }
-INTEGER_SETTINGS = ("top_k", "no_repeat_ngram_size", "max_new_tokens", "seed", "logprobs")
+INTEGER_SETTINGS = ("top_k", "no_repeat_ngram_size", "max_new_tokens", "min_new_tokens", "seed", "logprobs")
 MAX_STOP_STRINGS, MAX_STOP_LENGTH = 8, 100
 # Between 0 (greedy) and this, sampling is greedy in all but name, and far below it the scores
 # divided by the temperature overflow to infinity, which no sampler can draw from.
@@ -76,6 +78,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # 1 means off
     no_repeat_ngram_size: int = 0  # 0 means off
     max_new_tokens: int = 64
+    min_new_tokens: int = 0  # the model's end of text cannot come before this many new tokens
     stop: tuple[str, ...] = ()
     seed: int | None = None  # None: a random seed, reported back in the Result
     adapter_scale: float = 1.0  # how much of an adapter's update to add: 0 the base model, 1 as trained
@@ -100,14 +103,19 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def logits_processors(self) -> list[LogitsProcessor]:
+    def logits_processors(self, prompt_length: int = 0, eos_token_id: int | None = None,
+                          device: torch.device | str = "cpu") -> list[LogitsProcessor]:
         """transformers' own, well-tested implementations of each setting, in the order its
-        generate() applies them."""
+        generate() applies them. min_new_tokens needs where the new tokens start (`prompt_length`,
+        in the token histories the processors get) and the model's end-of-text token."""
         processors = []
         if self.repetition_penalty != 1.0:
             processors.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
         if self.no_repeat_ngram_size > 0:
             processors.append(NoRepeatNGramLogitsProcessor(self.no_repeat_ngram_size))
+        if self.min_new_tokens > 0 and eos_token_id is not None:
+            processors.append(MinNewTokensLengthLogitsProcessor(prompt_length, self.min_new_tokens, eos_token_id,
+                                                                device=str(device)))
         if not self.greedy:
             if self.temperature != 1.0:
                 processors.append(TemperatureLogitsWarper(self.temperature))
@@ -205,17 +213,19 @@ class Sampler:
     and its own random generator, so that a seeded sequence draws the same tokens alone or in
     any batch."""
 
-    def __init__(self, params: SamplingParams, seed: int, device: torch.device, trace: list | None = None):
+    def __init__(self, params: SamplingParams, seed: int, device: torch.device, trace: list | None = None,
+                 prompt_length: int = 0, eos_token_id: int | None = None):
         self.greedy = params.greedy
         # With params.logprobs, each pick appends (token, its log-probability, [(alternative,
         # log-probability), ...]) here; None costs nothing.
         self.logprobs, self.trace = params.logprobs, trace if params.logprobs else None
-        self.processors = params.logits_processors()
+        self.processors = params.logits_processors(prompt_length, eos_token_id, device)
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self._uniforms: list[float] = []  # drawn ahead, next last
         # Samplers with the same key pick together (see pick_tokens); None: this one reads its
         # sequence's history (repetition penalty, n-gram blocking), so it picks alone.
-        reads_history = params.repetition_penalty != 1.0 or params.no_repeat_ngram_size > 0
+        reads_history = (params.repetition_penalty != 1.0 or params.no_repeat_ngram_size > 0
+                         or params.min_new_tokens > 0)
         self.key = None if reads_history else (params.temperature, params.top_k, params.top_p)
 
     def uniform(self) -> float:
@@ -393,7 +403,8 @@ def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams,
     for row, (start, p) in enumerate(zip(starts, prompts)):
         tokens[row, start:width] = torch.tensor(p)
     is_real = torch.arange(width, device=device) >= torch.tensor(starts, device=device)[:, None]
-    samplers = [Sampler(params, seed, device, None if traces is None else traces[row]) for row, seed in enumerate(seeds)]
+    samplers = [Sampler(params, seed, device, None if traces is None else traces[row], len(prompt),
+                        model.config.eos_token_id) for row, (seed, prompt) in enumerate(zip(seeds, prompts))]
     adapter = as_choice(adapter, params.adapter_scale)
     cache = new_cache(model, len(prompts), width + budget)
     try:
@@ -490,7 +501,7 @@ def score_tokens(model: GPT2, prompt: list[int], tokens: list[int], params: Samp
     ids = torch.tensor([prompt + tokens], device=model.device)
     with active_adapter(as_choice(adapter, params.adapter_scale)):
         logits = model(ids[:, :-1])[0, len(prompt) - 1:].float()
-    processors = params.logits_processors()
+    processors = params.logits_processors(len(prompt), model.config.eos_token_id, model.device)
     scores = []
     for step, token in enumerate(tokens):
         row = logits[step:step + 1]

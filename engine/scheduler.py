@@ -159,8 +159,9 @@ class Scheduler:
         budget = len(prompt) + new_token_budget(params.max_new_tokens, len(prompt), self.config.n_positions)
         tokens = torch.empty(1, budget, dtype=torch.long, device=device)
         tokens[0, :len(prompt)] = torch.tensor(prompt)
-        request = Request(Sampler(params, seed, device, trace), as_choice(adapter, params.adapter_scale), tokens,
-                          len(prompt), budget, queue.SimpleQueue())
+        sampler = Sampler(params, seed, device, trace, len(prompt), self.config.eos_token_id)
+        request = Request(sampler, as_choice(adapter, params.adapter_scale), tokens, len(prompt), budget,
+                          queue.SimpleQueue())
         with self._lock:
             if self._closed:
                 raise RuntimeError("the scheduler was closed")

@@ -25,6 +25,8 @@ def build_prompt(inputs: GenerateInputs, tokenizer: Tokenizer, max_prompt_tokens
 
 GENERATE = Task(
     name="generate", title="Generate", inputs=GenerateInputs, build_prompt=build_prompt,
-    defaults=SamplingParams(top_k=40, max_new_tokens=100),
+    # At least one token: at a story's end the model's next token is nearly always its end of
+    # text, and Generate (or Continue) would give nothing back however often it was asked.
+    defaults=SamplingParams(top_k=40, max_new_tokens=100, min_new_tokens=1),
     postprocess=lambda text: text,  # shown exactly as generated
 )

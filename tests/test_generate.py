@@ -1,6 +1,7 @@
 """The token loop: seeds, bounds, stop strings, cancel, context limits."""
 from __future__ import annotations
 
+import copy
 import gc
 import math
 import threading
@@ -8,10 +9,13 @@ import weakref
 from dataclasses import replace
 
 import pytest
+import torch
 
 from model import load_pretrained
 from engine import generate as generate_module
 from engine.generate import LIMITS, Chunk, ContextLengthError, Result, SamplingParams, generate, stream
+from engine.scheduler import Scheduler
+from tasks import TASKS, GenerateInputs, TaskDone, run_task
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +130,35 @@ def test_context_limits(loaded):
     result = generate(model, tokenizer, [1] * (n_ctx - 3), replace(SAMPLED, max_new_tokens=50, temperature=0))
     assert (result.generated_tokens, result.stop_reason) == (3, "context_full")
 
+
+
+def ending_at_once(loaded):
+    """A copy of the tiny model whose next token is always most likely the end of text: the final
+    LayerNorm gives every position the same output, the end-of-text token's (lengthened) embedding."""
+    model, tokenizer = loaded
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        wte, ln_f = model.transformer.wte.weight, model.transformer.ln_f
+        wte[tokenizer.eos_id] *= 100
+        ln_f.weight.zero_()
+        ln_f.bias.copy_(wte[tokenizer.eos_id])
+    return model, tokenizer
+
+
+def test_min_new_tokens_holds_back_the_end_of_text(loaded):
+    model, tokenizer = ending_at_once(loaded)
+    greedy = SamplingParams(temperature=0, max_new_tokens=10)
+    assert (generate(model, tokenizer, "Hello", greedy).generated_tokens,) == (0,)
+    scheduler = Scheduler(model)
+    try:
+        for decoder in (model, scheduler):
+            for params in (replace(greedy, min_new_tokens=3), replace(SAMPLED, min_new_tokens=3, seed=1)):
+                result = generate(decoder, tokenizer, "Hello", params)
+                assert (result.generated_tokens, result.stop_reason) == (3, "eos"), (decoder, params)
+    finally:
+        scheduler.close()
+    # Generate always writes something: a text the model would end at once goes on (Continue too).
+    task = TASKS["generate"]
+    done = next(e for e in run_task(task, model, tokenizer, GenerateInputs("The end."), replace(task.defaults, seed=0),
+                                    False) if isinstance(e, TaskDone))
+    assert done.result.generated_tokens >= 1
