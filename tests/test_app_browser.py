@@ -567,6 +567,11 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     page.locator("#dialogue-next-reply").click()
     expect(which).to_contain_text("2 / 2")
     assert chat_turns(page)[1][-1] == second
+    # each reply comes back with the status line of the run that wrote it: its seed reproduces it
+    page.locator("#dialogue-previous-reply").click()
+    expect(page.locator("#dialogue-status")).to_contain_text("seed 41 · ")
+    page.locator("#dialogue-next-reply").click()
+    expect(page.locator("#dialogue-status")).to_contain_text("seed 42 · ")
     screenshot(page, "chat-replies")
 
     set_setting(page, "dialogue", "seed", 43)
@@ -582,6 +587,20 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     page.locator("#tab-dialogue").get_by_text("Prompt sent to the model").click()
     assert page.locator("#dialogue-prompt-sent textarea").input_value().endswith("User: Good evening\nBot:")
     screenshot(page, "chat-edited")
+
+    # the switcher goes with the conversation it belongs to: after a retry, New chat hides it
+    page.locator("#dialogue-chatbot [aria-label=Retry]").click()
+    expect(which).to_contain_text("2 / 2")
+    page.locator("#dialogue-new").click()
+    expect(page.locator("#dialogue-previous-reply")).to_be_hidden()
+    # with Compare on, a sent message leaves the box as a plain send does
+    page.locator("#tab-dialogue").get_by_text("Why this output").click()
+    page.locator("#dialogue-compare input").set_checked(True)
+    message.fill("Hello again")
+    page.locator("#dialogue-run").click()
+    expect(page.locator("#dialogue-status")).to_contain_text("seed ")
+    expect(message).to_have_value("")
+    assert [u.strip() for u in chat_turns(page)[0]] == ["Hello again"]
 
 
 TAB_LABELS = ("Generate", "Chat", "Translate", "Summarise", "Architecture")

@@ -126,35 +126,37 @@ def branch_at_edit(messages: list[dict], edit: gr.EditData) -> tuple[list[dict[s
     return messages_from_pairs(pairs_from_messages(messages[:index])), value
 
 
-def replies_before_retry(messages: list[dict], replies: dict) -> dict:
-    """Retry: the last turn's reply, kept (with any kept before for this turn) to switch back to."""
+def replies_before_retry(messages: list[dict], replies: dict, status: str) -> dict:
+    """Retry: the last turn's reply and its status line, kept (with any kept before for this turn)
+    to switch back to."""
     pairs = pairs_from_messages(messages)
     if not pairs:
         return replies
     turn = len(pairs) - 1
-    kept = replies.get("replies", []) if replies.get("turn") == turn else [pairs[-1][1]]
+    kept = replies.get("replies", []) if replies.get("turn") == turn else [[pairs[-1][1], status]]
     return {"turn": turn, "replies": kept, "at": len(kept) - 1}
 
 
-def replies_after_retry(messages: list[dict], replies: dict):
+def replies_after_retry(messages: list[dict], replies: dict, status: str):
     """The new reply joins the kept ones; the switcher shows which of them is shown."""
     pairs = pairs_from_messages(messages)
     if not pairs or replies.get("turn") != len(pairs) - 1:
         return {}, gr.Row(visible=False), ""
-    kept = [*replies["replies"], pairs[-1][1]]
+    kept = [*replies["replies"], [pairs[-1][1], status]]
     replies = {"turn": replies["turn"], "replies": kept, "at": len(kept) - 1}
     return replies, gr.Row(visible=True), f"{len(kept)} / {len(kept)}"
 
 
 def switch_reply(step: int):
+    """◀ or ▶: the previous or next kept reply, with the status line of the run that wrote it (its seed)."""
     def switch(messages: list[dict], replies: dict):
         pairs = pairs_from_messages(messages)
         kept = replies.get("replies", [])
         if not kept or replies.get("turn") != len(pairs) - 1:
-            return gr.skip(), replies, gr.skip()
+            return gr.skip(), replies, gr.skip(), gr.skip()
         at = (replies["at"] + step) % len(kept)
-        pairs[-1][1] = kept[at]
-        return messages_from_pairs(pairs), {**replies, "at": at}, f"{at + 1} / {len(kept)}"
+        pairs[-1][1], status = kept[at]
+        return messages_from_pairs(pairs), {**replies, "at": at}, f"{at + 1} / {len(kept)}", status
     return switch
 
 
@@ -236,10 +238,11 @@ def chat_store() -> gr.BrowserState:
     return gr.BrowserState({"current": None, "earlier": []}, storage_key=STORAGE_KEY, secret=STORAGE_SECRET)
 
 
-def keep_in_browser(tab: Tab, export: dict) -> None:
+def keep_in_browser(tab: Tab, export: dict, forget_replies: dict) -> None:
     """The conversation, persona, adapter switch and settings kept in the browser (see the module
     docstring): saved after each change, restored on load, filed by New chat, reopened from the
-    list, imported from an exported file; each of those makes the export button's file too."""
+    list, imported from an exported file; each of those makes the export button's file too, and
+    forgets the replies kept for a retried turn of the conversation it replaces."""
     chatbot, persona = tab.widgets.inputs["history"], tab.widgets.inputs["persona"]
     more, names = tab.widgets.more, list(tab.settings)
     store = tab.page_state
@@ -297,12 +300,15 @@ def keep_in_browser(tab: Tab, export: dict) -> None:
     gr.on([persona.blur, persona.submit, tab.adapter.input, chatbot.undo, chatbot.clear,
            *(slider.release if hasattr(slider, "release") else slider.blur for slider in tab.settings.values())],
           **saving)
-    more["new"].click(new_chat, [store, *kept], [*kept, store, more["earlier"], tab.status], queue=False,
-                      api_visibility="private").then(**export)
-    more["earlier"].input(reopen, [more["earlier"], store, *kept], [*kept, store, more["earlier"]], queue=False,
-                          api_visibility="private").then(**export)
-    more["import"].upload(imported, [more["import"], store, *kept], [*kept, store, more["earlier"], tab.status],
-                          queue=False, api_visibility="private").then(**export)
+    for replaced in (
+            more["new"].click(new_chat, [store, *kept], [*kept, store, more["earlier"], tab.status], queue=False,
+                              api_visibility="private"),
+            more["earlier"].input(reopen, [more["earlier"], store, *kept], [*kept, store, more["earlier"]],
+                                  queue=False, api_visibility="private"),
+            more["import"].upload(imported, [more["import"], store, *kept],
+                                  [*kept, store, more["earlier"], tab.status], queue=False,
+                                  api_visibility="private")):
+        replaced.then(**export).then(**forget_replies)
 
 
 def chat_extras(tab: Tab) -> None:
@@ -310,21 +316,27 @@ def chat_extras(tab: Tab) -> None:
     more = tab.widgets.more
     sending = list(tab.run_events)  # Send and Enter
     replies = gr.State({})
-    chatbot.retry(replies_before_retry, [chatbot, replies], replies, queue=False, api_visibility="private")
+    chatbot.retry(replies_before_retry, [chatbot, replies, tab.status], replies, queue=False,
+                  api_visibility="private")
     tab.add_run([chatbot.retry], prepare=take_back_last_turn)
-    tab.run_events[-1].then(replies_after_retry, [chatbot, replies], [replies, more["switcher"], more["which"]],
-                            queue=False, api_visibility="private")
+    tab.run_events[-1].then(replies_after_retry, [chatbot, replies, tab.status],
+                            [replies, more["switcher"], more["which"]], queue=False, api_visibility="private")
     for step, button in ((-1, more["previous"]), (1, more["next"])):
-        button.click(switch_reply(step), [chatbot, replies], [chatbot, replies, more["which"]], queue=False,
-                     api_visibility="private")
+        button.click(switch_reply(step), [chatbot, replies], [chatbot, replies, more["which"], tab.status],
+                     queue=False, api_visibility="private")
     edited = chatbot.edit(branch_at_edit, chatbot, [chatbot, message], queue=False, api_visibility="private")
     tab.add_run([edited])
-    for new_turn in [*sending, tab.run_events[-1]]:  # a new turn: the kept replies were another turn's
-        new_turn.then(lambda: ({}, gr.Row(visible=False)), None, [replies, more["switcher"]], queue=False,
-                      api_visibility="private")
+    # The kept replies belong to the last turn: a new turn, an undo, a clear or another conversation
+    # (New chat, reopened, imported) takes them and the switcher away.
+    forget_replies = dict(fn=lambda: ({}, gr.Row(visible=False)), inputs=None, outputs=[replies, more["switcher"]],
+                          queue=False, api_visibility="private")
+    for new_turn in [*sending, tab.run_events[-1]]:
+        new_turn.then(**forget_replies)
     undone = chatbot.undo(undo, chatbot, [chatbot, message], queue=False, api_visibility="private")
     cleared = chatbot.clear(lambda: ([], "", ""), None, [chatbot, tab.status, tab.prompt_sent], queue=False,
                             api_visibility="private")
+    for other in (undone, cleared):
+        other.then(**forget_replies)
     # Exported when a run, an undo or a clear has finished, not on every change of the chatbot:
     # a streaming reply changes it with every chunk. (Stop lets the run end by itself, so its
     # partial reply is exported too; a run cancelled while queued had changed nothing.)
@@ -333,7 +345,7 @@ def chat_extras(tab: Tab) -> None:
     for finished in [*tab.run_events, undone, cleared]:
         finished.then(**export)
     gr.on([persona.blur, persona.submit], **export)  # once the persona is typed, not per keystroke
-    keep_in_browser(tab, export)
+    keep_in_browser(tab, export, forget_replies)
 
 
 CHAT = TaskView(

@@ -29,7 +29,7 @@ class Widgets:
     inputs: dict[str, gr.Component]  # by API parameter name
     output: gr.Component
     submit: tuple[gr.Textbox, ...] = ()  # text boxes where Enter runs the task
-    cleared: tuple[gr.Component, ...] = ()  # emptied once a run shows its first text
+    cleared: tuple[gr.Component, ...] = ()  # emptied once a run shows its first text (Compare: its result)
     more: dict[str, gr.Component] = field(default_factory=dict)  # anything else the view's extras wire
 
 
@@ -109,7 +109,8 @@ class Tab:
                             yield [shown, localized(status, lang) or GENERATING, gr.skip(), view_value, *texts,
                                    gr.update(choices=[], visible=False),
                                    gr.skip() if comparison is None
-                                   else insight.kept(zip(comparison["entries"], (False, True))), *skips]
+                                   else insight.kept(zip(comparison["entries"], (False, True))),
+                                   *(skips if comparison is None else [""] * len(self.widgets.cleared))]
                         return
                     for text, status, prompt, logprobs in run(view.api, self.host, values, cancel):
                         final = bool(status)
