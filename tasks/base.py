@@ -188,13 +188,15 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
 
     Generation stops early once post-processing has all it will keep (e.g. 3 whole sentences).
     `forced` tokens come first, as if the model had drawn them (continuing from a chosen
-    alternative); the Result's tokens are the ones drawn after them.
+    alternative): they count in max_new_tokens and in the Result's generated tokens, as in the
+    run they come from, but the Result's token_ids are the ones drawn after them.
     """
     if not isinstance(inputs, task.inputs):
         raise TypeError(f"the {task.name} task takes {task.inputs.__name__}, got {type(inputs).__name__}")
     prompt = task.prompt(inputs, tokenizer, model.config.n_positions, params.max_new_tokens, adapter_on)
     stops = task.defaults.stop + ((ADAPTER_END,) if adapter_on else ()) + params.stop
-    params = replace(params, stop=tuple(dict.fromkeys(stops)))
+    params = replace(params, stop=tuple(dict.fromkeys(stops)),
+                     max_new_tokens=max(1, params.max_new_tokens - len(forced)))
 
     if adapter_on and task.adapter is None:
         raise ValueError(f"the {task.name} task has no adapter")
@@ -217,4 +219,6 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
     # stream reports our own early stop as "cancelled"; say what really happened.
     if stop.task_done and not (cancel is not None and cancel.is_set()):
         result = replace(result, stop_reason="task_done")
+    if forced:
+        result = replace(result, prompt_tokens=len(prompt.ids), generated_tokens=len(forced) + result.generated_tokens)
     yield TaskDone(task.postprocess(start + result.text), result, prompt)

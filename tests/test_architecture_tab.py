@@ -20,7 +20,8 @@ def host(tiny_checkpoint):
 
 
 def test_look_inside_draws_both_plots_and_lists_ten_tokens(host):
-    norms, attention, top, layer, head, lens = look_inside(host)("The little bird sang", 2, 2)
+    norms, attention, top, layer, head, lens, status = look_inside(host)("The little bird sang", 2, 2)
+    assert status == ""
     assert isinstance(lens, Figure) and len(lens.axes[0].texts) == 2 * 4  # a top token per layer and position
     assert isinstance(norms, Figure) and isinstance(attention, Figure)
     assert [line.get_label() for line in norms.axes[0].lines] == ["mean over tokens", "last token"]
@@ -32,9 +33,9 @@ def test_look_inside_draws_both_plots_and_lists_ten_tokens(host):
     assert layer["maximum"] == 2 and head["maximum"] == 2
 
     # Sliders left at a larger model's layer: the request still runs, on this model's last layer.
-    *_, layer, head, _ = look_inside(host)("The little bird sang", 12, 12)
+    *_, layer, head, _, _ = look_inside(host)("The little bird sang", 12, 12)
     assert layer["value"] == 2 and head["value"] == 2
-    *_, layer, head, _ = look_inside(host)("The little bird sang", float("inf"), 2)  # held to the last layer too
+    *_, layer, head, _, _ = look_inside(host)("The little bird sang", float("inf"), 2)  # held to the last layer too
     assert layer["value"] == 2
 
 
@@ -44,13 +45,19 @@ def test_look_inside_draws_both_plots_and_lists_ten_tokens(host):
     ("The bird", 1, None, "head must be an integer, got None"),
 ])
 def test_look_inside_refuses_bad_input_with_a_clear_message(host, prompt, layer, head, message):
-    with pytest.raises(gr.Error, match=re.escape(message)):
-        look_inside(host)(prompt, layer, head)
+    *drawn, status = look_inside(host)(prompt, layer, head)
+    assert status == f"⚠️ {message}"  # in the tab's status line; the plots stay as they were
+    assert drawn == [gr.skip()] * 6
 
 
 @pytest.mark.browser
 def test_the_live_view_shows_the_plots_and_the_top_tokens(page):
     page.get_by_role("tab", name="Architecture").click()
+    expect(page.locator("#architecture-lens img")).to_be_visible(timeout=TIMEOUT_MS)  # drawn on opening the tab
+    page.locator("#architecture-prompt textarea").fill("")
+    page.locator("#architecture-run").click()
+    expect(page.locator("#architecture-status")).to_contain_text("the prompt is empty")
+    assert page.get_by_test_id("toast-body").count() == 0  # a refusal is the status line's alone
     expect(page.get_by_text("h = ln_f(h)")).to_be_visible()
     page.locator("#architecture-prompt textarea").fill("The little bird sang a song")
     page.locator("#architecture-run").click()
@@ -74,5 +81,5 @@ def test_a_model_of_one_layer_and_one_head_gets_sliders_and_a_view(tmp_path):
     checkpoint = make_hf_checkpoint(tmp_path / "one-layer", n_positions=64, n_embd=32, n_layer=1, n_head=1)
     host = ModelHost([str(checkpoint)], device="cpu")
     app.build_app(host)  # Gradio refuses a slider from 1 to 1
-    *_, layer, head, _ = look_inside(host)("The little bird sang", 2, 2)
+    *_, layer, head, _, _ = look_inside(host)("The little bird sang", 2, 2)
     assert layer["value"] == 1 and head["value"] == 1

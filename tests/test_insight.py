@@ -187,3 +187,23 @@ def test_the_logit_lens_last_layer_is_the_models_own_prediction(loaded):
         adapted = model(ids)[0].float().softmax(-1).max(-1)
     assert torch.equal(with_adapter.probabilities[-1], adapted.values)
     assert torch.equal(with_adapter.changed[-1], adapted.indices != own.indices)
+
+
+def test_continuing_from_a_chosen_token_keeps_the_runs_length_and_counts(loaded):
+    """Continuing from token 4 with an alternative in its place: the output is as long as the run
+    it continues (the kept tokens count in max_new_tokens), and the counts are that run's: its
+    prompt, and every token of the output as generated."""
+    from tasks import TASKS, GenerateInputs, TaskDone, run_task
+    model, tokenizer = loaded
+    task = TASKS["generate"]
+    params = replace(task.defaults, seed=2, max_new_tokens=10, temperature=0.7)
+
+    def done(forced=()):
+        return next(e for e in run_task(task, model, tokenizer, GenerateInputs("Once upon a time"), params,
+                                        forced=forced) if isinstance(e, TaskDone))
+    first = done()
+    assert first.result.generated_tokens == 10
+    forced = [*first.result.token_ids[:3], (first.result.token_ids[3] + 1) % model.config.vocab_size]
+    again = done(forced)
+    assert again.result.prompt_tokens == first.result.prompt_tokens
+    assert again.result.generated_tokens == 10 and len(again.result.token_ids) == 10 - len(forced)

@@ -35,10 +35,14 @@ class Inspection:
     top_tokens: list[tuple[str, float]]  # ten (token, probability), likeliest first
 
 
+def readable(text: str) -> str:
+    """A token's text as a person can read it on its own (an axis, a list): spaces and newlines
+    made visible."""
+    return text.replace(" ", "␣").replace("\n", "↵")
+
+
 def token_label(tokenizer: Tokenizer, id: int) -> str:
-    """A token as text a person can read on an axis: spaces and newlines made visible."""
-    text = tokenizer.token_bytes(id).decode("utf-8", errors="replace")
-    return text.replace(" ", "␣").replace("\n", "↵") or f"<{id}>"
+    return readable(tokenizer.token_bytes(id).decode("utf-8", errors="replace")) or f"<{id}>"
 
 
 @contextmanager

@@ -134,12 +134,12 @@ def look_inside(host: ModelHost):
             seen = in_thread_of_its_own(lambda: inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1,
                                                                head - 1))
             lens = in_thread_of_its_own(lambda: logit_lens(loaded.model, loaded.tokenizer, prompt, adapter))
-        except ValueError as error:
-            raise messages.error(str(error), request) from error
+        except ValueError as error:  # said in the tab's status line, as the task tabs say a refusal
+            return (*[gr.skip()] * 6, f"⚠️ {messages.localized(str(error), messages.language(request))}")
         top = [[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens]  # a random model's are all tiny
         return (residual_norm_figure(seen, loaded.name), attention_figure(seen), top,
                 gr.update(maximum=slider_top(config.n_layer), value=layer),
-                gr.update(maximum=slider_top(config.n_head), value=head), lens_figure(lens, adapter))
+                gr.update(maximum=slider_top(config.n_head), value=head), lens_figure(lens, adapter), "")
     return run
 
 
@@ -155,7 +155,7 @@ def measurement(image: str, caption: str) -> None:
 def architecture_tab(host: ModelHost) -> None:
     """Build the tab; call inside gr.Tabs()."""
     config = host.current.model.config
-    with gr.Tab(i18n("tab_architecture"), id="architecture", elem_id="tab-architecture"):
+    with gr.Tab(i18n("tab_architecture"), id="architecture", elem_id="tab-architecture") as tab:
         gr.Markdown(i18n("architecture_intro"))
         with gr.Row():
             gr.Code(PRE_LN, language="python", label=i18n("pre_ln"), interactive=False)
@@ -174,6 +174,7 @@ def architecture_tab(host: ModelHost) -> None:
                                   elem_id="architecture-layer")
                 head = gr.Slider(1, slider_top(config.n_head), value=1, step=1, label=i18n("head"), elem_id="architecture-head")
                 run_button = gr.Button(i18n("look_inside"), variant="primary", elem_id="architecture-run")
+        status = gr.Markdown(elem_id="architecture-status")
         with gr.Row():
             norms = gr.Plot(label=i18n("residual_norms"), elem_id="architecture-norms")
             attention = gr.Plot(label=i18n("attention_map"), elem_id="architecture-attention")
@@ -184,8 +185,9 @@ def architecture_tab(host: ModelHost) -> None:
         gr.Markdown(i18n("logit_lens"))  # above, not as the plot's label, which would cover its title
         lens = gr.Plot(show_label=False, elem_id="architecture-lens")
         run = look_inside(host)
-        for event in (run_button.click, prompt.submit, layer.release, head.release, lens_adapter.input):
+        # Opening the tab looks inside at once: its prompt is filled in, so the view starts drawn.
+        for event in (tab.select, run_button.click, prompt.submit, layer.release, head.release, lens_adapter.input):
             # One at a time: matplotlib's text layout (its mathtext parser) is not safe across threads,
             # and Gradio draws each returned figure in the event's own worker.
-            event(run, [prompt, layer, head, lens_adapter], [norms, attention, top, layer, head, lens],
+            event(run, [prompt, layer, head, lens_adapter], [norms, attention, top, layer, head, lens, status],
                   api_visibility="private", concurrency_limit=1, concurrency_id="look_inside")

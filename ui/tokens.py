@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from engine.generate import LIMITS
+from train.inspect import readable
 
 from .i18n import i18n
 from .messages import localized
@@ -59,6 +60,12 @@ def shown(token: str) -> str:
     return token.replace("\n", "↵\n") or "∅"
 
 
+def listed(token: str) -> str:
+    """A token in a list of tokens (a tooltip, the alternatives), written as the Architecture tab
+    writes it."""
+    return readable(token) or "∅"
+
+
 def percent(logprob: float) -> str:
     return f"{100 * math.exp(logprob):.3g}%"
 
@@ -75,10 +82,10 @@ def row_of(entries: list[dict], label: str, row: int, other: list[float] | None 
     alternatives) and colour."""
     tokens = []
     for i, entry in enumerate(entries):
-        lines = [f"{shown(entry['token'])!r}: {percent(entry['logprob'])}"]
+        lines = [f"{listed(entry['token'])}: {percent(entry['logprob'])}"]
         if other is not None and i < len(other):
             lines.append(f"{other_label}: {percent(other[i])}")
-        lines += [f"  {shown(alt['token'])!r} {percent(alt['logprob'])}" for alt in entry["top"][:TOP_SHOWN]]
+        lines += [f"  {listed(alt['token'])} {percent(alt['logprob'])}" for alt in entry["top"][:TOP_SHOWN]]
         tokens.append({"text": shown(entry["token"]), "title": "\n".join(lines),
                        "color": colour(entry["logprob"]), "i": i, "row": row,
                        "mark": "diverges" if i == diverges_at else ""})
@@ -144,7 +151,7 @@ class Insight:
                 or not 0 <= index < len(rows[row]["entries"]):
             return gr.skip(), gr.skip()
         entry = rows[row]["entries"][index]
-        choices = [(f"{shown(alt['token'])!r} {percent(alt['logprob'])}", alt["id"]) for alt in entry["top"][:TOP_SHOWN]]
+        choices = [(f"{listed(alt['token'])} {percent(alt['logprob'])}", alt["id"]) for alt in entry["top"][:TOP_SHOWN]]
         return {"row": row, "index": index}, gr.Radio(choices=choices, value=None, visible=True)
 
     @staticmethod
