@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
-from engine.generate import ContextLengthError, Result, SamplingParams, stream
+from engine.generate import ContextLengthError, Result, SamplingParams, resolve_seed, stream
 from model.gpt2 import GPT2
 from model.tokenizer import Tokenizer
 
@@ -36,6 +36,9 @@ class Task:
     postprocess: Callable[[str], str]  # generated text -> what the user sees; may cut it
     adapter: str | None = None
     format_example: Callable[[Any, str], tuple[str, str]] | None = None  # (inputs, target) -> adapter training pair
+    # For inputs the model does better in two steps (French -> German through English): (inputs, adapter_on)
+    # -> (the first step's inputs, its output -> the second step's inputs, the note that says so), or None.
+    two_steps: Callable[[Any, bool], tuple[Any, Callable[[str], Any], str] | None] | None = None
 
     def prompt(self, inputs, tokenizer: Tokenizer, n_ctx: int, max_new_tokens: int, adapter_on: bool) -> Prompt:
         """build_prompt in the room that max_new_tokens leaves the prompt (room_to_generate). A
@@ -193,6 +196,10 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
     """
     if not isinstance(inputs, task.inputs):
         raise TypeError(f"the {task.name} task takes {task.inputs.__name__}, got {type(inputs).__name__}")
+    steps = task.two_steps(inputs, adapter_on) if task.two_steps is not None else None
+    if steps is not None:
+        yield from run_in_two_steps(task, model, tokenizer, steps, params, adapter_on, cancel, forced)
+        return
     prompt = task.prompt(inputs, tokenizer, model.config.n_positions, params.max_new_tokens, adapter_on)
     stops = task.defaults.stop + ((ADAPTER_END,) if adapter_on else ()) + params.stop
     params = replace(params, stop=tuple(dict.fromkeys(stops)),
@@ -222,3 +229,22 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
     if forced:
         result = replace(result, prompt_tokens=len(prompt.ids), generated_tokens=len(forced) + result.generated_tokens)
     yield TaskDone(task.postprocess(start + result.text), result, prompt)
+
+
+def run_in_two_steps(task: Task, model: GPT2, tokenizer: Tokenizer, steps, params: SamplingParams,
+                     adapter_on: bool, cancel: threading.Event | None, forced: Sequence[int]):
+    """run_task through Task.two_steps: the first step's output, not shown, is the second step's
+    input; both steps draw with the run's one seed, and the Result is the second step's (the
+    status line's counts and speed are the step the user sees), its note naming the first's output."""
+    first_inputs, second_inputs, note = steps
+    params = replace(params, seed=resolve_seed(params.seed))
+    first = next(event for event in run_task(task, model, tokenizer, first_inputs, params, adapter_on, cancel)
+                 if isinstance(event, TaskDone))
+    if first.result.stop_reason == "cancelled" or not first.text.strip():  # nothing to go on with
+        yield TaskDone("", first.result, first.prompt)
+        return
+    for event in run_task(task, model, tokenizer, second_inputs(first.text), params, adapter_on, cancel, forced):
+        if isinstance(event, TaskDone):
+            event.prompt = Prompt(f"{first.prompt.text}\n\n{event.prompt.text}", event.prompt.ids,
+                                  [*first.prompt.notes, note.format(text=first.text), *event.prompt.notes])
+        yield event

@@ -57,6 +57,23 @@ def build_prompt(inputs: TranslateInputs, tokenizer: Tokenizer, max_prompt_token
     return prompt
 
 
+PIVOT = "English"  # the language every translation the bundled model learnt starts or ends in
+
+
+def through_english(inputs: TranslateInputs, adapter_on: bool):
+    """French <-> German in two steps, through English (Task.two_steps): the adapter learnt only
+    English <-> French and English <-> German, and the base model's direct French = German lines
+    came out in English or half in each. Not with example pairs of the user's own: those are the
+    user's way to ask for the direct translation."""
+    own_examples = inputs.examples is not None and [tuple(pair) for pair in inputs.examples] != \
+        DEFAULT_EXAMPLES.get((inputs.source, inputs.target))
+    if PIVOT in (inputs.source, inputs.target) or inputs.source == inputs.target or (own_examples and not adapter_on):
+        return None
+    return (TranslateInputs(inputs.text, inputs.source, PIVOT),
+            lambda english: TranslateInputs(english, PIVOT, inputs.target),
+            f"translated through {PIVOT}: {{text}}")  # ui.messages: translated_through
+
+
 def format_example(inputs: TranslateInputs, translation: str) -> tuple[str, str]:
     _, query = prompt_parts(inputs, adapter_on=True)
     return query, adapter_completion(translation)
@@ -65,5 +82,5 @@ def format_example(inputs: TranslateInputs, translation: str) -> tuple[str, str]
 TRANSLATE = Task(
     name="translate", title="Translate", inputs=TranslateInputs, build_prompt=build_prompt,
     defaults=SamplingParams(temperature=0.0, max_new_tokens=64, stop=("\n",)),
-    postprocess=first_sentences(1), adapter="translate", format_example=format_example,
+    postprocess=first_sentences(1), adapter="translate", format_example=format_example, two_steps=through_english,
 )

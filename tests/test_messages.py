@@ -96,6 +96,7 @@ def made_messages() -> list[str]:
         TASKS["dialogue"].prompt(DialogueInputs(message="Hi", history=[("a " * 200, "b " * 200)] * 3), tokenizer,
                                  512, 16, False).notes[0],
         kernels.decode_path(),
+        TASKS["translate"].two_steps(TranslateInputs("Bonjour.", "French", "German"), True)[2].format(text="Hello."),
         *(Result("", 7, 4, 16, 633.3, reason).summary() for reason in STOP_REASON_WORDS),
         *(adapter_state(on, scale) for on, scale in ((False, 1.0), (True, 1.0), (True, 0.5))),
         *changed_settings(replace(TASKS["summarize"].defaults, temperature=0.7, top_k=40), TASKS["summarize"].defaults),
@@ -125,6 +126,9 @@ def test_a_list_in_a_message_is_translated_item_by_item():
     zh = localized(refused, "zh")
     assert all(NAMES_ZH[name] in zh for name in ("English", "French", "German")), zh
     assert not re.search("English|French|German", zh), zh
+    # a user's text with commas in it is no list: it stays as it is
+    note = localized("translated through English: Hello, my friend.", "zh")
+    assert note == f"经由{NAMES_ZH['English']}翻译：Hello, my friend.", note
 
 
 def test_the_model_line_is_whole_in_each_language():

@@ -313,3 +313,20 @@ def test_adapter_on_without_adapters_is_refused(model, tokenizer):
     with pytest.raises(ValueError, match="the generate task has no adapter"):
         list(run_task(TASKS["generate"], model, tokenizer, GenerateInputs("Hi"), TASKS["generate"].defaults,
                       adapter_on=True))
+
+
+def test_french_to_german_goes_through_english(model, tokenizer):
+    """Neither side English: the text goes to English first, and that English to German, under the
+    run's one seed; the prompt sent shows both steps, and a note the English in between."""
+    first = run(model, tokenizer, "translate", TranslateInputs("Le chat dort.", "French", "English"), seed=1, max_new_tokens=20)[-1]
+    assert first.text.strip()
+    second = run(model, tokenizer, "translate", TranslateInputs(first.text, "English", "German"), seed=1, max_new_tokens=20)[-1]
+    done = run(model, tokenizer, "translate", TranslateInputs("Le chat dort.", "French", "German"), seed=1, max_new_tokens=20)[-1]
+    assert (done.text, done.prompt.ids, done.result.seed) == (second.text, second.prompt.ids, 1)
+    assert done.prompt.text == f"{first.prompt.text}\n\n{second.prompt.text}"
+    assert f"translated through English: {first.text}" in done.prompt.notes
+    # the user's own example pairs ask for the direct translation; so do the pairs with English
+    own = TranslateInputs("Le chat dort.", "French", "German", [("Un chat.", "Eine Katze.")])
+    direct = run(model, tokenizer, "translate", own, seed=1, max_new_tokens=20)[-1]
+    assert direct.prompt.text == build("translate", own, tokenizer).text and not direct.prompt.notes
+    assert TASKS["translate"].two_steps(TranslateInputs("Le chat dort.", "French", "English"), True) is None

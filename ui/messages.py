@@ -68,6 +68,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                          "为放入上下文，删去了 {total} 个示例中的 {count} 个"),
     "article_cut": ("article cut from {tokens} to {room} tokens to fit the context",
                     "为放入上下文，文章从 {tokens} 个词元截短到 {room} 个"),
+    "translated_through": ("translated through {language}: {text}", "经由{language}翻译：{text}"),
     "article_length": ("{tokens} of {context} context tokens in the prompt; the summary may use up to {left}",
                        "提示占上下文 {context} 个词元中的 {tokens} 个；摘要最多可用 {left} 个"),
     # the token view (ui/tokens.py)
@@ -162,7 +163,11 @@ def translate_field(key: str, value: str) -> str:
     "temperature 0.7, top_k 40") item by item."""
     if key == "reason":
         return translate_one(value)
-    return "，".join(map(translate_item, value.split(", ")))
+    items = value.split(", ")
+    translated = [translate_item(item) for item in items]
+    if len(items) > 1 and any(new == old for new, old in zip(translated, items)):
+        return value  # not a list of names the app uses (a user's text, model names): as it is
+    return "，".join(translated)
 
 
 def translate_item(item: str) -> str:
