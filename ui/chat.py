@@ -84,9 +84,10 @@ def chat_widgets() -> Widgets:
     chatbot = gr.Chatbot(label=i18n("conversation"), height=360, buttons=["copy", "copy_all"], editable="user",
                          elem_id="dialogue-chatbot")
     with gr.Row(visible=False) as switcher:  # after Retry: every reply to the last turn stays reachable
-        previous_reply = gr.Button("◀", size="sm", scale=0, min_width=40, elem_id="dialogue-previous-reply")
-        which_reply = gr.Markdown(elem_id="dialogue-which-reply")
-        next_reply = gr.Button("▶", size="sm", scale=0, min_width=40, elem_id="dialogue-next-reply")
+        with gr.Column(scale=0, min_width=200), gr.Row():  # ◀ 1 / 2 ▶ side by side, not across the page
+            previous_reply = gr.Button("◀", size="sm", scale=0, min_width=40, elem_id="dialogue-previous-reply")
+            which_reply = gr.Markdown(scale=0, min_width=60, elem_id="dialogue-which-reply")
+            next_reply = gr.Button("▶", size="sm", scale=0, min_width=40, elem_id="dialogue-next-reply")
     with gr.Row():
         new_chat = gr.Button(i18n("new_chat"), size="sm", scale=0, elem_id="dialogue-new")
         export = gr.DownloadButton(str(i18n("export_conversation")), size="sm", scale=0, elem_id="dialogue-export")

@@ -68,8 +68,8 @@ ENGLISH = {
     "lens_adapter_info": "with one on, red outlines the layers and tokens where it changes the top-1",
     "logit_lens": "Logit lens: what each layer would predict (ln_f and the tied head on the residual stream)",
     "adapter_scale": "Adapter strength",
-    "adapter_scale_info": "how much of the adapter's change to add: 0 = the base model, 1 = as trained; "
-                          "with the adapter on, or when comparing",
+    "adapter_scale_info": "how much of the adapter's change to the weights to add: 0 = none (the base model, "
+                          "given the adapter's prompt), 1 = as trained; with the adapter on, or when comparing",
     "look_inside_output": "Why this output: tokens, alternatives, adapter off vs on",
     "show_tokens": "Show tokens",
     "show_tokens_info": "each token coloured by its probability, with the alternatives at that step",
@@ -189,7 +189,7 @@ CHINESE = {
     "lens_adapter_info": "启用后，红框标出它改变了首选词元的层和位置",
     "logit_lens": "逻辑透镜：每一层会预测什么（对残差流施加 ln_f 和共享的输出头）",
     "adapter_scale": "适配器强度",
-    "adapter_scale_info": "加入多少适配器的改变：0 = 基础模型，1 = 训练时的强度；在适配器打开或对比时生效",
+    "adapter_scale_info": "加入多少适配器对权重的改变：0 = 不加（基础模型，但用适配器的提示），1 = 训练时的强度；在适配器打开或对比时生效",
     "look_inside_output": "为什么是这个输出：词元、备选、适配器关与开",
     "show_tokens": "显示词元",
     "show_tokens_info": "每个词元按概率着色，并列出该步的备选",
