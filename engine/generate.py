@@ -474,10 +474,22 @@ def stream(model: GPT2 | Scheduler, tokenizer: Tokenizer, prompt: str | list[int
     if len(text) > shown:
         yield Chunk(text[shown:])
     elapsed = time.perf_counter() - start
+    logprobs = [] if trace is None else token_logprobs(tokenizer, trace[:len(generated)])
     yield Result(text=text, seed=seed, prompt_tokens=len(prompt_ids), generated_tokens=len(generated),
                  tokens_per_second=len(generated) / elapsed if elapsed > 0 else 0.0,
                  stop_reason=stop_reason, token_ids=generated,
-                 logprobs=[] if trace is None else token_logprobs(tokenizer, trace[:len(generated)]))
+                 logprobs=covering(logprobs, text) if stop_reason == "stop_string" else logprobs)
+
+
+def covering(entries: list[dict], text: str) -> list[dict]:
+    """The first of `entries` whose tokens make up `text`: a stop string's own tokens, cut from the
+    text, are not shown as if written (the token it starts inside stays)."""
+    length = 0
+    for count, entry in enumerate(entries):
+        if length >= len(text):
+            return entries[:count]
+        length += len(entry["token"])
+    return entries
 
 
 def token_logprobs(tokenizer: Tokenizer, trace: list) -> list[dict]:

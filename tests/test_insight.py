@@ -68,6 +68,21 @@ def test_logprobs_change_nothing_of_the_text_and_cost_nothing_when_off(loaded):
 
 
 @torch.inference_mode()
+def test_a_stop_strings_own_tokens_are_not_listed_as_written(loaded):
+    model, tokenizer = loaded
+    params = SamplingParams(temperature=1.0, max_new_tokens=20, logprobs=2, seed=3)
+    free = generate(model, tokenizer, "Once upon a time", params)
+    middle = len(free.logprobs) // 2
+    assert middle >= 2, free
+    stop = free.logprobs[middle]["token"] + free.logprobs[middle + 1]["token"]  # two whole tokens from the middle
+    cut = generate(model, tokenizer, "Once upon a time", replace(params, stop=(stop,)))
+    assert cut.stop_reason == "stop_string" and cut.text
+    tokens = [entry["token"] for entry in cut.logprobs]
+    assert "".join(tokens).startswith(cut.text) and len("".join(tokens[:-1])) < len(cut.text)  # each one needed
+    assert len(cut.logprobs) < cut.generated_tokens
+
+
+@torch.inference_mode()
 def test_the_scheduler_reports_the_same_logprobs_as_a_request_alone(loaded):
     model, tokenizer = loaded
     params = SamplingParams(temperature=0.8, top_k=20, max_new_tokens=10, logprobs=4, seed=7)
