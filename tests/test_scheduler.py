@@ -402,7 +402,15 @@ def threads_settle_at(expected):  # an ended thread may linger a moment in /proc
 
 from engine import kernels
 kernels.wait_until_built()  # the build's thread has ended
-before = len(os.listdir("/proc/self/task"))
+import time
+def held_count(hold_s=0.5):  # a native thread the imports started may end just after: count once it is still
+    count, since = len(os.listdir("/proc/self/task")), time.monotonic()
+    while time.monotonic() - since < hold_s:
+        time.sleep(0.05)
+        if len(os.listdir("/proc/self/task")) != count:
+            count, since = len(os.listdir("/proc/self/task")), time.monotonic()
+    return count
+before = held_count()
 host = ModelHost(["bundled"], device="cpu")
 assert threads_settle_at(before), "loading left a thread behind"
 current = host.current
