@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 import torch
-from transformers import (LogitsProcessor, MinNewTokensLengthLogitsProcessor, NoRepeatNGramLogitsProcessor,
-                          RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
-                          TopPLogitsWarper)
+from transformers import (LogitsProcessor, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
+                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from model.adapters import active_adapter, as_choice, check_adapter
 from model.gpt2 import GPT2
@@ -103,19 +102,14 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def logits_processors(self, prompt_length: int = 0, eos_token_id: int | None = None,
-                          device: torch.device | str = "cpu") -> list[LogitsProcessor]:
+    def logits_processors(self) -> list[LogitsProcessor]:
         """transformers' own, well-tested implementations of each setting, in the order its
-        generate() applies them. min_new_tokens needs where the new tokens start (`prompt_length`,
-        in the token histories the processors get) and the model's end-of-text token."""
+        generate() applies them (min_new_tokens is held back apart: see Sampler)."""
         processors = []
         if self.repetition_penalty != 1.0:
             processors.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
         if self.no_repeat_ngram_size > 0:
             processors.append(NoRepeatNGramLogitsProcessor(self.no_repeat_ngram_size))
-        if self.min_new_tokens > 0 and eos_token_id is not None:
-            processors.append(MinNewTokensLengthLogitsProcessor(prompt_length, self.min_new_tokens, eos_token_id,
-                                                                device=str(device)))
         if not self.greedy:
             if self.temperature != 1.0:
                 processors.append(TemperatureLogitsWarper(self.temperature))
@@ -144,6 +138,8 @@ class Result:
     generated_tokens: int
     tokens_per_second: float
     stop_reason: str  # "eos" | "stop_string" | "max_tokens" | "context_full" | "cancelled" (tasks add "task_done")
+    # The tokens the text is made of: a stop string's own tokens, drawn (generated_tokens counts
+    # them) but cut from the text, are not among them, nor in logprobs.
     token_ids: list[int] = field(default_factory=list)
     # With SamplingParams.logprobs: per generated token {"token", "logprob", "id", "top": [{"token", "logprob",
     # "id"}, ...]}, the log-probabilities the token was drawn from, after the decoding settings.
@@ -214,18 +210,21 @@ class Sampler:
     any batch."""
 
     def __init__(self, params: SamplingParams, seed: int, device: torch.device, trace: list | None = None,
-                 prompt_length: int = 0, eos_token_id: int | None = None):
+                 eos_id: int | None = None):
         self.greedy = params.greedy
         # With params.logprobs, each pick appends (token, its log-probability, [(alternative,
         # log-probability), ...]) here; None costs nothing.
         self.logprobs, self.trace = params.logprobs, trace if params.logprobs else None
-        self.processors = params.logits_processors(prompt_length, eos_token_id, device)
+        self.processors = params.logits_processors()
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self._uniforms: list[float] = []  # drawn ahead, next last
+        # min_new_tokens: for this many more picks the end of text (the tokenizer's eos_id) cannot
+        # come. Masked in the row's scores before its group's processors (pick_tokens), so the row
+        # still picks with others; a processor reading the history would make it pick alone.
+        self.eos_id, self.end_held_back = end_of_text(params, eos_id), params.min_new_tokens
         # Samplers with the same key pick together (see pick_tokens); None: this one reads its
         # sequence's history (repetition penalty, n-gram blocking), so it picks alone.
-        reads_history = (params.repetition_penalty != 1.0 or params.no_repeat_ngram_size > 0
-                         or params.min_new_tokens > 0)
+        reads_history = params.repetition_penalty != 1.0 or params.no_repeat_ngram_size > 0
         self.key = None if reads_history else (params.temperature, params.top_k, params.top_p)
 
     def uniform(self) -> float:
@@ -248,6 +247,13 @@ class Sampler:
         return token
 
 
+def end_of_text(params: SamplingParams, eos_id: int | None) -> int | None:
+    """The end-of-text id a run with `params` holds back, checked: min_new_tokens needs it."""
+    if params.min_new_tokens and eos_id is None:
+        raise ValueError("min_new_tokens needs the end-of-text token's id (eos_id)")
+    return eos_id
+
+
 def pick_tokens(samplers: list[Sampler], logits: torch.Tensor,
                 histories: list[torch.Tensor]) -> list[torch.Tensor | Exception]:
     """The next token (shape (1,)) of each row of logits (rows, vocab), or the error its sampling
@@ -259,6 +265,12 @@ def pick_tokens(samplers: list[Sampler], logits: torch.Tensor,
     what makes sampling cheap for a batch. (On a GPU, a cumulative sum over one row and over
     several may add in different orders, as the matrix kernels do.)
     """
+    held = [row for row, sampler in enumerate(samplers) if sampler.end_held_back]
+    if held:  # min_new_tokens: these rows' end of text cannot come yet
+        logits = logits.clone()
+        for row in held:
+            logits[row, samplers[row].eos_id] = -math.inf
+            samplers[row].end_held_back -= 1
     groups: dict = {}
     for row, sampler in enumerate(samplers):
         groups.setdefault(("alone", row) if sampler.key is None else sampler.key, []).append(row)
@@ -382,7 +394,8 @@ def pick_rows_apart(samplers: list[Sampler], logits: torch.Tensor, history: torc
 
 @torch.inference_mode()
 def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams, seeds: list[int],
-                  pad_id: int = 0, adapter: str | None = None, traces: list[list] | None = None) -> Iterator[torch.Tensor]:
+                  pad_id: int = 0, adapter: str | None = None, traces: list[list] | None = None,
+                  eos_id: int | None = None) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, step after step, until the context is full.
 
     Prompts of different lengths are left-padded. Each row samples with its own generator, so a
@@ -403,8 +416,8 @@ def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams,
     for row, (start, p) in enumerate(zip(starts, prompts)):
         tokens[row, start:width] = torch.tensor(p)
     is_real = torch.arange(width, device=device) >= torch.tensor(starts, device=device)[:, None]
-    samplers = [Sampler(params, seed, device, None if traces is None else traces[row], len(prompt),
-                        model.config.eos_token_id) for row, (seed, prompt) in enumerate(zip(seeds, prompts))]
+    samplers = [Sampler(params, seed, device, None if traces is None else traces[row], eos_id)
+                for row, seed in enumerate(seeds)]
     adapter = as_choice(adapter, params.adapter_scale)
     cache = new_cache(model, len(prompts), width + budget)
     try:
@@ -440,14 +453,16 @@ def stream(model: GPT2 | Scheduler, tokenizer: Tokenizer, prompt: str | list[int
     trace = [] if params.logprobs else None
     decoder = tokenizer.stream_decoder()
     text, shown, generated = "", 0, []
+    written = None  # with a stop string: how many tokens its text is made of (the string's own are cut)
+    ends: list[int] = []  # the text's length after each generated token
     budget = new_token_budget(params.max_new_tokens, len(prompt_ids), model.config.n_positions)
     stop_reason = "context_full" if budget < params.max_new_tokens else "max_tokens"
     start = time.perf_counter()
     if isinstance(model, GPT2):
         tokens = decode_tokens(model, [prompt_ids], params, [seed], pad_id=tokenizer.eos_id, adapter=adapter,
-                               traces=None if trace is None else [trace])
+                               traces=None if trace is None else [trace], eos_id=tokenizer.eos_id)
     else:
-        tokens = model.decode(prompt_ids, params, seed, adapter=adapter, trace=trace)
+        tokens = model.decode(prompt_ids, params, seed, adapter=adapter, trace=trace, eos_id=tokenizer.eos_id)
     try:
         for next_tokens in tokens:
             if cancel is not None and cancel.is_set():
@@ -459,9 +474,11 @@ def stream(model: GPT2 | Scheduler, tokenizer: Tokenizer, prompt: str | list[int
                 break
             generated.append(token)
             text += decoder.push(token)
+            ends.append(len(text))
             cut = find_stop(text, params.stop, shown)
             if cut is not None:
                 text, stop_reason = text[:cut], "stop_string"
+                written = next(i + 1 for i, end in enumerate(ends) if end >= cut) if cut else 0
                 break
             safe = len(text) - held_back(text, params.stop)
             if safe > shown:
@@ -474,22 +491,11 @@ def stream(model: GPT2 | Scheduler, tokenizer: Tokenizer, prompt: str | list[int
     if len(text) > shown:
         yield Chunk(text[shown:])
     elapsed = time.perf_counter() - start
-    logprobs = [] if trace is None else token_logprobs(tokenizer, trace[:len(generated)])
+    kept = generated[:written]  # [:None]: all of them
     yield Result(text=text, seed=seed, prompt_tokens=len(prompt_ids), generated_tokens=len(generated),
                  tokens_per_second=len(generated) / elapsed if elapsed > 0 else 0.0,
-                 stop_reason=stop_reason, token_ids=generated,
-                 logprobs=covering(logprobs, text) if stop_reason == "stop_string" else logprobs)
-
-
-def covering(entries: list[dict], text: str) -> list[dict]:
-    """The first of `entries` whose tokens make up `text`: a stop string's own tokens, cut from the
-    text, are not shown as if written (the token it starts inside stays)."""
-    length = 0
-    for count, entry in enumerate(entries):
-        if length >= len(text):
-            return entries[:count]
-        length += len(entry["token"])
-    return entries
+                 stop_reason=stop_reason, token_ids=kept,
+                 logprobs=[] if trace is None else token_logprobs(tokenizer, trace[:len(kept)]))
 
 
 def token_logprobs(tokenizer: Tokenizer, trace: list) -> list[dict]:
@@ -504,7 +510,7 @@ def token_logprobs(tokenizer: Tokenizer, trace: list) -> list[dict]:
 
 @torch.inference_mode()
 def score_tokens(model: GPT2, prompt: list[int], tokens: list[int], params: SamplingParams,
-                 adapter: str | None = None) -> list[float]:
+                 adapter: str | None = None, eos_id: int | None = None) -> list[float]:
     """Each token's log-probability after `prompt` and the tokens before it, under `model` with
     `adapter` at params.adapter_scale, through the same processors as sampling: what another
     setting of the adapter would have given the tokens a run drew (the compare view)."""
@@ -513,10 +519,13 @@ def score_tokens(model: GPT2, prompt: list[int], tokens: list[int], params: Samp
     ids = torch.tensor([prompt + tokens], device=model.device)
     with active_adapter(as_choice(adapter, params.adapter_scale)):
         logits = model(ids[:, :-1])[0, len(prompt) - 1:].float()
-    processors = params.logits_processors(len(prompt), model.config.eos_token_id, model.device)
+    processors, eos_id = params.logits_processors(), end_of_text(params, eos_id)
     scores = []
     for step, token in enumerate(tokens):
         row = logits[step:step + 1]
+        if step < params.min_new_tokens:  # as Sampler holds the end of text back
+            row = row.clone()
+            row[0, eos_id] = -math.inf
         for processor in processors:
             row = processor(ids[:, :len(prompt) + step], row)
         scores.append(float(torch.log_softmax(row, dim=-1)[0, token]))

@@ -148,7 +148,7 @@ class Scheduler:
         return self.model.config
 
     def decode(self, prompt: list[int], params: SamplingParams, seed: int,
-               adapter: str | None = None, trace: list | None = None) -> "RequestTokens":
+               adapter: str | None = None, trace: list | None = None, eos_id: int | None = None) -> "RequestTokens":
         """Queue one request now; its tokens (one (1,)-shaped tensor per step) arrive through the
         returned iterator, as `decode_tokens` yields them for a batch of one. Closing the iterator
         retires the request before the next step (also before its first token); the other requests
@@ -159,9 +159,8 @@ class Scheduler:
         budget = len(prompt) + new_token_budget(params.max_new_tokens, len(prompt), self.config.n_positions)
         tokens = torch.empty(1, budget, dtype=torch.long, device=device)
         tokens[0, :len(prompt)] = torch.tensor(prompt)
-        sampler = Sampler(params, seed, device, trace, len(prompt), self.config.eos_token_id)
-        request = Request(sampler, as_choice(adapter, params.adapter_scale), tokens, len(prompt), budget,
-                          queue.SimpleQueue())
+        request = Request(Sampler(params, seed, device, trace, eos_id), as_choice(adapter, params.adapter_scale),
+                          tokens, len(prompt), budget, queue.SimpleQueue())
         with self._lock:
             if self._closed:
                 raise RuntimeError("the scheduler was closed")

@@ -157,6 +157,9 @@ def test_min_new_tokens_holds_back_the_end_of_text(loaded):
                 assert (result.generated_tokens, result.stop_reason) == (3, "eos"), (decoder, params)
     finally:
         scheduler.close()
+    # without the end of text's id there is nothing to hold back: said, not ignored
+    with pytest.raises(ValueError, match="eos_id"):
+        generate_module.Sampler(replace(greedy, min_new_tokens=3), 0, torch.device("cpu"))
     # Generate always writes something: a text the model would end at once goes on (Continue too).
     task = TASKS["generate"]
     done = next(e for e in run_task(task, model, tokenizer, GenerateInputs("The end."), replace(task.defaults, seed=0),

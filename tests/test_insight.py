@@ -79,7 +79,8 @@ def test_a_stop_strings_own_tokens_are_not_listed_as_written(loaded):
     assert cut.stop_reason == "stop_string" and cut.text
     tokens = [entry["token"] for entry in cut.logprobs]
     assert "".join(tokens).startswith(cut.text) and len("".join(tokens[:-1])) < len(cut.text)  # each one needed
-    assert len(cut.logprobs) < cut.generated_tokens
+    assert len(cut.logprobs) < cut.generated_tokens and cut.token_ids == [entry["id"] for entry in cut.logprobs]
+    assert cut.token_ids == free.token_ids[:len(cut.token_ids)]
 
 
 @torch.inference_mode()

@@ -243,8 +243,9 @@ def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], param
     the other side (its prompt, its adapter setting), and the first token where they part."""
     off, on = done
     tokens = [off.result.token_ids, on.result.token_ids]
-    under_other = [score_tokens(loaded.model, on.prompt.ids, tokens[0], params, adapter),
-                   score_tokens(loaded.model, off.prompt.ids, tokens[1], params, None)]
+    eos_id = loaded.tokenizer.eos_id
+    under_other = [score_tokens(loaded.model, on.prompt.ids, tokens[0], params, adapter, eos_id),
+                   score_tokens(loaded.model, off.prompt.ids, tokens[1], params, None, eos_id)]
     return {"entries": [off.result.logprobs, on.result.logprobs], "under_other": under_other,
             "diverges_at": first_difference(*tokens)}
 
