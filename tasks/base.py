@@ -21,8 +21,8 @@ ADAPTER_END = "\n"
 
 @dataclass
 class Prompt:
-    text: str
-    ids: list[int]  # what the model is given; at most max_prompt_tokens
+    text: str  # what the model is given, as text; a run in two steps (Task.two_steps): both steps' prompts
+    ids: list[int]  # what the model is given (the last step's); at most max_prompt_tokens
     notes: list[str] = field(default_factory=list)  # what had to change to fit the context, for the caller to show
 
 
@@ -241,7 +241,8 @@ def run_in_two_steps(task: Task, model: GPT2, tokenizer: Tokenizer, steps, param
     first = next(event for event in run_task(task, model, tokenizer, first_inputs, params, adapter_on, cancel)
                  if isinstance(event, TaskDone))
     if first.result.stop_reason == "cancelled" or not first.text.strip():  # nothing to go on with
-        yield TaskDone("", first.result, first.prompt)
+        yield TaskDone("", first.result, Prompt(first.prompt.text, first.prompt.ids,
+                                                [*first.prompt.notes, note.format(text="(nothing)")]))
         return
     for event in run_task(task, model, tokenizer, second_inputs(first.text), params, adapter_on, cancel, forced):
         if isinstance(event, TaskDone):

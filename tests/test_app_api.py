@@ -282,3 +282,20 @@ def test_every_interface_text_is_in_english_and_chinese(app_models):
     used = set(re.findall(r'translation_metadata\\", \\"key\\": \\"(\w+)', config))
     # "generating" is only shown while a run streams, "not_measured" only where a lab plot is missing.
     assert used | {"generating", "not_measured"} == ENGLISH.keys()
+
+
+def test_the_reply_switcher_follows_the_last_turn():
+    """After Retry, ◀ ▶ switch between the kept replies, each with its status line; the switcher
+    goes once the conversation's last turn is another (sent, undone, cleared, another chat)."""
+    from ui.chat import forget_replaced, messages_from_pairs, replies_after_retry, replies_before_retry, switch_reply
+    first = messages_from_pairs([["Hi", "Hello!"]])
+    kept = replies_before_retry(first, {}, "seed 1 · ...")
+    second = messages_from_pairs([["Hi", "Good day."]])
+    replies, switcher, which = replies_after_retry(second, kept, "seed 2 · ...")
+    assert which == "2 / 2" and switcher.visible
+    shown, replies, which, status = switch_reply(-1)(second, replies)
+    assert (shown, which, status) == (first, "1 / 2", "seed 1 · ...")
+    assert forget_replaced(shown, replies) == (gr.skip(), gr.skip())  # still this turn: kept
+    for other in ([], messages_from_pairs([["Hi", "Hello!"], ["Bye", "Bye!"]]), messages_from_pairs([["Yo", "Hey"]])):
+        forgotten, hidden = forget_replaced(other, replies)
+        assert forgotten == {} and not hidden.visible

@@ -96,7 +96,8 @@ def made_messages() -> list[str]:
         TASKS["dialogue"].prompt(DialogueInputs(message="Hi", history=[("a " * 200, "b " * 200)] * 3), tokenizer,
                                  512, 16, False).notes[0],
         kernels.decode_path(),
-        TASKS["translate"].two_steps(TranslateInputs("Bonjour.", "French", "German"), True)[2].format(text="Hello."),
+        *(TASKS["translate"].two_steps(TranslateInputs("Bonjour.", "French", "German"), True)[2].format(text=text)
+          for text in ("Hello.", "(nothing)")),
         *(Result("", 7, 4, 16, 633.3, reason).summary() for reason in STOP_REASON_WORDS),
         *(adapter_state(on, scale) for on, scale in ((False, 1.0), (True, 1.0), (True, 0.5))),
         *changed_settings(replace(TASKS["summarize"].defaults, temperature=0.7, top_k=40), TASKS["summarize"].defaults),

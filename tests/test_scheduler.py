@@ -405,7 +405,8 @@ kernels.wait_until_built()  # the build's thread has ended
 import time
 def held_count(hold_s=0.5):  # a native thread the imports started may end just after: count once it is still
     count, since = len(os.listdir("/proc/self/task")), time.monotonic()
-    while time.monotonic() - since < hold_s:
+    deadline = since + 10
+    while time.monotonic() - since < hold_s and time.monotonic() < deadline:
         time.sleep(0.05)
         if len(os.listdir("/proc/self/task")) != count:
             count, since = len(os.listdir("/proc/self/task")), time.monotonic()

@@ -330,3 +330,11 @@ def test_french_to_german_goes_through_english(model, tokenizer):
     direct = run(model, tokenizer, "translate", own, seed=1, max_new_tokens=20)[-1]
     assert direct.prompt.text == build("translate", own, tokenizer).text and not direct.prompt.notes
     assert TASKS["translate"].two_steps(TranslateInputs("Le chat dort.", "French", "English"), True) is None
+    # Stopped during the first step: no second step, and the note says the English was nothing
+    stop = threading.Event()
+    stop.set()
+    task = TASKS["translate"]
+    *_, stopped = run_task(task, model, tokenizer, TranslateInputs("Le chat dort.", "French", "German"),
+                           replace(task.defaults, seed=1, max_new_tokens=20), cancel=stop)
+    assert (stopped.text, stopped.result.stop_reason) == ("", "cancelled")
+    assert stopped.prompt.text == first.prompt.text and "translated through English: (nothing)" in stopped.prompt.notes

@@ -35,13 +35,17 @@ class Inspection:
     top_tokens: list[tuple[str, float]]  # ten (token, probability), likeliest first
 
 
+WHITESPACE_SHOWN = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"})
+
+
 def readable(text: str) -> str:
-    """A token's text as a person can read it on its own (an axis, a list): spaces and newlines
-    made visible."""
-    return text.replace(" ", "␣").replace("\n", "↵")
+    """A token's text as a person can read it on its own (an axis, a list): its whitespace made
+    visible."""
+    return text.translate(WHITESPACE_SHOWN)
 
 
 def token_label(tokenizer: Tokenizer, id: int) -> str:
+    """A token on an axis: readable, or its id where it has no text of its own."""
     return readable(tokenizer.token_bytes(id).decode("utf-8", errors="replace")) or f"<{id}>"
 
 

@@ -185,9 +185,18 @@ def architecture_tab(host: ModelHost) -> None:
         gr.Markdown(i18n("logit_lens"))  # above, not as the plot's label, which would cover its title
         lens = gr.Plot(show_label=False, elem_id="architecture-lens")
         run = look_inside(host)
-        # Opening the tab looks inside at once: its prompt is filled in, so the view starts drawn.
-        for event in (tab.select, run_button.click, prompt.submit, layer.release, head.release, lens_adapter.input):
-            # One at a time: matplotlib's text layout (its mathtext parser) is not safe across threads,
-            # and Gradio draws each returned figure in the event's own worker.
-            event(run, [prompt, layer, head, lens_adapter], [norms, attention, top, layer, head, lens, status],
-                  api_visibility="private", concurrency_limit=1, concurrency_id="look_inside")
+        outputs = [norms, attention, top, layer, head, lens, status]
+        # One at a time: matplotlib's text layout (its mathtext parser) is not safe across threads,
+        # and Gradio draws each returned figure in the event's own worker.
+        one_at_a_time = dict(api_visibility="private", concurrency_limit=1, concurrency_id="look_inside")
+        for event in (run_button.click, prompt.submit, layer.release, head.release, lens_adapter.input):
+            event(run, [prompt, layer, head, lens_adapter], outputs, **one_at_a_time)
+        # The first time a page opens the tab it looks inside at once (the prompt is filled in), so
+        # the view starts drawn; later visits keep what is there.
+        drawn = gr.State(False)
+
+        def first_look(seen: bool, prompt_text: str, layer_value, head_value, adapter, request: gr.Request):
+            if seen:
+                return *[gr.skip()] * len(outputs), True
+            return *run(prompt_text, layer_value, head_value, adapter, request), True
+        tab.select(first_look, [drawn, prompt, layer, head, lens_adapter], [*outputs, drawn], **one_at_a_time)

@@ -161,6 +161,17 @@ def switch_reply(step: int):
     return switch
 
 
+def forget_replaced(messages: list[dict], replies: dict):
+    """The kept replies and the switcher stay while the conversation's last turn is still the one
+    they belong to, showing one of them; a new turn, an undo, a clear or another conversation
+    takes them away (a refused import, which changes nothing, does not)."""
+    pairs = pairs_from_messages(messages)
+    kept = replies.get("replies", [])
+    if kept and pairs and replies.get("turn") == len(pairs) - 1 and pairs[-1][1] == kept[replies["at"]][0]:
+        return gr.skip(), gr.skip()
+    return {}, gr.Row(visible=False)
+
+
 def undo(messages: list[dict]) -> tuple[list[dict[str, str]], str]:
     """The conversation without its last turn, whose message goes back into the message box."""
     *history, (message, _) = pairs_from_messages(messages) or [("", "")]
@@ -327,9 +338,7 @@ def chat_extras(tab: Tab) -> None:
                      queue=False, api_visibility="private")
     edited = chatbot.edit(branch_at_edit, chatbot, [chatbot, message], queue=False, api_visibility="private")
     tab.add_run([edited])
-    # The kept replies belong to the last turn: a new turn, an undo, a clear or another conversation
-    # (New chat, reopened, imported) takes them and the switcher away.
-    forget_replies = dict(fn=lambda: ({}, gr.Row(visible=False)), inputs=None, outputs=[replies, more["switcher"]],
+    forget_replies = dict(fn=forget_replaced, inputs=[chatbot, replies], outputs=[replies, more["switcher"]],
                           queue=False, api_visibility="private")
     for new_turn in [*sending, tab.run_events[-1]]:
         new_turn.then(**forget_replies)

@@ -104,7 +104,7 @@ NAMES_ZH: dict[str, str] = {
     # why a run stopped (engine.generate.STOP_REASON_WORDS)
     "end of text": "文本结束", "stop string": "停止串", "max_new_tokens reached": "达到最大词元数",
     "context full": "上下文已满", "Stop pressed": "已按停止", "answer complete": "回答完整",
-    "none": "无", "layer": "层", "head": "注意力头",
+    "none": "无", "(nothing)": "（无）", "layer": "层", "head": "注意力头",
     "decode kernels building": "解码内核构建中", "kernels switched off": "内核已关闭", "no kernels": "无内核",
     "no C++ compiler": "没有 C++ 编译器",
     "adapter on": "适配器开", "adapter off": "适配器关", "output": "输出",
@@ -181,9 +181,3 @@ def translate_item(item: str) -> str:
 def word(key: str, lang: str) -> str:
     """A toast's title ("error", "warning") in `lang`."""
     return WORDS_ZH[key] if lang == "zh" else key.capitalize()
-
-
-def error(message: str, request: gr.Request | None) -> gr.Error:
-    """gr.Error for `message` in the request's language, its toast's title too."""
-    lang = language(request)
-    return gr.Error(localized(message, lang), title=word("error", lang), print_exception=False)

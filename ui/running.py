@@ -304,7 +304,7 @@ class StopSwitches:
 
     def stop(self, session: str, tab: str, wait_s: float) -> None:
         """Ask the request to stop, and wait until it has shown its last update (the partial
-        text and a status that says "cancelled"), at most wait_s seconds."""
+        text and a status that says "Stop pressed"), at most wait_s seconds."""
         with self._lock:
             request = self._running.get((session, tab))
         if request is not None:

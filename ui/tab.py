@@ -1,5 +1,5 @@
 """One function, `task_tab`, builds the tab of every task: the task's own components come from
-its `TaskView`; everything else (Generate and Stop, decoding settings, adapter switch, status
+its `TaskView`; everything else (the run button and Stop, decoding settings, adapter switch, status
 line, prompt sent, examples, copy button) is the same for all and is built here."""
 from __future__ import annotations
 
@@ -236,7 +236,7 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
         stop_switches.stop(request.session_hash, task.name, STOP_WAIT_S)
 
     # Stop first asks the run to end, so that it shows its partial text and a status saying
-    # "cancelled"; only then does Gradio cancel the run's event, which ends a run still waiting
+    # "Stop pressed"; only then does Gradio cancel the run's event, which ends a run still waiting
     # in the queue or one that did not end in time.
     stop_button.click(stop, queue=False, api_visibility="private").then(
         None, cancels=tab.run_events, api_visibility="private")

@@ -120,7 +120,9 @@ TRANSLATE = TaskView(
                     checked_text("text", text), checked_text("source", source), checked_text("target", target),
                     example_pairs(examples)),
                 description="Translate text by example pairs (GPT-2 paper style). examples: one `source = target` "
-                            "a line; None for the built-in pairs. Returns (translation, status line, prompt sent)."),
+                            "a line; None for the built-in pairs. French <-> German goes through English (the "
+                            "status line gives the English), unless the adapter is off and examples are your own. "
+                            "Returns (translation, status line, prompt sent)."),
     label="tab_translate", run_label="run_translate", intro="intro_translate", build=translate_widgets,
     examples=[list(example) for example in TRANSLATE_EXAMPLES],
     example_inputs=("text", "source", "target"),
