@@ -101,6 +101,8 @@ class Tab:
                 if data[insight.show_tokens] or continuing:
                     values["logprobs"] = TOP_SHOWN
                 comparing = data[insight.compare] and not continuing
+                # The last run's status line goes at once: under a new run it would pass for this one's.
+                yield [gr.skip(), GENERATING, *[gr.skip()] * 6, *skips]
                 with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
                     if comparing:
                         for texts, status, comparison in run_compare(view.api, self.host, values, cancel):
