@@ -123,7 +123,9 @@ def test_the_adapters_that_start_on_are_those_its_evaluation_found_better(bundle
 EXAMPLE_REFERENCES = {"My book is on the table.": "Mon livre est sur la table.",
                       "I like my new car.": "Ich mag mein neues Auto.",
                       "Je veux aller à la plage.": "I want to go to the beach.",
-                      "Wir haben einen Hund.": "We have a dog."}
+                      "Wir haben einen Hund.": "We have a dog.",
+                      "Nous avons une grande maison.": "Wir haben ein großes Haus.",
+                      "Das Buch ist sehr gut.": "Le livre est très bon."}
 
 
 def test_the_translate_examples_are_ones_the_model_translates_and_never_trained_on(bundled):

@@ -110,7 +110,9 @@ def translate_extras(tab: Tab) -> None:
 TRANSLATE_EXAMPLES = [("My book is on the table.", "English", "French"),
                       ("I like my new car.", "English", "German"),
                       ("Je veux aller à la plage.", "French", "English"),
-                      ("Wir haben einen Hund.", "German", "English")]
+                      ("Wir haben einen Hund.", "German", "English"),
+                      ("Nous avons une grande maison.", "French", "German"),  # through English
+                      ("Das Buch ist sehr gut.", "German", "French")]
 
 TRANSLATE = TaskView(
     api=TaskAPI(TASKS["translate"], "translate",
