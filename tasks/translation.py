@@ -67,8 +67,9 @@ def through_english(inputs: TranslateInputs, adapter_on: bool):
     user's way to ask for the direct translation."""
     own_examples = inputs.examples is not None and [tuple(pair) for pair in inputs.examples] != \
         DEFAULT_EXAMPLES.get((inputs.source, inputs.target))
-    if PIVOT in (inputs.source, inputs.target) or inputs.source == inputs.target or (own_examples and not adapter_on):
-        return None
+    pair = (inputs.source, inputs.target)
+    if pair not in DEFAULT_EXAMPLES or PIVOT in pair or (own_examples and not adapter_on):
+        return None  # one step; a pair that is no translation is refused there, as asked
     return (TranslateInputs(inputs.text, inputs.source, PIVOT),
             lambda english: TranslateInputs(english, PIVOT, inputs.target),
             f"translated through {PIVOT}: {{text}}")  # ui.messages: translated_through

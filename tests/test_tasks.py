@@ -330,6 +330,9 @@ def test_french_to_german_goes_through_english(model, tokenizer):
     direct = run(model, tokenizer, "translate", own, seed=1, max_new_tokens=20)[-1]
     assert direct.prompt.text == build("translate", own, tokenizer).text and not direct.prompt.notes
     assert TASKS["translate"].two_steps(TranslateInputs("Le chat dort.", "French", "English"), True) is None
+    # a language the app does not offer is refused as asked, not as the first step's pair
+    with pytest.raises(ValueError, match="cannot translate Spanish to German"):
+        run(model, tokenizer, "translate", TranslateInputs("Hola.", "Spanish", "German"))
     # Stopped during the first step: no second step, and the note says the English was nothing
     stop = threading.Event()
     stop.set()

@@ -135,7 +135,7 @@ def look_inside(host: ModelHost):
                                                                head - 1))
             lens = in_thread_of_its_own(lambda: logit_lens(loaded.model, loaded.tokenizer, prompt, adapter))
         except ValueError as error:  # said in the tab's status line, as the task tabs say a refusal
-            return (*[gr.skip()] * 6, f"⚠️ {messages.localized(str(error), messages.language(request))}")
+            return (*[gr.skip()] * 6, messages.refused_line(str(error), messages.language(request)))
         top = [[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens]  # a random model's are all tiny
         return (residual_norm_figure(seen, loaded.name), attention_figure(seen), top,
                 gr.update(maximum=slider_top(config.n_layer), value=layer),

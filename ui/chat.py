@@ -25,7 +25,7 @@ from tasks import TASKS, DialogueInputs
 from tasks.dialogue import PERSONAS
 
 from .i18n import i18n
-from .messages import language, localized
+from .messages import language, localized, refused_line
 from .running import MAX_CHARS, MAX_CHAT_TURNS, RANDOM_SEED, Param, TaskAPI, check_size, checked_text
 from .tab import Tab, TaskView, Widgets, adapter_props
 
@@ -300,7 +300,7 @@ def keep_in_browser(tab: Tab, export: dict, forget_replies: dict) -> None:
         try:
             conversation = read_import(path)
         except ValueError as error:
-            return [*[gr.skip()] * len(kept), gr.skip(), gr.skip(), f"⚠️ {localized(str(error), language(request))}"]
+            return [*[gr.skip()] * len(kept), gr.skip(), gr.skip(), refused_line(str(error), language(request))]
         saved = filed(saved or {}, current(*values))
         saved["current"] = {**current(*values), **conversation}
         return [*shown(saved["current"]), saved, earlier_choices(saved), ""]

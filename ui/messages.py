@@ -178,6 +178,14 @@ def translate_item(item: str) -> str:
     return NAMES_ZH.get(item, item)
 
 
+REFUSED = "⚠️ "  # how a status line that reports a refusal or a fault starts
+
+
+def refused_line(message: str, lang: str) -> str:
+    """A status line that says why a request was refused (or failed), in `lang`."""
+    return REFUSED + localized(message, lang)
+
+
 def word(key: str, lang: str) -> str:
     """A toast's title ("error", "warning") in `lang`."""
     return WORDS_ZH[key] if lang == "zh" else key.capitalize()

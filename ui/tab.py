@@ -11,7 +11,7 @@ import gradio as gr
 from tasks import Task
 
 from .i18n import i18n
-from .messages import language, localized, word
+from .messages import REFUSED, language, localized, refused_line, word
 from .model_host import LoadedModel, ModelHost
 from .running import RANDOM_SEED, SETTING_RANGES, SETTINGS, Refusal, StopSwitches, TaskAPI, run, run_compare
 from .tokens import TOP_SHOWN, Insight
@@ -125,12 +125,12 @@ class Tab:
             except (Refusal, ValueError) as refused:
                 # One message, in the status line, saying which field and why; no component is
                 # left in an error state, and what the user typed and the last output stay.
-                message = localized(refused.message if isinstance(refused, Refusal) else str(refused), lang)
-                yield [gr.skip(), f"⚠️ {message}", *[gr.skip()] * 6, *skips]
+                message = refused.message if isinstance(refused, Refusal) else str(refused)
+                yield [gr.skip(), refused_line(message, lang), *[gr.skip()] * 6, *skips]
             except gr.Error as error:  # a fault: the status line says so, and so does a toast
-                message = localized(error.message, lang)
-                yield [gr.skip(), f"⚠️ {message}", *[gr.skip()] * 6, *skips]
-                raise gr.Error(message, title=word("error", lang), print_exception=False) from None
+                yield [gr.skip(), refused_line(error.message, lang), *[gr.skip()] * 6, *skips]
+                raise gr.Error(localized(error.message, lang), title=word("error", lang),
+                               print_exception=False) from None
 
         listeners = [trigger for trigger in triggers if not isinstance(trigger, gr.events.Dependency)]
         handler = dict(fn=run_in_tab, inputs=reads, outputs=outputs, show_progress="minimal",
@@ -143,8 +143,8 @@ class Tab:
 
 
 def joinable(status: str) -> bool:
-    """Whether a run's output may join the notebook: it ran (a refusal's line starts with ⚠️)."""
-    return bool(status) and not status.startswith("⚠️")
+    """Whether a run's output may join the notebook: it ran (not a refusal's line)."""
+    return bool(status) and not status.startswith(REFUSED)
 
 
 def append_run(text: str, output: str, status: str) -> str:
