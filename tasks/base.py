@@ -192,7 +192,8 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
     Generation stops early once post-processing has all it will keep (e.g. 3 whole sentences).
     `forced` tokens come first, as if the model had drawn them (continuing from a chosen
     alternative): they count in max_new_tokens and in the Result's generated tokens, as in the
-    run they come from, but the Result's token_ids are the ones drawn after them.
+    run they come from, but the Result's token_ids are the ones drawn after them; forced tokens
+    that already fill max_new_tokens (the run's last token, replaced) draw none.
     """
     if not isinstance(inputs, task.inputs):
         raise TypeError(f"the {task.name} task takes {task.inputs.__name__}, got {type(inputs).__name__}")
@@ -202,14 +203,17 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
         return
     prompt = task.prompt(inputs, tokenizer, model.config.n_positions, params.max_new_tokens, adapter_on)
     stops = task.defaults.stop + ((ADAPTER_END,) if adapter_on else ()) + params.stop
-    params = replace(params, stop=tuple(dict.fromkeys(stops)),
-                     max_new_tokens=max(1, params.max_new_tokens - len(forced)))
-
+    params = replace(params, stop=tuple(dict.fromkeys(stops)))
     if adapter_on and task.adapter is None:
         raise ValueError(f"the {task.name} task has no adapter")
+    start = tokenizer.decode(list(forced)) if forced else ""
+    if len(forced) >= params.max_new_tokens:
+        result = Result("", resolve_seed(params.seed), len(prompt.ids), len(forced), 0.0, "max_tokens")
+        yield TaskDone(task.postprocess(start), result, prompt)
+        return
+    params = replace(params, max_new_tokens=params.max_new_tokens - len(forced))
     stop = TaskStop(cancel)
     shown, result = "", None
-    start = tokenizer.decode(list(forced)) if forced else ""
     text = start
     for event in stream(model, tokenizer, prompt.ids + list(forced), params, stop,
                         adapter=task.adapter if adapter_on else None):

@@ -223,3 +223,8 @@ def test_continuing_from_a_chosen_token_keeps_the_runs_length_and_counts(loaded)
     again = done(forced)
     assert again.result.prompt_tokens == first.result.prompt_tokens
     assert again.result.generated_tokens == 10 and len(again.result.token_ids) == 10 - len(forced)
+    # From the last token: the output is the run's, that token replaced, and nothing more is drawn.
+    last = [*first.result.token_ids[:9], (first.result.token_ids[9] + 1) % model.config.vocab_size]
+    at_end = done(last)
+    assert (at_end.result.generated_tokens, at_end.result.token_ids, at_end.result.stop_reason) == (10, [], "max_tokens")
+    assert at_end.text == task.postprocess(tokenizer.decode(last))
