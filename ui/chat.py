@@ -94,6 +94,7 @@ def chat_widgets() -> Widgets:
         upload = gr.UploadButton(str(i18n("import_conversation")), file_types=[".json"], size="sm", scale=0,
                                  elem_id="dialogue-import")
         earlier = gr.Dropdown([], value=None, label=i18n("earlier_conversations"), scale=1,
+                              info=i18n("earlier_conversations_info"),
                               elem_id="dialogue-earlier")
     message = gr.Textbox(label=i18n("message"), placeholder=i18n("message_placeholder"), elem_id="dialogue-message")
     return Widgets({"message": message, "history": chatbot, "persona": persona}, output=chatbot,
