@@ -355,10 +355,13 @@ def test_translate_swaps_a_repeated_language_and_keeps_the_users_example_pairs(p
     expect(source).to_have_value("French")
     page.wait_for_timeout(500)  # time for a refill, were there one
     expect(examples).to_have_value(own)
+    hint = page.locator("#translate-examples")
+    expect(hint).to_contain_text("your own pairs, kept when the languages changed")
     examples.fill("")
     choose(page, "#translate-target", "French")  # the source's: they swap
     expect(source).to_have_value("German")
     expect(examples).to_have_value(example_lines(DEFAULT_EXAMPLES["German", "French"]))
+    expect(hint).not_to_contain_text("your own pairs")
     page.get_by_text("English → German: I like my new car.").click()  # an example sets both
     expect(examples).to_have_value(example_lines(DEFAULT_EXAMPLES["English", "German"]))
 

@@ -83,16 +83,23 @@ BUILT_IN_EXAMPLES = {example_lines(pairs) for pairs in DEFAULT_EXAMPLES.values()
 def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], examples: str):
     """A language picked in one dropdown. Picking the other side's language swaps the two (as
     translation apps do) rather than leaving a pair that cannot run; the example pairs follow
-    the new pair unless the user has written their own, which are kept."""
+    the new pair unless the user has written their own, which are kept, and their hint then says
+    so (they may be in the old pair's languages)."""
     picked = source, target
     if source == target:
         source, target = (source, last[0]) if changed == "source" else (last[1], target)
     pairs = DEFAULT_EXAMPLES.get((source, target))
-    keep = pairs is None or (examples.strip() and examples not in BUILT_IN_EXAMPLES) or example_lines(pairs) == examples
+    own = bool(examples.strip()) and examples not in BUILT_IN_EXAMPLES
+    if own:
+        examples_update = gr.update(info=i18n("example_pairs_kept"))
+    elif pairs is None or example_lines(pairs) == examples:
+        examples_update = gr.update()
+    else:
+        examples_update = gr.update(value=example_lines(pairs), info=i18n("example_pairs_info"))
     # Only what changes goes back: the swapped dropdown fires its own change, and an answer that
     # repeated every value could arrive after the user typed into a box, and undo it.
     return (*(gr.update() if new == old else new for new, old in zip((source, target), picked)), (source, target),
-            gr.update() if keep else example_lines(pairs))
+            examples_update)
 
 
 def translate_extras(tab: Tab) -> None:
