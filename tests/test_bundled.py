@@ -146,3 +146,19 @@ def test_the_translate_examples_are_ones_the_model_translates_and_never_trained_
         done = next(e for e in run_task(task, model, tokenizer, TranslateInputs(text, source, target),
                                         task.defaults, adapter_on) if isinstance(e, TaskDone))
         assert sacrebleu.sentence_chrf(done.text, [EXAMPLE_REFERENCES[text]]).score >= 60, (text, done.text)
+
+
+def test_the_summarise_conversation_example_is_summarised_by_what_the_user_asked_for(bundled):
+    """Sampled as the tab starts (its default settings and adapter), most seeds say the user asked
+    about a restaurant or a table."""
+    from model.adapters import adapters_on_by_default
+    from tasks import SummarizeInputs
+    from ui.views import DINNER_BOOKING
+
+    model, tokenizer = bundled
+    task = TASKS["summarize"]
+    adapter_on = task.adapter in adapters_on_by_default(model)
+    summaries = [next(e for e in run_task(task, model, tokenizer, SummarizeInputs(DINNER_BOOKING),
+                                          replace(task.defaults, seed=seed), adapter_on) if isinstance(e, TaskDone)).text
+                 for seed in range(8)]
+    assert sum(("restaurant" in s or "table" in s) for s in summaries) >= 6, summaries

@@ -25,7 +25,7 @@ ENGLISH = {
                       "in the transcript.",
     "intro_translate": "Translate a sentence between English, French and German. With the adapter off, the "
                        "example pairs show the model what to do.",
-    "intro_summarize": "Summarise a text: the model reads it, then `TL;DR:`, and its first few sentences are "
+    "intro_summarize": "Summarise a text or a conversation: the model reads it, then `TL;DR:`, and its first few sentences are "
                        "the summary.",
     # buttons
     "generate": "Generate",
@@ -157,7 +157,7 @@ CHINESE = {
     "intro_generate": "模型接着你的文字写下去。**继续**会把它写的内容加到提示后面，你可以改正后接着写。",
     "intro_dialogue": "和模型对话。人设设定场景；每条回复是模型在对话记录里的下一句。",
     "intro_translate": "在英语、法语和德语之间翻译一句话。关闭适配器时，示例句对向模型示范要做什么。",
-    "intro_summarize": "为一段文字写摘要：模型读完文章，再读 `TL;DR:`，写出的前几句就是摘要。",
+    "intro_summarize": "为一段文字或一段对话写摘要：模型读完全文，再读 `TL;DR:`，写出的前几句就是摘要。",
     "generate": "生成",
     "send": "发送",
     "run_translate": "翻译",

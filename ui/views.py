@@ -187,14 +187,22 @@ ANT_AND_DOVE = (
     "later a hunter came to catch the dove with a net. The ant saw him and bit his foot. The hunter cried out, "
     "the dove heard him and flew away. One good turn deserves another.")
 
+# A conversation like the Schema-Guided Dialogue ones the bundled model learnt to summarise (what
+# the user asked for), written for this tab; tests/test_bundled.py checks that it does.
+DINNER_BOOKING = (
+    "User: Hi, I need a table for dinner tonight.\nAssistant: Which city are you in?\nUser: San Jose, please. "
+    "Something Italian.\nAssistant: How about Pasta Bella in San Jose?\nUser: That sounds good. Book it for 7 pm "
+    "for two people.\nAssistant: Confirming a table for 2 at Pasta Bella in San Jose today at 7 pm.\nUser: Yes, "
+    "that's right.\nAssistant: Your table has been booked. Anything else?\nUser: No, thank you.")
+
 SUMMARIZE = TaskView(
     api=TaskAPI(TASKS["summarize"], "summarize", (Param("article", str),),
                 make_inputs=lambda article: SummarizeInputs(checked_text("article", article)),
                 description="Summarise an article with `TL;DR:` (GPT-2 paper style): the first 3 sentences of "
                             "what follows. Returns (summary, status line, prompt sent)."),
     label="tab_summarize", run_label="run_summarize", intro="intro_summarize", build=summarize_widgets,
-    examples=[[FOX_AND_CROW], [ANT_AND_DOVE]],
+    examples=[[FOX_AND_CROW], [ANT_AND_DOVE], [DINNER_BOOKING]],
     example_inputs=("article",),
-    example_labels=["The fox and the crow", "The ant and the dove"],
+    example_labels=["The fox and the crow", "The ant and the dove", "Booking dinner (a conversation)"],
     extras=summarize_extras,
 )
