@@ -258,6 +258,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--limit, --bpb-chars and --threads cannot be negative")
     if args.on_by_default is not None and not args.on_by_default.is_dir():
         p.error(f"--on-by-default: {args.on_by_default} is not a directory of adapters")
+    if args.on_by_default is not None and args.limit:
+        p.error("--on-by-default takes the whole test sets: a --limit run is too small to decide which adapters "
+                "start on")
     if args.out is None:
         args.out = Path("docs") / f"eval-{Path(str(args.model)).name}.md"
     return args

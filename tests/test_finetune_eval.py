@@ -204,13 +204,9 @@ def test_eval_writes_every_metric(splits, tiny_base, tokenizer, tmp_path):
             if name in ("test", "derived-test"):
                 write_jsonl(test_data / f"{task}-{name}.jsonl", records)
     out = tmp_path / "docs" / "eval.md"
-    rows = task_eval.main(["--model", str(checkpoint), "--data", str(test_data), "--out", str(out), "--limit", "1",
-                           "--on-by-default", str(checkpoint / "adapters")])
+    rows = task_eval.main(["--model", str(checkpoint), "--data", str(test_data), "--out", str(out), "--limit", "1"])
     table = out.read_text()
-    # the adapters that beat the prompt are the ones the checkpoint now starts with
-    helped = json.loads(out.with_suffix(".json").read_text())["adapters_that_help"]
-    assert json.loads((checkpoint / "adapters" / "on_by_default.json").read_text()) == {"on": helped}
-    assert adapters_on_by_default(load_pretrained(checkpoint)[0]) == helped == task_eval.adapters_that_help(rows)
+    assert not (checkpoint / "adapters" / "on_by_default.json").exists()
     for name in ("bits per byte", "chrF", "BLEU", "ROUGE-1", "ROUGE-2", "ROUGE-L", "response loss",
                  "English->French", "German->English", "all directions", "Aesop", "derived"):
         assert name in table, name
@@ -235,6 +231,34 @@ def test_eval_writes_every_metric(splits, tiny_base, tokenizer, tmp_path):
         assert line.count(" ± ") == (2 if sampled else 0), line
         if sampled:
             assert all(r["standard_error"][system] >= 0 for system in ("base", "adapter"))
+
+
+def test_eval_picks_the_adapters_that_start_on_from_whole_test_sets_only(splits, tiny_base, tmp_path):
+    """--on-by-default writes the adapters that beat the prompt alone, which the checkpoint then
+    starts with; with --limit (a quick run) it is refused, and nothing is written."""
+    checkpoint = tmp_path / "model"
+    shutil.copytree(tiny_base, checkpoint)
+    base_model, _ = load_pretrained(checkpoint)
+    for seed, task in enumerate(("dialogue", "translate", "summarize")):
+        make_lora_adapter(base_model, checkpoint / "adapters" / task, seed=seed)
+    test_data = tmp_path / "data"  # small test sets: a record a file, and a translation a direction
+    for task, task_splits in splits.items():
+        for name in ("test", "derived-test"):
+            records = task_splits.get(name, [])
+            if task == "translate":
+                records = list({(r["source"], r["target"]): r for r in reversed(records)}.values())
+            if records:
+                write_jsonl(test_data / f"{task}-{name}.jsonl", records if task == "translate" else records[:1])
+    common = ["--model", str(checkpoint), "--data", str(test_data), "--on-by-default", str(checkpoint / "adapters")]
+    with pytest.raises(SystemExit):
+        task_eval.main([*common, "--out", str(tmp_path / "quick.md"), "--limit", "1"])
+    assert not (checkpoint / "adapters" / "on_by_default.json").exists()
+    out = tmp_path / "docs" / "eval.md"
+    rows = task_eval.main([*common, "--out", str(out), "--bpb-chars", "2000"])
+    helped = json.loads(out.with_suffix(".json").read_text())["adapters_that_help"]
+    assert json.loads((checkpoint / "adapters" / "on_by_default.json").read_text()) == {"on": helped}
+    assert adapters_on_by_default(load_pretrained(checkpoint)[0]) == helped == task_eval.adapters_that_help(rows)
+    assert {r["n"] for r in rows if r["task"] == "translate" and "all" not in r["test_set"]} == {1}
 
 
 def test_a_sampled_score_is_the_mean_of_its_seeds_scores(splits, tiny_base, monkeypatch):
