@@ -254,6 +254,14 @@ def end_of_text(params: SamplingParams, eos_id: int | None) -> int | None:
     return eos_id
 
 
+def without_end_of_text(logits: torch.Tensor, rows: list[int], eos_ids: list[int]) -> torch.Tensor:
+    """A copy of `logits` (rows, vocab) in which each of `rows` cannot end the text (its eos_id's
+    score -inf): how min_new_tokens holds the end back, in sampling and in scoring alike."""
+    logits = logits.clone()
+    logits[rows, eos_ids] = -math.inf
+    return logits
+
+
 def pick_tokens(samplers: list[Sampler], logits: torch.Tensor,
                 histories: list[torch.Tensor]) -> list[torch.Tensor | Exception]:
     """The next token (shape (1,)) of each row of logits (rows, vocab), or the error its sampling
@@ -266,10 +274,9 @@ def pick_tokens(samplers: list[Sampler], logits: torch.Tensor,
     several may add in different orders, as the matrix kernels do.)
     """
     held = [row for row, sampler in enumerate(samplers) if sampler.end_held_back]
-    if held:  # min_new_tokens: these rows' end of text cannot come yet
-        logits = logits.clone()
+    if held:
+        logits = without_end_of_text(logits, held, [samplers[row].eos_id for row in held])
         for row in held:
-            logits[row, samplers[row].eos_id] = -math.inf
             samplers[row].end_held_back -= 1
     groups: dict = {}
     for row, sampler in enumerate(samplers):
@@ -520,12 +527,12 @@ def score_tokens(model: GPT2, prompt: list[int], tokens: list[int], params: Samp
     with active_adapter(as_choice(adapter, params.adapter_scale)):
         logits = model(ids[:, :-1])[0, len(prompt) - 1:].float()
     processors, eos_id = params.logits_processors(), end_of_text(params, eos_id)
+    held = list(range(min(params.min_new_tokens, len(tokens))))  # as a Sampler holds the end back
+    if held:
+        logits = without_end_of_text(logits, held, [eos_id] * len(held))
     scores = []
     for step, token in enumerate(tokens):
         row = logits[step:step + 1]
-        if step < params.min_new_tokens:  # as Sampler holds the end of text back
-            row = row.clone()
-            row[0, eos_id] = -math.inf
         for processor in processors:
             row = processor(ids[:, :len(prompt) + step], row)
         scores.append(float(torch.log_softmax(row, dim=-1)[0, token]))

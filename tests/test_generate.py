@@ -165,3 +165,12 @@ def test_min_new_tokens_holds_back_the_end_of_text(loaded):
     done = next(e for e in run_task(task, model, tokenizer, GenerateInputs("The end."), replace(task.defaults, seed=0),
                                     False) if isinstance(e, TaskDone))
     assert done.result.generated_tokens >= 1
+    # Scoring a run's tokens (Compare's other side) holds the end back as its sampling did: each
+    # token's score is the log-probability the run drew it with.
+    params = replace(SAMPLED, min_new_tokens=3, seed=1, logprobs=1)
+    result = generate(model, tokenizer, "Hello", params)
+    prompt = tokenizer.encode("Hello")
+    scores = generate_module.score_tokens(model, prompt, result.token_ids, params, eos_id=tokenizer.eos_id)
+    assert scores == pytest.approx([entry["logprob"] for entry in result.logprobs], abs=1e-4)
+    unheld = generate_module.score_tokens(model, prompt, result.token_ids, replace(params, min_new_tokens=0))
+    assert unheld[0] < scores[0] - 1
