@@ -397,14 +397,16 @@ def test_the_model_panel_switches_models_and_a_failed_load_keeps_the_current_one
 
 def test_tokens_show_their_probability_and_alternatives_and_continue_from_one(page):
     """Show tokens: each token of the output, its probability and alternatives on hover; a clicked
-    token offers its alternatives, and picking one continues from there with the same seed."""
+    token offers its alternatives, and picking one continues from there with the same settings
+    and seed (a random one too: the run's), which the status line gives with the token chosen;
+    the tab runs as before after it."""
     page.locator("#generate-prompt textarea").fill("Once upon a time")
     set_setting(page, "generate", "max_new_tokens", 12)
-    set_setting(page, "generate", "seed", 5)
     page.locator("#generate-insight").get_by_text("Why this output").click()
     page.locator("#generate-show-tokens input").check()
     page.locator("#generate-run").click()
-    wait_for_run(page, "generate", 5)
+    expect(page.locator("#generate-status")).to_contain_text("stopped: ")
+    seed = int(re.match(r"seed (\d+) · ", status(page, "generate")).group(1))
     tokens = page.locator("#generate-tokens .tok")
     expect(tokens.first).to_be_visible()
     output = page.locator("#generate-output textarea").input_value()
@@ -419,11 +421,17 @@ def test_tokens_show_their_probability_and_alternatives_and_continue_from_one(pa
     kept = "".join(t.replace("↵\n", "\n") for t in tokens.all_inner_texts()[:2])
     alternative = alternatives.nth(1)
     chosen = re.match(r"(\S+) ", alternative.inner_text()).group(1).replace("␣", " ").replace("↵", "\n")
+    set_setting(page, "generate", "temperature", 1.5)  # after the run: not the settings it ran with
     alternative.click()
     expect(page.locator("#generate-output textarea")).not_to_have_value(output)
-    wait_for_run(page, "generate", 5)
+    line = wait_for_run(page, "generate", seed)
+    assert "continued from token 3 with " in line and "temperature" not in line, line
     assert page.locator("#generate-output textarea").input_value().startswith(kept + chosen)
     screenshot(page, "tokens-continued")
+    set_setting(page, "generate", "seed", 7)
+    page.locator("#generate-run").click()
+    line = wait_for_run(page, "generate", 7)
+    assert "continued" not in line and "temperature 1.5" in line, line
 
 
 def test_compare_streams_two_columns_and_stop_stops_both(page):

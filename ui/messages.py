@@ -76,6 +76,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                     "指向一个词元可看其概率和备选；点击它可从某个备选继续"),
     "part_at": ("the two part at token {index}", "两者从第 {index} 个词元起不同"),
     "same": ("the two are the same", "两者相同"),
+    "continued_from": ("continued from token {index} with {token}", "从第 {index} 个词元续写，换为 {token}"),
     "pick_alternative": ("click a token, then one of its alternatives", "请先点击一个词元，再选择它的一个备选"),
     # which path decodes (engine/kernels.py, decode_path)
     "kernels_on": ("decode kernels ({capability})", "解码内核（{capability}）"),

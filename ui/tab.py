@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import gradio as gr
 
+from engine.generate import resolve_seed
 from tasks import Task
 
 from .i18n import i18n
@@ -95,9 +96,13 @@ class Tab:
             try:
                 values = prepare(view.from_ui({name: data[component] for name, component in named_inputs.items()}))
                 shown_before: list[dict] = []
+                continued = ""
                 if continuing:
-                    values, shown_before = insight.continue_from(values, data[insight.last_run],
-                                                                 data[insight.selected], data[insight.alternatives])
+                    values, shown_before, continued = insight.continue_from(
+                        values, data[insight.last_run], data[insight.selected], data[insight.alternatives])
+                if values["seed"] in (None, RANDOM_SEED):  # drawn here, so that the run keeps it to continue from
+                    values["seed"] = resolve_seed(None)
+                ran_with = {name: values[name] for name in (*(name for name, _ in SETTINGS), "seed", "adapter_scale")}
                 if data[insight.show_tokens] or continuing:
                     values["logprobs"] = TOP_SHOWN
                 comparing = data[insight.compare] and not continuing
@@ -109,18 +114,20 @@ class Tab:
                             view_value = gr.skip() if comparison is None else insight.compared(comparison, lang)
                             shown = gr.skip() if comparison is None else view.present(values, texts[1])  # adapter on
                             yield [shown, localized(status, lang) or GENERATING, gr.skip(), view_value, *texts,
-                                   gr.update(choices=[], visible=False),
+                                   insight.hidden_alternatives(),
                                    gr.skip() if comparison is None
-                                   else insight.kept(zip(comparison["entries"], (False, True))),
+                                   else insight.kept(zip(comparison["entries"], (False, True)), ran_with),
                                    *(skips if comparison is None else [""] * len(self.widgets.cleared))]
                         return
                     for text, status, prompt, logprobs in run(view.api, self.host, values, cancel):
                         final = bool(status)
                         entries = shown_before + logprobs
+                        if final and continued:
+                            status += f" · {continued}"
                         yield [view.present(values, text), localized(status, lang) or GENERATING, prompt,
                                insight.single(entries, values["adapter"], lang) if final else gr.skip(),
-                               gr.skip(), gr.skip(), gr.update(choices=[], visible=False) if final else gr.skip(),
-                               insight.kept([(entries, values["adapter"])]) if final else gr.skip(),
+                               gr.skip(), gr.skip(), insight.hidden_alternatives() if final else gr.skip(),
+                               insight.kept([(entries, values["adapter"])], ran_with) if final else gr.skip(),
                                *[""] * len(self.widgets.cleared)]
             except (Refusal, ValueError) as refused:
                 # One message, in the status line, saying which field and why; no component is

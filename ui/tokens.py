@@ -111,7 +111,9 @@ class Insight:
     compare_texts: tuple[gr.Textbox, gr.Textbox]
     view: gr.HTML
     alternatives: gr.Radio
-    last_run: gr.State  # {"rows": [{"entries": Result.logprobs of the whole output, "adapter": bool}]}
+    # {"rows": [{"entries": Result.logprobs of the whole output, "adapter": bool}], "settings": the
+    # decoding settings, seed and adapter strength it ran with}
+    last_run: gr.State
     selected: gr.State  # {"row", "index"} of the token clicked last
 
     @classmethod
@@ -155,9 +157,11 @@ class Insight:
         return {"row": row, "index": index}, gr.Radio(choices=choices, value=None, visible=True)
 
     @staticmethod
-    def continue_from(values: dict, last_run: dict, selected: dict, alternative: int | None) -> tuple[dict, list]:
+    def continue_from(values: dict, last_run: dict, selected: dict,
+                      alternative: int | None) -> tuple[dict, list, str]:
         """The run's values to continue from the selected token with `alternative` in its place
-        (the same settings and seed), and the entries shown before the new tokens."""
+        (the last run's settings and seed, whatever the boxes say now), the entries shown before
+        the new tokens, and the status line's note that says what was chosen."""
         rows = (last_run or {}).get("rows", [])
         if not selected or alternative is None or selected.get("row", -1) >= len(rows):
             raise ValueError("click a token, then one of its alternatives")
@@ -167,8 +171,9 @@ class Insight:
         if chosen is None:
             raise ValueError("click a token, then one of its alternatives")
         shown_before = entries[:index] + [{**chosen, "top": entries[index]["top"]}]
-        values = {**values, "adapter": row["adapter"], "forced": [entry["id"] for entry in shown_before]}
-        return values, shown_before
+        values = {**values, **last_run.get("settings", {}), "adapter": row["adapter"],
+                  "forced": [entry["id"] for entry in shown_before]}
+        return values, shown_before, f"continued from token {index + 1} with {listed(chosen['token'])}"
 
     @staticmethod
     def single(entries: list[dict], adapter: bool, lang: str) -> dict:
@@ -186,9 +191,16 @@ class Insight:
         return {"rows": rows, "note": localized(note, lang)}
 
     @staticmethod
-    def kept(rows) -> dict:
-        """The last run as last_run keeps it, from its (entries, adapter on) rows."""
-        return {"rows": [{"entries": entries, "adapter": adapter} for entries, adapter in rows]}
+    def kept(rows, settings: dict) -> dict:
+        """The last run as last_run keeps it, from its (entries, adapter on) rows and the settings
+        it ran with."""
+        return {"rows": [{"entries": entries, "adapter": adapter} for entries, adapter in rows], "settings": settings}
+
+    @staticmethod
+    def hidden_alternatives() -> dict:
+        """The alternatives put away, their choice with them: a value left without its choices
+        would be refused as the next run's input."""
+        return gr.update(choices=[], value=None, visible=False)
 
 
 TOKENS_NOTE = "point at a token for its probability and alternatives; click it to continue from one"
