@@ -126,18 +126,20 @@ def test_opening_the_settings_keeps_the_seed_random(page):
     assert seeds[0] != seeds[1] and seed_box.input_value() in ("", "-1")
 
 
-def test_a_refused_run_says_why_in_the_status_line_and_keeps_the_last_output(page):
+def test_a_refused_run_says_why_in_the_status_line_and_empties_the_output(page):
+    """The last run's output would pass for the refused input's; what the user typed stays."""
     page.locator("#generate-prompt textarea").fill("Once upon a time")
     set_setting(page, "generate", "max_new_tokens", 4)
     set_setting(page, "generate", "seed", 13)
     page.locator("#generate-run").click()
     wait_for_run(page, "generate", 13)
-    output = page.locator("#generate-output textarea").input_value()
-    page.locator("#generate-prompt textarea").fill("")
+    assert page.locator("#generate-output textarea").input_value()
+    set_setting(page, "generate", "seed", 1.5)
     page.locator("#generate-run").click()
-    expect(page.locator("#generate-status")).to_contain_text("prompt is empty")
+    expect(page.locator("#generate-status")).to_contain_text("seed must be an integer")
     expect(page.locator("#generate-status")).not_to_contain_text("seed 13")
-    assert page.locator("#generate-output textarea").input_value() == output
+    expect(page.locator("#generate-output textarea")).to_have_value("")
+    expect(page.locator("#generate-prompt textarea")).to_have_value("Once upon a time")
 
 
 def test_generate_shows_the_text_as_it_arrives(page):
@@ -499,6 +501,17 @@ def test_continue_appends_to_the_prompt_and_goes_on_from_the_edited_text(page):
     page.locator("#tab-generate").get_by_text("Prompt sent to the model").click()
     assert page.locator("#generate-prompt-sent textarea").input_value() == edited  # it went on from the edit
     screenshot(page, "notebook")
+    # A Generate run's text joins only the text it continued: not an example picked after it.
+    set_setting(page, "generate", "seed", 5)
+    page.locator("#generate-run").click()
+    wait_for_run(page, "generate", 5)
+    example = "Tom and his dog went to the park. They"
+    page.get_by_text(example).click()
+    expect(prompt).to_have_value(example)
+    set_setting(page, "generate", "seed", 6)
+    page.locator("#generate-continue").click()
+    wait_for_run(page, "generate", 6)
+    expect(prompt).to_have_value(example + page.locator("#generate-output textarea").input_value())
 
 
 def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(page, tmp_path):

@@ -131,9 +131,12 @@ class Tab:
                                *[""] * len(self.widgets.cleared)]
             except (Refusal, ValueError) as refused:
                 # One message, in the status line, saying which field and why; no component is
-                # left in an error state, and what the user typed and the last output stay.
+                # left in an error state, and what the user typed stays. A task's output box is
+                # emptied, as the last output next to the new input would pass for its answer
+                # (Chat's conversation stays: the refused message is not in it).
                 message = refused.message if isinstance(refused, Refusal) else str(refused)
-                yield [gr.skip(), refused_line(message, lang), *[gr.skip()] * 6, *skips]
+                emptied = "" if isinstance(self.widgets.output, gr.Textbox) else gr.skip()
+                yield [emptied, refused_line(message, lang), *[gr.skip()] * 6, *skips]
             except gr.Error as error:  # a fault: the status line says so, and so does a toast
                 yield [gr.skip(), refused_line(error.message, lang), *[gr.skip()] * 6, *skips]
                 raise gr.Error(localized(error.message, lang), title=word("error", lang),
@@ -152,6 +155,12 @@ class Tab:
 def joinable(status: str) -> bool:
     """Whether a run's output may join the notebook: it ran (not a refusal's line)."""
     return bool(status) and not status.startswith(REFUSED)
+
+
+def join_pending(text: str, pending: tuple[str, str] | None) -> tuple[str, None]:
+    """The notebook's text with a Generate run's output after it, if that run continued this very
+    text; the pending output is used up either way."""
+    return (text + pending[1] if pending and pending[0] == text else text), None
 
 
 def append_run(text: str, output: str, status: str) -> str:
@@ -225,12 +234,14 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
         if continue_button is not None:
             # Notebook: the run's text joins the input itself, which stays editable, so one can write,
             # continue, correct, continue; a refused run (no seed line) leaves it as it was. A
-            # Generate run's text, shown but not yet in the input, joins it before Continue goes on.
-            notebook, unjoined = widgets.inputs[view.notebook], gr.State("")
-            tab.run_events[0].then(lambda output, line: output if joinable(line) else "", [widgets.output, status],
-                                   unjoined, queue=False, api_visibility="private")
-            joined = continue_button.click(lambda text, pending: (text + pending, ""), [notebook, unjoined],
-                                           [notebook, unjoined], queue=False, api_visibility="private")
+            # Generate run's text, shown but not yet in the input, joins it before Continue goes on,
+            # if the input is still the one it continues (not an example picked since, say).
+            notebook, unjoined = widgets.inputs[view.notebook], gr.State(None)  # (input, its run's text)
+            tab.run_events[0].then(lambda text, output, line: (text, output) if joinable(line) else None,
+                                   [notebook, widgets.output, status], unjoined, queue=False,
+                                   api_visibility="private")
+            joined = continue_button.click(join_pending, [notebook, unjoined], [notebook, unjoined], queue=False,
+                                           api_visibility="private")
             tab.add_run([joined])
             tab.run_events[-1].then(append_run, [notebook, widgets.output, status], notebook, queue=False,
                                     api_visibility="private")
