@@ -516,8 +516,9 @@ def test_continue_appends_to_the_prompt_and_goes_on_from_the_edited_text(page):
 
 def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(page, tmp_path):
     """The conversation, persona and settings are kept in the browser: a reload finds them;
-    New chat empties the tab and lists the conversation under Earlier conversations, from where it
-    reopens and goes on; an exported conversation imports back as it was."""
+    New chat empties the conversation (persona and settings go on) and lists it under Earlier
+    conversations, from where it reopens with its own and goes on; an exported conversation imports
+    back as it was."""
     page.get_by_role("tab", name="Chat").click()
     message = page.locator("#dialogue-message textarea")
     page.locator("#dialogue-persona textarea").fill("Bot is a friendly sailor.")
@@ -544,8 +545,19 @@ def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(p
     page.wait_for_timeout(500)  # the save after the change
     page.locator("#dialogue-new").click()
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(0)
-    expect(page.locator("#dialogue-persona textarea")).to_have_value("")
-    expect(adapter).to_be_checked()  # a new chat starts as the page did
+    # A new chat keeps the persona, the adapter switch and the settings, across a reload too.
+    expect(adapter).not_to_be_checked()
+    expect(page.locator("#dialogue-persona textarea")).to_have_value("Bot is a friendly sailor.")
+    adapter.check()
+    page.wait_for_timeout(500)  # the save after the change
+    page.reload()
+    page.wait_for_selector("#generate-run")
+    page.get_by_role("tab", name="Chat").click()
+    expect(page.locator("#dialogue-persona textarea")).to_have_value("Bot is a friendly sailor.")
+    page.locator("#tab-dialogue").get_by_text("Decoding settings").click()
+    expect(page.locator("#dialogue-temperature input[type=number]")).to_have_value("0.7")
+    expect(adapter).to_be_checked()
+    expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(0)
     page.locator("#dialogue-earlier input").click()
     page.get_by_role("option", name=re.compile("Hello there")).click()  # reopen it
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(1)

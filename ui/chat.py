@@ -4,7 +4,8 @@ conversation exported as JSON and imported back.
 The conversation, the persona, the adapter switch and the decoding settings are kept in the
 browser's own storage (gr.BrowserState: per browser, never on the server), so they survive a
 reload; "New chat" files the conversation under "Earlier conversations", from where it can be
-reopened, and starts afresh.
+reopened, and starts an empty one with the same persona, adapter and settings (as chat apps keep
+their settings across conversations).
 
 The API (/chat) takes the history as [user, bot] pairs, the shape an exported conversation has,
 so a conversation saved from the browser can be sent back through the API as it is.
@@ -286,7 +287,8 @@ def keep_in_browser(tab: Tab, export: dict, forget_replies: dict) -> None:
 
     def new_chat(saved: dict, *values):
         saved = filed(saved or {}, current(*values))
-        return [*shown(None), saved, earlier_choices(saved), ""]
+        saved["current"] = {**current(*values), "history": []}  # the persona and settings go on
+        return [[], *[gr.skip()] * (len(kept) - 1), saved, earlier_choices(saved), ""]
 
     def reopen(index, saved: dict, *values):
         earlier = (saved or {}).get("earlier", [])
