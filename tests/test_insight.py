@@ -178,7 +178,7 @@ def test_compare_marks_the_first_token_where_adapter_off_and_on_part(host):
     for row in view["rows"]:
         marked = [token["i"] for token in row["tokens"] if token["mark"] == "diverges"]
         assert marked == ([at] if at < len(row["tokens"]) else [])
-    assert view["note"] == f"the two part at token {at + 1}"
+    assert view["note"] == f"the two differ from token {at + 1}"
     assert first_difference([1, 2, 3], [1, 2, 3]) is None and first_difference([1, 2], [1, 2, 3]) == 2
 
 

@@ -177,8 +177,10 @@ class Insight:
 
     @staticmethod
     def single(entries: list[dict], adapter: bool, lang: str) -> dict:
+        if not entries:  # Show tokens was off for the run, or it drew none
+            return {"rows": [], "note": localized(NO_TOKENS_NOTE, lang)}
         label = localized("adapter on" if adapter else "output", lang)
-        return {"rows": [row_of(entries, label, 0)], "note": localized(TOKENS_NOTE, lang) if entries else ""}
+        return {"rows": [row_of(entries, label, 0)], "note": localized(TOKENS_NOTE, lang)}
 
     @staticmethod
     def compared(comparison: dict, lang: str) -> dict:
@@ -187,7 +189,7 @@ class Insight:
         at = comparison["diverges_at"]
         labels = [localized("adapter off", lang), localized("adapter on", lang)]
         rows = [row_of(off, labels[0], 0, under_off, at, labels[1]), row_of(on, labels[1], 1, under_on, at, labels[0])]
-        note = "the two are the same" if at is None else f"the two part at token {at + 1}"
+        note = "the two are the same" if at is None else f"the two differ from token {at + 1}"
         return {"rows": rows, "note": localized(note, lang)}
 
     @staticmethod
@@ -204,3 +206,4 @@ class Insight:
 
 
 TOKENS_NOTE = "point at a token for its probability and alternatives; click it to continue from one"
+NO_TOKENS_NOTE = "tick Show tokens before a run to see its tokens here"
