@@ -98,11 +98,11 @@ def make_lora_adapter(base, directory: Path, seed: int = 0, r: int = 4,
 @pytest.fixture(scope="session")
 def app_models(tmp_path_factory) -> list[str]:
     """What the app tests start the app with, in this order: a small GPT-2 with a context long enough
-    for every task's defaults and LoRA adapters for dialogue (on by default) and summarize (none for translate); a
-    second model without adapters; and a directory that fails to load (no weights)."""
+    for every task's defaults and LoRA adapters for dialogue (on by default), summarize and translate
+    (c_attn only); a second model without adapters; and a directory that fails to load (no weights)."""
     root = tmp_path_factory.mktemp("app-models")
     with_adapters = make_checkpoint_with_adapters(
-        root / "with-adapters", {"dialogue": ALL_PROJECTIONS, "summarize": ALL_PROJECTIONS},
+        root / "with-adapters", {"dialogue": ALL_PROJECTIONS, "summarize": ALL_PROJECTIONS, "translate": ("c_attn",)},
         n_positions=1024, n_embd=64, n_layer=2, n_head=2)
     from model.adapters import ON_BY_DEFAULT_FILE
     (with_adapters / "adapters" / ON_BY_DEFAULT_FILE).write_text('{"on": ["dialogue"]}')  # as the bundled model's

@@ -102,10 +102,19 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
             examples_update)
 
 
+def pairs_sent(adapter_on: bool, comparing: bool) -> dict:
+    return gr.update(interactive=not adapter_on or comparing)
+
+
 def translate_extras(tab: Tab) -> None:
     inputs = tab.widgets.inputs
     source, target, examples = inputs["source"], inputs["target"], inputs["examples"]
     last_pair = gr.State((source.value, target.value))
+    # The pairs are sent only with the adapter off (or on the off side of a comparison): greyed out
+    # otherwise, so that editing them does not look as if it changed anything.
+    examples.interactive = pairs_sent(tab.adapter.value, False)["interactive"]
+    gr.on([tab.adapter.change, tab.insight.compare.change], lambda on, comparing: pairs_sent(on, comparing),
+          [tab.adapter, tab.insight.compare], examples, queue=False, api_visibility="private")
     for changed, dropdown in (("source", source), ("target", target)):
         dropdown.change(lambda *values, changed=changed: choose_pair(changed, *values),
                         [source, target, last_pair, examples], [source, target, last_pair, examples],
