@@ -275,6 +275,7 @@ def test_bad_input_shows_why_and_the_tab_keeps_working(page):
 def test_adapter_controls_show_only_on_tabs_whose_task_has_an_adapter(page):
     page.locator("#tab-generate").get_by_text("Why this output").click()
     expect(page.locator("#generate-show-tokens")).to_be_visible()
+    expect(page.locator("#generate-adapter")).to_be_hidden()
     expect(page.locator("#generate-adapter_scale")).to_be_hidden()
     expect(page.locator("#generate-compare")).to_be_hidden()
     page.get_by_role("tab", name="Summarise").click()
@@ -613,6 +614,7 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     assert second != first
     which = page.locator("#dialogue-which-reply")
     expect(which).to_contain_text("2 / 2")
+    expect(page.locator("#dialogue-replies-label")).to_contain_text("Replies to your last message")
     page.locator("#dialogue-previous-reply").click()
     expect(which).to_contain_text("1 / 2")
     assert chat_turns(page)[1][-1] == first  # the other reply is still there

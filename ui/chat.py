@@ -85,7 +85,8 @@ def chat_widgets() -> Widgets:
     chatbot = gr.Chatbot(label=i18n("conversation"), height=360, buttons=["copy", "copy_all"], editable="user",
                          elem_id="dialogue-chatbot")
     with gr.Row(visible=False) as switcher:  # after Retry: every reply to the last turn stays reachable
-        with gr.Column(scale=0, min_width=200), gr.Row():  # ◀ 1 / 2 ▶ side by side, not across the page
+        with gr.Column(scale=0, min_width=480), gr.Row():  # ◀ 1 / 2 ▶ side by side, not across the page
+            gr.Markdown(i18n("replies_to_last"), scale=0, min_width=260, elem_id="dialogue-replies-label")
             previous_reply = gr.Button("◀", size="sm", scale=0, min_width=40, elem_id="dialogue-previous-reply")
             which_reply = gr.Markdown(scale=0, min_width=60, elem_id="dialogue-which-reply")
             next_reply = gr.Button("▶", size="sm", scale=0, min_width=40, elem_id="dialogue-next-reply")

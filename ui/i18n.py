@@ -38,6 +38,7 @@ ENGLISH = {
     "import_conversation": "Import conversation (JSON)",
     "new_chat": "New chat",
     "earlier_conversations": "Earlier conversations",
+    "replies_to_last": "Replies to your last message:",
     "earlier_conversations_info": "kept in this browser, newest first: each by its first message, with its "
                                   "number of turns in brackets; pick one to go on with it",
     # task inputs and outputs
@@ -111,7 +112,9 @@ One last LayerNorm, `ln_f`, normalises the stream before the output layer. The o
 Transformer is **Post-LN**: it normalises *after* each residual addition.""",
     "pre_ln": "Pre-LN (GPT-2, this app)",
     "post_ln": "Post-LN (original Transformer)",
-    "seed_corrections": """**What the article this app started from got wrong.** Its pseudocode has no `ln_f`: GPT-2
+    "seed_corrections": """**What the article this app started from got wrong.** The article, "GPT-2 中的 Pre-Layer
+Normalization (Pre-LN) 架构详解" (an explainer in Chinese, not a paper), explains where GPT-2 puts
+its LayerNorms. Its pseudocode has no `ln_f`: GPT-2
 has one, and without it the output layer reads the raw residual stream, whose scale nothing
 controls (at Xavier initialisation its squared norm grows linearly with depth). It labels
 the residual additions "Add & Normalize", but in Pre-LN nothing is normalised there: the
@@ -168,9 +171,10 @@ CHINESE = {
     "import_conversation": "导入对话（JSON）",
     "new_chat": "新对话",
     "earlier_conversations": "以前的对话",
+    "replies_to_last": "对最后一条消息的回复：",
     "earlier_conversations_info": "保存在此浏览器中，最新的在前：以第一条消息列出，括号中是对话轮数；选择一个即可继续",
     "prompt": "提示词",
-    "continuation": "续写",
+    "continuation": "续写内容",
     "conversation": "对话",
     "message": "消息",
     "message_placeholder": "输入内容后按回车",
@@ -218,7 +222,7 @@ CHINESE = {
     "repetition_penalty_info": "1 = 关闭",
     "no_repeat_ngram_size": "禁止重复的 n-gram 长度",
     "no_repeat_ngram_size_info": "0 = 关闭",
-    "max_new_tokens": "最多生成的 token 数",
+    "max_new_tokens": "最多生成的词元数",
     "seed": "随机种子",
     "seed_info": "-1（或留空）：随机种子，运行后会显示",
     "prompt_sent": "发送给模型的提示词",
@@ -232,7 +236,8 @@ GPT-2 是 **Pre-LN**（前置层归一化）Transformer：每个块先对注意�
 在每次残差相加*之后*做归一化。""",
     "pre_ln": "Pre-LN（GPT-2，本应用）",
     "post_ln": "Post-LN（原始 Transformer）",
-    "seed_corrections": """**本应用所依据的文章错在哪里。** 它的伪代码没有 `ln_f`：GPT-2 有这一层，少了它，
+    "seed_corrections": """**本应用所依据的文章错在哪里。** 这篇文章是《GPT-2 中的 Pre-Layer Normalization (Pre-LN)
+架构详解》（一篇中文科普文章，不是论文），讲 GPT-2 把 LayerNorm 放在哪里。它的伪代码没有 `ln_f`：GPT-2 有这一层，少了它，
 输出层读到的是未经归一化的残差流，其尺度不受任何控制（在 Xavier 初始化下，其范数的平方随深度线性增长）。它把残差相加标为"Add & Normalize"（相加并归一化），
 但在 Pre-LN 中那里什么也没有被归一化：相加之后的 LayerNorm 是*下一个*子层的输入归一化
 （`ln_2`，有自己的增益和偏置），残差流本身继续保持未归一化；"Add & Normalize"是 Post-LN
@@ -250,14 +255,14 @@ GPT-2 是 **Pre-LN**（前置层归一化）Transformer：每个块先对注意�
     "not_measured": "*尚未测量：运行 `python -m train.lab`（见 docs/pre-ln.md）即可生成此图。*",
     "live_view": """## 查看当前模型的内部
 
-针对你的提示词：每一层之后残差流的范数、某个注意力头在提示词各 token 上的注意力图
-（每行是一个 token，各列是它关注的前面的 token），以及最可能的十个下一个 token。""",
+针对你的提示词：每一层之后残差流的范数、某个注意力头在提示词各词元上的注意力图
+（每行是一个词元，各列是它关注的前面的词元），以及最可能的十个下一个词元。""",
     "layer": "层",
     "head": "注意力头",
     "look_inside": "查看内部",
     "residual_norms": "残差流范数",
     "attention_map": "注意力图",
-    "top_tokens": "前 10 个候选 token",
+    "top_tokens": "前 10 个候选词元",
 }
 
 # "zh" as well as "zh-CN": the browser's language may be just "zh", or a variant the front end

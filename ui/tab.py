@@ -216,7 +216,8 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
             stop_button = gr.Button(i18n("stop"), variant="stop", elem_id=f"{task.name}-stop")
         status = gr.Markdown(elem_id=f"{task.name}-status")
         adapter_now = adapter_props(task, host.current)
-        adapter = gr.Checkbox(label=i18n("adapter"), **adapter_now, elem_id=f"{task.name}-adapter")
+        adapter = gr.Checkbox(label=i18n("adapter"), **adapter_now, visible=task.adapter is not None,
+                              elem_id=f"{task.name}-adapter")
         insight = Insight.build(task.name, has_adapter=task.adapter is not None, adapter_on=adapter_now["value"])
         with gr.Accordion(i18n("settings"), open=False):
             settings = settings_widgets(task)
