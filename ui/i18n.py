@@ -25,8 +25,9 @@ ENGLISH = {
                       "in the transcript.",
     "intro_translate": "Translate a sentence between English, French and German. With the adapter off, the "
                        "example pairs show the model what to do.",
-    "intro_summarize": "Summarise a text or a conversation: the model reads it, then `TL;DR:`, and its first few sentences are "
-                       "the summary.",
+    "intro_summarize": "Summarise a text or a conversation: the model reads it followed by `TL;DR:` (\"too long; "
+                       "didn't read\", the cue GPT-2's paper used), and the first few sentences it writes are the "
+                       "summary.",
     # buttons
     "generate": "Generate",
     "send": "Send",
@@ -160,7 +161,7 @@ CHINESE = {
     "intro_generate": "模型接着你的文字写下去。**继续**会把它写的内容加到提示后面，你可以改正后接着写。",
     "intro_dialogue": "和模型对话。人设设定场景；每条回复是模型在对话记录里的下一句。",
     "intro_translate": "在英语、法语和德语之间翻译一句话。关闭适配器时，示例句对向模型示范要做什么。",
-    "intro_summarize": "为一段文字或一段对话写摘要：模型读完全文，再读 `TL;DR:`，写出的前几句就是摘要。",
+    "intro_summarize": "为一段文字或一段对话写摘要：模型读完全文和其后的 `TL;DR:`（\"too long; didn't read\"，即“太长不看”，GPT-2 论文用的提示），写出的前几句就是摘要。",
     "generate": "生成",
     "send": "发送",
     "run_translate": "翻译",
