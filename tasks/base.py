@@ -211,7 +211,8 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
         result = Result("", resolve_seed(params.seed), len(prompt.ids), len(forced), 0.0, "max_tokens")
         yield TaskDone(task.postprocess(start), result, prompt)
         return
-    params = replace(params, max_new_tokens=params.max_new_tokens - len(forced))
+    params = replace(params, max_new_tokens=params.max_new_tokens - len(forced),
+                     min_new_tokens=max(0, params.min_new_tokens - len(forced)))
     stop = TaskStop(cancel)
     shown, result = "", None
     text = start

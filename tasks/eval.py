@@ -249,7 +249,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(0 = all of it, or what --limit says)")
     p.add_argument("--on-by-default", type=Path, default=None, metavar="ADAPTERS_DIR",
                    help="write ADAPTERS_DIR/on_by_default.json: the adapters that scored better than the "
-                        "prompt alone, which the app then starts with (e.g. assets/adapters)")
+                        "prompt alone, which the app then starts with (e.g. assets/adapters); not with --limit")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads for torch (0 = torch's default); 1 is faster when another job shares the cores")

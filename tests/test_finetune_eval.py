@@ -206,7 +206,6 @@ def test_eval_writes_every_metric(splits, tiny_base, tokenizer, tmp_path):
     out = tmp_path / "docs" / "eval.md"
     rows = task_eval.main(["--model", str(checkpoint), "--data", str(test_data), "--out", str(out), "--limit", "1"])
     table = out.read_text()
-    assert not (checkpoint / "adapters" / "on_by_default.json").exists()
     for name in ("bits per byte", "chrF", "BLEU", "ROUGE-1", "ROUGE-2", "ROUGE-L", "response loss",
                  "English->French", "German->English", "all directions", "Aesop", "derived"):
         assert name in table, name
@@ -233,7 +232,7 @@ def test_eval_writes_every_metric(splits, tiny_base, tokenizer, tmp_path):
             assert all(r["standard_error"][system] >= 0 for system in ("base", "adapter"))
 
 
-def test_eval_picks_the_adapters_that_start_on_from_whole_test_sets_only(splits, tiny_base, tmp_path):
+def test_eval_picks_the_adapters_that_start_on_from_whole_test_sets_only(splits, tiny_base, tmp_path, capsys):
     """--on-by-default writes the adapters that beat the prompt alone, which the checkpoint then
     starts with; with --limit (a quick run) it is refused, and nothing is written."""
     checkpoint = tmp_path / "model"
@@ -252,6 +251,7 @@ def test_eval_picks_the_adapters_that_start_on_from_whole_test_sets_only(splits,
     common = ["--model", str(checkpoint), "--data", str(test_data), "--on-by-default", str(checkpoint / "adapters")]
     with pytest.raises(SystemExit):
         task_eval.main([*common, "--out", str(tmp_path / "quick.md"), "--limit", "1"])
+    assert "--on-by-default takes the whole test sets" in capsys.readouterr().err
     assert not (checkpoint / "adapters" / "on_by_default.json").exists()
     out = tmp_path / "docs" / "eval.md"
     rows = task_eval.main([*common, "--out", str(out), "--bpb-chars", "2000"])

@@ -165,6 +165,11 @@ def test_min_new_tokens_holds_back_the_end_of_text(loaded):
     done = next(e for e in run_task(task, model, tokenizer, GenerateInputs("The end."), replace(task.defaults, seed=0),
                                     False) if isinstance(e, TaskDone))
     assert done.result.generated_tokens >= 1
+    # Tokens forced at the start (continuing from a chosen one) count toward min_new_tokens, as
+    # they count toward max_new_tokens: after one, the end of text may come at once.
+    forced = next(e for e in run_task(task, model, tokenizer, GenerateInputs("The end."), replace(task.defaults, seed=0),
+                                      False, forced=[tokenizer.encode(" Then")[0]]) if isinstance(e, TaskDone))
+    assert (forced.result.generated_tokens, forced.result.token_ids, forced.result.stop_reason) == (1, [], "eos")
     # Scoring a run's tokens (Compare's other side) holds the end back as its sampling did: each
     # token's score is the log-probability the run drew it with.
     params = replace(SAMPLED, min_new_tokens=3, seed=1, logprobs=1)

@@ -130,6 +130,8 @@ def test_a_list_in_a_message_is_translated_item_by_item():
     # a user's text with commas in it is no list: it stays as it is
     note = localized("translated through English: Hello, my friend.", "zh")
     assert note == f"经由{NAMES_ZH['English']}翻译：Hello, my friend.", note
+    # nor is a token of the model's, even one that spells a name the app uses
+    assert localized("continued from token 3 with output", "zh") == "从第 3 个词元续写，换为 output"
 
 
 def test_the_model_line_is_whole_in_each_language():

@@ -270,8 +270,8 @@ def keep_in_browser(tab: Tab, export: dict, forget_replies: dict) -> None:
                 "adapter": bool(adapter), "settings": dict(zip(names, values))}
 
     def shown(conversation: dict | None) -> list:
-        """The components' values for a kept conversation (None: a new one, with the tab's defaults:
-        the adapter as the model serving now starts it)."""
+        """The components' values for a kept conversation; what it does not keep takes the tab's
+        defaults (the adapter as the model serving now starts it)."""
         conversation = conversation or {}
         settings = {**defaults, **conversation.get("settings", {})}
         adapter = conversation.get("adapter", adapter_props(tab.view.task, tab.host.current)["value"])
@@ -289,7 +289,8 @@ def keep_in_browser(tab: Tab, export: dict, forget_replies: dict) -> None:
     def new_chat(saved: dict, *values):
         saved = filed(saved or {}, current(*values))
         saved["current"] = {**current(*values), "history": []}  # the persona and settings go on
-        return [[], *[gr.skip()] * (len(kept) - 1), saved, earlier_choices(saved), ""]
+        values = [[] if component is chatbot else gr.skip() for component in kept]
+        return [*values, saved, earlier_choices(saved), ""]
 
     def reopen(index, saved: dict, *values):
         earlier = (saved or {}).get("earlier", [])

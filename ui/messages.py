@@ -161,10 +161,12 @@ def translate_one(message: str) -> str:
 
 
 def translate_field(key: str, value: str) -> str:
-    """A field's value in Chinese: a stop reason as a message; a list ("English, French, German",
-    "temperature 0.7, top_k 40") item by item."""
+    """A field's value in Chinese: a stop reason as a message; a token as it is; a list ("English,
+    French, German", "temperature 0.7, top_k 40") item by item."""
     if key == "reason":
         return translate_one(value)
+    if key == "token":  # a token of the model's ("none", "text"), never a name to translate
+        return value
     items = value.split(", ")
     translated = [translate_item(item) for item in items]
     if len(items) > 1 and any(new == old for new, old in zip(translated, items)):

@@ -78,6 +78,10 @@ SETTINGS = (("temperature", float), ("top_k", int), ("top_p", float), ("repetiti
 RANDOM_SEED = -1  # as well as None: what the UI's empty seed box sends
 
 
+def asks_random_seed(seed: Any) -> bool:
+    return seed is None or seed == RANDOM_SEED
+
+
 class Refusal(gr.Error):
     """An input the app does not take: the message names the field and why. The API answers it as
     an error; a tab shows it in its status line (ui/tab.py)."""
@@ -96,7 +100,7 @@ def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
     seed = values["seed"]
     check_setting("max_new_tokens", values["max_new_tokens"], *SETTING_RANGES["max_new_tokens"], integer=True)
     settings = {name: values[name] for name, _ in SETTINGS}
-    return replace(task.defaults, **settings, seed=None if seed in (None, RANDOM_SEED) else seed,
+    return replace(task.defaults, **settings, seed=None if asks_random_seed(seed) else seed,
                    adapter_scale=values.get("adapter_scale", task.defaults.adapter_scale),
                    logprobs=values.get("logprobs", task.defaults.logprobs))
 

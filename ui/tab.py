@@ -14,7 +14,8 @@ from tasks import Task
 from .i18n import i18n
 from .messages import REFUSED, language, localized, refused_line, word
 from .model_host import LoadedModel, ModelHost
-from .running import RANDOM_SEED, SETTING_RANGES, SETTINGS, Refusal, StopSwitches, TaskAPI, run, run_compare
+from .running import (RANDOM_SEED, SETTING_RANGES, SETTINGS, Refusal, StopSwitches, TaskAPI, asks_random_seed, run,
+                      run_compare)
 from .tokens import TOP_SHOWN, Insight
 
 GENERATION = "generation"  # the concurrency group of every request that runs the model
@@ -100,7 +101,7 @@ class Tab:
                 if continuing:
                     values, shown_before, continued = insight.continue_from(
                         values, data[insight.last_run], data[insight.selected], data[insight.alternatives])
-                if values["seed"] in (None, RANDOM_SEED):  # drawn here, so that the run keeps it to continue from
+                if asks_random_seed(values["seed"]):  # drawn here, so that the run keeps it to continue from
                     values["seed"] = resolve_seed(None)
                 ran_with = {name: values[name] for name in (*(name for name, _ in SETTINGS), "seed", "adapter_scale")}
                 if data[insight.show_tokens] or continuing:
