@@ -134,11 +134,14 @@ def test_a_refused_run_says_why_in_the_status_line_and_empties_the_output(page):
     page.locator("#generate-run").click()
     wait_for_run(page, "generate", 13)
     assert page.locator("#generate-output textarea").input_value()
+    page.locator("#tab-generate").get_by_text("Prompt sent to the model").click()
+    expect(page.locator("#generate-prompt-sent textarea")).to_have_value("Once upon a time")
     set_setting(page, "generate", "seed", 1.5)
     page.locator("#generate-run").click()
     expect(page.locator("#generate-status")).to_contain_text("seed must be an integer")
     expect(page.locator("#generate-status")).not_to_contain_text("seed 13")
     expect(page.locator("#generate-output textarea")).to_have_value("")
+    expect(page.locator("#generate-prompt-sent textarea")).to_have_value("")  # the prompt of no output
     expect(page.locator("#generate-prompt textarea")).to_have_value("Once upon a time")
 
 
@@ -528,7 +531,29 @@ def test_continue_appends_to_the_prompt_and_goes_on_from_the_edited_text(page):
     set_setting(page, "generate", "seed", 6)
     page.locator("#generate-continue").click()
     wait_for_run(page, "generate", 6)
-    expect(prompt).to_have_value(example + page.locator("#generate-output textarea").input_value())
+    continued = page.locator("#generate-output textarea").input_value()
+    expect(prompt).to_have_value(example + continued)
+    # Picking an alternative in a Continue run's text goes on from the text that run was given
+    # (its own text taken back out of the box), and the new text joins on the next Continue.
+    page.locator("#generate-insight").get_by_text("Why this output").click()
+    page.locator("#generate-show-tokens input").check()
+    set_setting(page, "generate", "seed", 7)
+    page.locator("#generate-continue").click()
+    line = wait_for_run(page, "generate", 7)
+    given, output = example + continued, page.locator("#generate-output textarea").input_value()
+    expect(prompt).to_have_value(given + output)
+    page.locator("#generate-tokens .tok").nth(1).click()
+    page.locator("#generate-alternatives label").nth(1).click()
+    expect(page.locator("#generate-status")).not_to_contain_text(line)
+    wait_for_run(page, "generate", 7)
+    expect(prompt).to_have_value(given)
+    assert page.locator("#generate-prompt-sent textarea").input_value() == given
+    chosen = page.locator("#generate-output textarea").input_value()
+    assert chosen != output
+    set_setting(page, "generate", "seed", 8)
+    page.locator("#generate-continue").click()
+    wait_for_run(page, "generate", 8)
+    expect(prompt).to_have_value(given + chosen + page.locator("#generate-output textarea").input_value())
 
 
 def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(page, tmp_path):
@@ -562,18 +587,19 @@ def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(p
     page.wait_for_timeout(500)  # the save after the change
     page.locator("#dialogue-new").click()
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(0)
-    # A new chat keeps the persona, the adapter switch and the settings, across a reload too.
+    # A new chat keeps the persona, the adapter switch (off: not the model's default) and the
+    # settings, across a reload too.
     expect(adapter).not_to_be_checked()
     expect(page.locator("#dialogue-persona textarea")).to_have_value("Bot is a friendly sailor.")
-    adapter.check()
-    page.wait_for_timeout(500)  # the save after the change
+    page.wait_for_timeout(500)  # the save after New chat
     page.reload()
     page.wait_for_selector("#generate-run")
     page.get_by_role("tab", name="Chat").click()
     expect(page.locator("#dialogue-persona textarea")).to_have_value("Bot is a friendly sailor.")
     page.locator("#tab-dialogue").get_by_text("Decoding settings").click()
     expect(page.locator("#dialogue-temperature input[type=number]")).to_have_value("0.7")
-    expect(adapter).to_be_checked()
+    page.wait_for_timeout(500)  # every load event has run
+    expect(adapter).not_to_be_checked()
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(0)
     page.locator("#dialogue-earlier input").click()
     page.get_by_role("option", name=re.compile("Hello there")).click()  # reopen it

@@ -76,6 +76,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                     "指向一个词元可看其概率和备选；点击它可从某个备选继续"),
     "differ_from": ("the two differ from token {index}", "两者从第 {index} 个词元起不同"),
     "no_tokens": ("tick Show tokens before a run to see its tokens here", "运行前勾选「显示词元」，即可在此看到其词元"),
+    "no_tokens_kept": ("this output has no tokens to show", "此输出没有可显示的词元"),
     "same": ("the two are the same", "两者相同"),
     "continued_from": ("continued from token {index} with {token}", "从第 {index} 个词元续写，换为 {token}"),
     "pick_alternative": ("click a token, then one of its alternatives", "请先点击一个词元，再选择它的一个备选"),

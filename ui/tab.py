@@ -4,6 +4,7 @@ line, prompt sent, examples, copy button) is the same for all and is built here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 import gradio as gr
@@ -16,7 +17,7 @@ from .messages import REFUSED, language, localized, refused_line, word
 from .model_host import LoadedModel, ModelHost
 from .running import (RANDOM_SEED, SETTING_RANGES, SETTINGS, Refusal, StopSwitches, TaskAPI, asks_random_seed, run,
                       run_compare)
-from .tokens import TOP_SHOWN, Insight
+from .tokens import EMPTY, TOP_SHOWN, Insight
 
 GENERATION = "generation"  # the concurrency group of every request that runs the model
 STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
@@ -50,6 +51,7 @@ class TaskView:
     present: Callable[[dict[str, Any], str], Any] = lambda values, text: text  # -> output's value
     extras: Callable[["Tab"], None] | None = None  # wires the task's own events
     notebook: str | None = None  # the input that Continue appends each run's text to (Generate's prompt)
+    conversation: bool = False  # the output is the conversation (Chat's): a refused run leaves it as it is
     page_state: Callable[[], gr.Component] | None = None  # makes a state to keep at the page's top level
 
     @property
@@ -80,11 +82,12 @@ class Tab:
                 "adapter_scale": self.insight.adapter_scale}
 
     def add_run(self, triggers: list, prepare: Callable[[dict[str, Any]], dict[str, Any]] = lambda values: values,
-                continuing: bool = False):
+                continuing: bool = False, appends: bool = False):
         """Run the task when any of `triggers` fires (or, for an event's dependency, once it has
         run), on the tab's values made ready by `prepare`
         (Chat's retry, for one, first takes back the last turn). `continuing`: from the token
-        chosen in the token view, with the alternative chosen there (Insight)."""
+        chosen in the token view, with the alternative chosen there (Insight), on the inputs and
+        settings of the run it comes from. `appends`: the run's text joins the notebook (Continue)."""
         view, named_inputs, insight = self.view, self.named_inputs, self.insight
         outputs = [self.widgets.output, self.status, self.prompt_sent, insight.view, insight.compare_texts[0],
                    insight.compare_texts[1], insight.alternatives, insight.last_run, *self.widgets.cleared]
@@ -99,12 +102,17 @@ class Tab:
                 shown_before: list[dict] = []
                 continued = ""
                 if continuing:
-                    values, shown_before, continued = insight.continue_from(
-                        values, data[insight.last_run], data[insight.selected], data[insight.alternatives])
+                    try:
+                        values, shown_before, continued = insight.continue_from(
+                            data[insight.last_run], data[insight.selected], data[insight.alternatives])
+                    except ValueError as no_choice:  # the last run and its output stay as they are
+                        yield [gr.skip(), refused_line(str(no_choice), lang), *[gr.skip()] * 6, *skips]
+                        return
                 if asks_random_seed(values["seed"]):  # drawn here, so that the run keeps it to continue from
                     values["seed"] = resolve_seed(None)
-                ran_with = {name: values[name] for name in (*(name for name, _ in SETTINGS), "seed", "adapter_scale")}
-                if data[insight.show_tokens] or continuing:
+                ran_with = dict(values)
+                asked_tokens = data[insight.show_tokens] or continuing
+                if asked_tokens:
                     values["logprobs"] = TOP_SHOWN
                 comparing = data[insight.compare] and not continuing
                 # The last run's status line goes at once: under a new run it would pass for this one's.
@@ -117,7 +125,7 @@ class Tab:
                             yield [shown, localized(status, lang) or GENERATING, gr.skip(), view_value, *texts,
                                    insight.hidden_alternatives(),
                                    gr.skip() if comparison is None
-                                   else insight.kept(zip(comparison["entries"], (False, True)), ran_with),
+                                   else insight.kept(zip(comparison["entries"], (False, True)), ran_with, texts[1]),
                                    *(skips if comparison is None else [""] * len(self.widgets.cleared))]
                         return
                     for text, status, prompt, logprobs in run(view.api, self.host, values, cancel):
@@ -126,18 +134,22 @@ class Tab:
                         if final and continued:
                             status += f" · {continued}"
                         yield [view.present(values, text), localized(status, lang) or GENERATING, prompt,
-                               insight.single(entries, values["adapter"], lang) if final else gr.skip(),
+                               insight.single(entries, values["adapter"], asked_tokens, lang) if final else gr.skip(),
                                gr.skip(), gr.skip(), insight.hidden_alternatives() if final else gr.skip(),
-                               insight.kept([(entries, values["adapter"])], ran_with) if final else gr.skip(),
+                               insight.kept([(entries, values["adapter"])], ran_with, text, appends)
+                               if final else gr.skip(),
                                *[""] * len(self.widgets.cleared)]
             except (Refusal, ValueError) as refused:
                 # One message, in the status line, saying which field and why; no component is
-                # left in an error state, and what the user typed stays. A task's output box is
-                # emptied, as the last output next to the new input would pass for its answer
-                # (Chat's conversation stays: the refused message is not in it).
+                # left in an error state, and what the user typed stays. A task's last output goes,
+                # with its prompt, tokens and comparison: next to the new input it would pass for
+                # its answer (Chat's conversation stays: the refused message is not in it).
                 message = refused.message if isinstance(refused, Refusal) else str(refused)
-                emptied = "" if isinstance(self.widgets.output, gr.Textbox) else gr.skip()
-                yield [emptied, refused_line(message, lang), *[gr.skip()] * 6, *skips]
+                line = refused_line(message, lang)
+                if view.conversation:
+                    yield [gr.skip(), line, *[gr.skip()] * 6, *skips]
+                else:
+                    yield ["", line, "", EMPTY, "", "", insight.hidden_alternatives(), {}, *skips]
             except gr.Error as error:  # a fault: the status line says so, and so does a toast
                 yield [gr.skip(), refused_line(error.message, lang), *[gr.skip()] * 6, *skips]
                 raise gr.Error(localized(error.message, lang), title=word("error", lang),
@@ -156,6 +168,24 @@ class Tab:
 def joinable(status: str) -> bool:
     """Whether a run's output may join the notebook: it ran (not a refusal's line)."""
     return bool(status) and not status.startswith(REFUSED)
+
+
+def rewind(name: str, text: str, last_run: dict):
+    """The notebook as the last run found it, if that run's text joined it (Continue) and the user
+    has not changed it since; otherwise as it is."""
+    last_run = last_run or {}
+    given = last_run.get("values", {}).get(name)
+    if last_run.get("appended") and given is not None and text == given + last_run.get("output", ""):
+        return given
+    return gr.skip()
+
+
+def pending_after_continuing(name: str, text: str, last_run: dict, line: str) -> tuple[str, str] | None:
+    """A run continued from a chosen token: its text waits to join the input it continued, as a
+    Generate run's does, while the input is still that one."""
+    last_run = last_run or {}
+    given = last_run.get("values", {}).get(name)
+    return (text, last_run.get("output", "")) if joinable(line) and text == given else None
 
 
 def join_pending(text: str, pending: tuple[str, str] | None) -> tuple[str, None]:
@@ -232,21 +262,28 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
         tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_button, stop_button, status, prompt_sent,
                   insight, page_state)
         tab.add_run([run_button.click] + [box.submit for box in widgets.submit])
-        tab.add_run([insight.alternatives.input], continuing=True)
-        if continue_button is not None:
+        if continue_button is None:
+            tab.add_run([insight.alternatives.input], continuing=True)
+        else:
             # Notebook: the run's text joins the input itself, which stays editable, so one can write,
             # continue, correct, continue; a refused run (no seed line) leaves it as it was. A
             # Generate run's text, shown but not yet in the input, joins it before Continue goes on,
             # if the input is still the one it continues (not an example picked since, say).
+            # Continuing from a chosen token starts again from the input that run was given: a
+            # Continue run's text is taken back out of the input first, and the new text waits to
+            # join it as a Generate run's does.
             notebook, unjoined = widgets.inputs[view.notebook], gr.State(None)  # (input, its run's text)
+            private = dict(queue=False, api_visibility="private")
             tab.run_events[0].then(lambda text, output, line: (text, output) if joinable(line) else None,
-                                   [notebook, widgets.output, status], unjoined, queue=False,
-                                   api_visibility="private")
-            joined = continue_button.click(join_pending, [notebook, unjoined], [notebook, unjoined], queue=False,
-                                           api_visibility="private")
-            tab.add_run([joined])
-            tab.run_events[-1].then(append_run, [notebook, widgets.output, status], notebook, queue=False,
-                                    api_visibility="private")
+                                   [notebook, widgets.output, status], unjoined, **private)
+            rewound = insight.alternatives.input(partial(rewind, view.notebook), [notebook, insight.last_run],
+                                                 notebook, **private)
+            tab.add_run([rewound], continuing=True)
+            tab.run_events[-1].then(partial(pending_after_continuing, view.notebook),
+                                    [notebook, insight.last_run, status], unjoined, **private)
+            joined = continue_button.click(join_pending, [notebook, unjoined], [notebook, unjoined], **private)
+            tab.add_run([joined], appends=True)
+            tab.run_events[-1].then(append_run, [notebook, widgets.output, status], notebook, **private)
         insight.wire(host)
         # The strength acts only on an adapter that runs: switched on, or the on side of a comparison.
         gr.on([adapter.change, insight.compare.change], strength_live, [adapter, insight.compare],

@@ -111,9 +111,7 @@ class Insight:
     compare_texts: tuple[gr.Textbox, gr.Textbox]
     view: gr.HTML
     alternatives: gr.Radio
-    # {"rows": [{"entries": Result.logprobs of the whole output, "adapter": bool}], "settings": the
-    # decoding settings, seed and adapter strength it ran with}
-    last_run: gr.State
+    last_run: gr.State  # Insight.kept: the rows of tokens shown, and what the run ran on
     selected: gr.State  # {"row", "index"} of the token clicked last
 
     @classmethod
@@ -157,11 +155,10 @@ class Insight:
         return {"row": row, "index": index}, gr.Radio(choices=choices, value=None, visible=True)
 
     @staticmethod
-    def continue_from(values: dict, last_run: dict, selected: dict,
-                      alternative: int | None) -> tuple[dict, list, str]:
-        """The run's values to continue from the selected token with `alternative` in its place
-        (the last run's settings and seed, whatever the boxes say now), the entries shown before
-        the new tokens, and the status line's note that says what was chosen."""
+    def continue_from(last_run: dict, selected: dict, alternative: int | None) -> tuple[dict, list, str]:
+        """The values to continue the last run from the selected token with `alternative` in its
+        place (that run's inputs, settings and seed, whatever the boxes say now), the entries shown
+        before the new tokens, and the status line's note that says what was chosen."""
         rows = (last_run or {}).get("rows", [])
         if not selected or alternative is None or selected.get("row", -1) >= len(rows):
             raise ValueError("click a token, then one of its alternatives")
@@ -171,14 +168,14 @@ class Insight:
         if chosen is None:
             raise ValueError("click a token, then one of its alternatives")
         shown_before = entries[:index] + [{**chosen, "top": entries[index]["top"]}]
-        values = {**values, **last_run.get("settings", {}), "adapter": row["adapter"],
-                  "forced": [entry["id"] for entry in shown_before]}
+        values = {**last_run["values"], "adapter": row["adapter"], "forced": [entry["id"] for entry in shown_before]}
         return values, shown_before, f"continued from token {index + 1} with {listed(chosen['token'])}"
 
     @staticmethod
-    def single(entries: list[dict], adapter: bool, lang: str) -> dict:
-        if not entries:  # Show tokens was off for the run, or it drew none
-            return {"rows": [], "note": localized(NO_TOKENS_NOTE, lang)}
+    def single(entries: list[dict], adapter: bool, asked: bool, lang: str) -> dict:
+        """The view of one run's tokens (`asked`: with Show tokens on)."""
+        if not entries:
+            return {"rows": [], "note": localized(NO_TOKENS_KEPT if asked else NO_TOKENS_NOTE, lang)}
         label = localized("adapter on" if adapter else "output", lang)
         return {"rows": [row_of(entries, label, 0)], "note": localized(TOKENS_NOTE, lang)}
 
@@ -193,10 +190,11 @@ class Insight:
         return {"rows": rows, "note": localized(note, lang)}
 
     @staticmethod
-    def kept(rows, settings: dict) -> dict:
-        """The last run as last_run keeps it, from its (entries, adapter on) rows and the settings
-        it ran with."""
-        return {"rows": [{"entries": entries, "adapter": adapter} for entries, adapter in rows], "settings": settings}
+    def kept(rows, values: dict, output: str, appended: bool = False) -> dict:
+        """The last run as last_run keeps it: its (entries, adapter on) rows, the values it ran on
+        (inputs, settings, seed), its output's text, and whether that joined the notebook."""
+        return {"rows": [{"entries": entries, "adapter": adapter} for entries, adapter in rows], "values": values,
+                "output": output, "appended": appended}
 
     @staticmethod
     def hidden_alternatives() -> dict:
@@ -207,3 +205,4 @@ class Insight:
 
 TOKENS_NOTE = "point at a token for its probability and alternatives; click it to continue from one"
 NO_TOKENS_NOTE = "tick Show tokens before a run to see its tokens here"
+NO_TOKENS_KEPT = "this output has no tokens to show"
