@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -283,6 +284,21 @@ def test_every_interface_text_is_in_english_and_chinese(app_models):
     # is missing, "example_pairs_kept" after a change of languages, "no_adapter_model" for a model
     # without a task's adapter (this one has them all).
     assert used | {"generating", "not_measured", "example_pairs_kept", "no_adapter_model"} == ENGLISH.keys()
+
+
+def test_translate_greys_out_its_example_pairs_where_its_adapter_starts_on(app_models, tmp_path):
+    """The pairs are not sent with the adapter on: where the model starts it on, the box starts
+    greyed out (the test model starts it off: there the box is editable)."""
+    from model.adapters import ON_BY_DEFAULT_FILE
+
+    def examples_box(model: str) -> dict:
+        config = app.build_app(ModelHost([model], device="cpu")).get_config_file()
+        return next(c["props"] for c in config["components"] if c["props"].get("elem_id") == "translate-examples")
+    assert examples_box(app_models[0])["interactive"] is True
+    model = tmp_path / "translate-on"
+    shutil.copytree(app_models[0], model)
+    (model / "adapters" / ON_BY_DEFAULT_FILE).write_text('{"on": ["dialogue", "translate"]}')
+    assert examples_box(str(model))["interactive"] is False
 
 
 def test_the_reply_switcher_follows_the_last_turn():

@@ -103,6 +103,7 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
 
 
 def pairs_sent(adapter_on: bool, comparing: bool) -> dict:
+    """The example pairs box, editable only where a run sends the pairs."""
     return gr.update(interactive=not adapter_on or comparing)
 
 
@@ -113,8 +114,8 @@ def translate_extras(tab: Tab) -> None:
     # The pairs are sent only with the adapter off (or on the off side of a comparison): greyed out
     # otherwise, so that editing them does not look as if it changed anything.
     examples.interactive = pairs_sent(tab.adapter.value, False)["interactive"]
-    gr.on([tab.adapter.change, tab.insight.compare.change], lambda on, comparing: pairs_sent(on, comparing),
-          [tab.adapter, tab.insight.compare], examples, queue=False, api_visibility="private")
+    gr.on([tab.adapter.change, tab.insight.compare.change], pairs_sent, [tab.adapter, tab.insight.compare], examples,
+          queue=False, api_visibility="private")
     for changed, dropdown in (("source", source), ("target", target)):
         dropdown.change(lambda *values, changed=changed: choose_pair(changed, *values),
                         [source, target, last_pair, examples], [source, target, last_pair, examples],
