@@ -65,6 +65,14 @@ def wait_for_run(page: Page, task: str, seed: int) -> str:
     return status(page, task)
 
 
+def press(page: Page, task: str, button: str, seed: int) -> str:
+    """Set the seed, press the tab's button (run, continue), wait for that run; its output."""
+    set_setting(page, task, "seed", seed)
+    page.locator(f"#{task}-{button}").click()
+    wait_for_run(page, task, seed)
+    return page.locator(f"#{task}-output textarea").input_value()
+
+
 def record_values(page: Page, selector: str) -> None:
     """Start keeping every distinct value the element shows, to see text arrive in pieces."""
     page.evaluate("""selector => {
@@ -501,47 +509,31 @@ def test_continue_appends_to_the_prompt_and_goes_on_from_the_edited_text(page):
     prompt = page.locator("#generate-prompt textarea")
     prompt.fill("Once upon a time")
     set_setting(page, "generate", "max_new_tokens", 6)
-    set_setting(page, "generate", "seed", 2)
-    page.locator("#generate-run").click()
-    wait_for_run(page, "generate", 2)
-    generated = page.locator("#generate-output textarea").input_value()
+    generated = press(page, "generate", "run", 2)
     expect(prompt).to_have_value("Once upon a time")  # Generate leaves the prompt as it is
-    set_setting(page, "generate", "seed", 3)
-    page.locator("#generate-continue").click()
-    wait_for_run(page, "generate", 3)
-    output = page.locator("#generate-output textarea").input_value()
+    output = press(page, "generate", "continue", 3)
     expect(prompt).to_have_value("Once upon a time" + generated + output)
     prompt.fill(prompt.input_value() + " Then")  # the user corrects and adds
     edited = prompt.input_value()
-    set_setting(page, "generate", "seed", 4)
-    page.locator("#generate-continue").click()
-    wait_for_run(page, "generate", 4)
-    second = page.locator("#generate-output textarea").input_value()
+    second = press(page, "generate", "continue", 4)
     expect(prompt).to_have_value(edited + second)
     page.locator("#tab-generate").get_by_text("Prompt sent to the model").click()
     assert page.locator("#generate-prompt-sent textarea").input_value() == edited  # it went on from the edit
     screenshot(page, "notebook")
     # A Generate run's text joins only the text it continued: not an example picked after it.
-    set_setting(page, "generate", "seed", 5)
-    page.locator("#generate-run").click()
-    wait_for_run(page, "generate", 5)
+    press(page, "generate", "run", 5)
     example = "Tom and his dog went to the park. They"
     page.get_by_text(example).click()
     expect(prompt).to_have_value(example)
-    set_setting(page, "generate", "seed", 6)
-    page.locator("#generate-continue").click()
-    wait_for_run(page, "generate", 6)
-    continued = page.locator("#generate-output textarea").input_value()
+    continued = press(page, "generate", "continue", 6)
     expect(prompt).to_have_value(example + continued)
     # Picking an alternative in a Continue run's text goes on from the text that run was given
     # (its own text taken back out of the box), and the new text joins on the next Continue.
     page.locator("#generate-insight").get_by_text("Why this output").click()
     page.locator("#generate-show-tokens input").check()
-    set_setting(page, "generate", "seed", 7)
-    page.locator("#generate-continue").click()
-    line = wait_for_run(page, "generate", 7)
-    given, output = example + continued, page.locator("#generate-output textarea").input_value()
+    given, output = example + continued, press(page, "generate", "continue", 7)
     expect(prompt).to_have_value(given + output)
+    line = status(page, "generate")
     page.locator("#generate-tokens .tok").nth(1).click()
     page.locator("#generate-alternatives label").nth(1).click()
     expect(page.locator("#generate-status")).not_to_contain_text(line)
@@ -550,10 +542,8 @@ def test_continue_appends_to_the_prompt_and_goes_on_from_the_edited_text(page):
     assert page.locator("#generate-prompt-sent textarea").input_value() == given
     chosen = page.locator("#generate-output textarea").input_value()
     assert chosen != output
-    set_setting(page, "generate", "seed", 8)
-    page.locator("#generate-continue").click()
-    wait_for_run(page, "generate", 8)
-    expect(prompt).to_have_value(given + chosen + page.locator("#generate-output textarea").input_value())
+    last = press(page, "generate", "continue", 8)
+    expect(prompt).to_have_value(given + chosen + last)
 
 
 def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(page, tmp_path):
