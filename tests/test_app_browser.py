@@ -382,6 +382,7 @@ def test_translate_swaps_a_repeated_language_and_keeps_the_users_example_pairs(p
     hint = page.locator("#translate-examples")
     expect(hint).to_contain_text("your own pairs, kept when the languages changed")
     examples.fill("")
+    expect(hint).not_to_contain_text("your own pairs")  # none left to keep
     choose(page, "#translate-target", "French")  # the source's: they swap
     expect(source).to_have_value("German")
     expect(examples).to_have_value(example_lines(DEFAULT_EXAMPLES["German", "French"]))

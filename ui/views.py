@@ -80,6 +80,11 @@ def translate_widgets() -> Widgets:
 BUILT_IN_EXAMPLES = {example_lines(pairs) for pairs in DEFAULT_EXAMPLES.values()}
 
 
+def users_own(examples: str) -> bool:
+    """Whether the example pairs box holds pairs the user wrote (not empty, not built in)."""
+    return bool(examples.strip()) and examples not in BUILT_IN_EXAMPLES
+
+
 def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], examples: str):
     """A language picked in one dropdown. Picking the other side's language swaps the two (as
     translation apps do) rather than leaving a pair that cannot run; the example pairs follow
@@ -89,8 +94,7 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
     if source == target:
         source, target = (source, last[0]) if changed == "source" else (last[1], target)
     pairs = DEFAULT_EXAMPLES.get((source, target))
-    own = bool(examples.strip()) and examples not in BUILT_IN_EXAMPLES
-    if own:
+    if users_own(examples):
         examples_update = gr.update(info=i18n("example_pairs_kept"))
     elif pairs is None or example_lines(pairs) == examples:
         examples_update = gr.update()
@@ -116,6 +120,9 @@ def translate_extras(tab: Tab) -> None:
     examples.interactive = pairs_sent(tab.adapter.value, False)["interactive"]
     gr.on([tab.adapter.change, tab.insight.compare.change], pairs_sent, [tab.adapter, tab.insight.compare], examples,
           queue=False, api_visibility="private")
+    # The hint that the user's own pairs were kept goes once the box holds none.
+    examples.change(lambda text: gr.skip() if users_own(text) else gr.update(info=i18n("example_pairs_info")),
+                   examples, examples, queue=False, api_visibility="private")
     for changed, dropdown in (("source", source), ("target", target)):
         dropdown.change(lambda *values, changed=changed: choose_pair(changed, *values),
                         [source, target, last_pair, examples], [source, target, last_pair, examples],
