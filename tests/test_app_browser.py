@@ -364,6 +364,7 @@ def test_translate_swaps_a_repeated_language_and_keeps_the_users_example_pairs(p
     adapter = page.locator("#translate-adapter input")
     adapter.check()
     expect(examples).to_be_disabled()
+    expect(page.locator("#translate-examples")).to_contain_text("not sent while the adapter is on")
     page.locator("#translate-insight").get_by_text("Why this output").click()
     page.locator("#translate-compare input").check()
     expect(examples).to_be_enabled()

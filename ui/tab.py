@@ -245,6 +245,8 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
             continue_button = (gr.Button(i18n("continue"), variant="secondary", elem_id=f"{task.name}-continue")
                                if view.notebook else None)
             stop_button = gr.Button(i18n("stop"), variant="stop", elem_id=f"{task.name}-stop")
+        if not widgets.output.is_rendered:  # input, run, output: the button in reach on a phone's first screen
+            widgets.output.render()
         status = gr.Markdown(elem_id=f"{task.name}-status")
         adapter_now = adapter_props(task, host.current)
         adapter = gr.Checkbox(label=i18n("adapter"), **adapter_now, visible=task.adapter is not None,

@@ -17,7 +17,9 @@ from .tab import Tab, TaskView, Widgets
 
 
 def output_box(label: str, lines: int, task_name: str) -> gr.Textbox:
-    return gr.Textbox(label=i18n(label), lines=lines, interactive=False, buttons=["copy"], elem_id=f"{task_name}-output")
+    """A task's output, laid out by the tab under its run buttons (render=False here)."""
+    return gr.Textbox(label=i18n(label), lines=lines, interactive=False, buttons=["copy"],
+                      elem_id=f"{task_name}-output", render=False)
 
 
 # --- Generate ---------------------------------------------------------------------------------
@@ -98,8 +100,8 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
         examples_update = gr.update(info=i18n("example_pairs_kept"))
     elif pairs is None or example_lines(pairs) == examples:
         examples_update = gr.update()
-    else:
-        examples_update = gr.update(value=example_lines(pairs), info=i18n("example_pairs_info"))
+    else:  # the box's change puts its hint back (translate_extras)
+        examples_update = example_lines(pairs)
     # Only what changes goes back: the swapped dropdown fires its own change, and an answer that
     # repeated every value could arrive after the user typed into a box, and undo it.
     return (*(gr.update() if new == old else new for new, old in zip((source, target), picked)), (source, target),
@@ -107,22 +109,25 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
 
 
 def pairs_sent(adapter_on: bool, comparing: bool) -> dict:
-    """The example pairs box, editable only where a run sends the pairs."""
-    return gr.update(interactive=not adapter_on or comparing)
+    """The example pairs box, editable only where a run sends the pairs, its hint saying which."""
+    sent = not adapter_on or comparing
+    return gr.update(interactive=sent, info=i18n("example_pairs_info" if sent else "example_pairs_unsent"))
 
 
 def translate_extras(tab: Tab) -> None:
     inputs = tab.widgets.inputs
     source, target, examples = inputs["source"], inputs["target"], inputs["examples"]
     last_pair = gr.State((source.value, target.value))
-    # The pairs are sent only with the adapter off (or on the off side of a comparison): greyed out
-    # otherwise, so that editing them does not look as if it changed anything.
-    examples.interactive = pairs_sent(tab.adapter.value, False)["interactive"]
-    gr.on([tab.adapter.change, tab.insight.compare.change], pairs_sent, [tab.adapter, tab.insight.compare], examples,
-          queue=False, api_visibility="private")
+    # The pairs are sent only with the adapter off (or on the off side of a comparison): locked
+    # otherwise, and the hint says why, so that editing them does not look as if it changed anything.
+    starting = pairs_sent(tab.adapter.value, False)
+    examples.interactive, examples.info = starting["interactive"], starting["info"]
+    switches = [tab.adapter, tab.insight.compare]
+    gr.on([tab.adapter.change, tab.insight.compare.change], pairs_sent, switches, examples, queue=False,
+          api_visibility="private")
     # The hint that the user's own pairs were kept goes once the box holds none.
-    examples.change(lambda text: gr.skip() if users_own(text) else gr.update(info=i18n("example_pairs_info")),
-                   examples, examples, queue=False, api_visibility="private")
+    examples.change(lambda text, *on: gr.skip() if users_own(text) else pairs_sent(*on), [examples, *switches],
+                    examples, queue=False, api_visibility="private")
     for changed, dropdown in (("source", source), ("target", target)):
         dropdown.change(lambda *values, changed=changed: choose_pair(changed, *values),
                         [source, target, last_pair, examples], [source, target, last_pair, examples],
