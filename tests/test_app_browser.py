@@ -466,6 +466,33 @@ def test_tokens_show_their_probability_and_alternatives_and_continue_from_one(pa
     assert "continued" not in line and "temperature 1.5" in line, line
 
 
+def test_the_token_view_shows_every_token_as_it_is(browser):
+    """Tokens the view's template could read as markup or escapes (backslashes, braces, entities,
+    angle brackets) are shown as the model wrote them, in the tokens and in their titles."""
+    import gradio as gr
+    from bench.load import free_port
+    from ui.tokens import listed, row_of, token_view
+
+    awkward = ["Jul", "\\", "<", " a\\b", "\\n", "&amp;", "{{x}}", "<b>bold</b>", "\\\\"]
+    entries = [{"token": token, "logprob": -0.5, "top": [{"token": token, "logprob": -0.5}]} for token in awkward]
+    with gr.Blocks() as demo:
+        view = token_view("awkward")
+        demo.load(lambda: {"rows": [row_of(entries, "output", 0)], "note": ""}, None, view)
+    port = free_port()
+    demo.launch(server_port=port, prevent_thread_lock=True, quiet=True)
+    page = browser.new_page()
+    try:
+        page.goto(f"http://127.0.0.1:{port}/")
+        tokens = page.locator("#awkward .tok")
+        expect(tokens).to_have_count(len(awkward))
+        assert tokens.all_inner_texts() == awkward
+        titles = [tokens.nth(i).get_attribute("title") for i in range(len(awkward))]
+        assert [title.split("\n")[0] for title in titles] == [f"{listed(token)}: 60.7%" for token in awkward]
+    finally:
+        page.close()
+        demo.close()
+
+
 def test_compare_streams_two_columns_and_stop_stops_both(page):
     """Compare: adapter off and on at once under one seed, in two columns; Stop stops both. A
     finished comparison marks the first token where the two part."""

@@ -55,6 +55,12 @@ def token_view(elem_id: str) -> gr.HTML:
     return gr.HTML(EMPTY, html_template=TEMPLATE, css_template=CSS, js_on_load=JS, elem_id=elem_id)
 
 
+def literal(text: str) -> str:
+    """Text as the view's template must be given it to show it as it is: the template reads a
+    backslash as the start of an escape ("\\n" a newline, "\\" nothing at all), so each is doubled."""
+    return text.replace("\\", "\\\\")
+
+
 def shown(token: str) -> str:
     """A token as text a person can read inline: a newline made visible."""
     return token.replace("\n", "↵\n") or "∅"
@@ -86,7 +92,7 @@ def row_of(entries: list[dict], label: str, row: int, other: list[float] | None 
         if other is not None and i < len(other):
             lines.append(f"{other_label}: {percent(other[i])}")
         lines += [f"  {listed(alt['token'])} {percent(alt['logprob'])}" for alt in entry["top"][:TOP_SHOWN]]
-        tokens.append({"text": shown(entry["token"]), "title": "\n".join(lines),
+        tokens.append({"text": literal(shown(entry["token"])), "title": literal("\n".join(lines)),
                        "color": colour(entry["logprob"]), "i": i, "row": row,
                        "mark": "diverges" if i == diverges_at else ""})
     return {"label": label, "row": row, "tokens": tokens}
