@@ -134,22 +134,23 @@ def test_opening_the_settings_keeps_the_seed_random(page):
     assert seeds[0] != seeds[1] and seed_box.input_value() in ("", "-1")
 
 
-def test_a_refused_run_says_why_in_the_status_line_and_empties_the_output(page):
-    """The last run's output would pass for the refused input's; what the user typed stays."""
+def test_a_refused_run_says_why_in_the_status_line_and_keeps_the_last_result(page):
+    """A typo costs no output: the last result stays, and what the user typed."""
     page.locator("#generate-prompt textarea").fill("Once upon a time")
     set_setting(page, "generate", "max_new_tokens", 4)
     set_setting(page, "generate", "seed", 13)
     page.locator("#generate-run").click()
     wait_for_run(page, "generate", 13)
-    assert page.locator("#generate-output textarea").input_value()
+    output = page.locator("#generate-output textarea").input_value()
+    assert output
     page.locator("#tab-generate").get_by_text("Prompt sent to the model").click()
     expect(page.locator("#generate-prompt-sent textarea")).to_have_value("Once upon a time")
     set_setting(page, "generate", "seed", 1.5)
     page.locator("#generate-run").click()
     expect(page.locator("#generate-status")).to_contain_text("seed must be an integer")
     expect(page.locator("#generate-status")).not_to_contain_text("seed 13")
-    expect(page.locator("#generate-output textarea")).to_have_value("")
-    expect(page.locator("#generate-prompt-sent textarea")).to_have_value("")  # the prompt of no output
+    expect(page.locator("#generate-output textarea")).to_have_value(output)
+    expect(page.locator("#generate-prompt-sent textarea")).to_have_value("Once upon a time")
     expect(page.locator("#generate-prompt textarea")).to_have_value("Once upon a time")
 
 
@@ -382,6 +383,15 @@ def test_translate_swaps_a_repeated_language_and_keeps_the_users_example_pairs(p
     expect(examples).to_have_value(own)
     hint = page.locator("#translate-examples")
     expect(hint).to_contain_text("your own pairs, kept when the languages changed")
+    adapter.check()  # locked: the hint says why, through a change of languages too
+    expect(hint).to_contain_text("not sent while the adapter is on")
+    choose(page, "#translate-target", "English")
+    expect(target).to_have_value("English")
+    page.wait_for_timeout(500)
+    expect(hint).to_contain_text("not sent while the adapter is on")
+    expect(examples).to_have_value(own)
+    adapter.uncheck()
+    choose(page, "#translate-target", "German")
     examples.fill("")
     expect(hint).not_to_contain_text("your own pairs")  # none left to keep
     choose(page, "#translate-target", "French")  # the source's: they swap
@@ -509,6 +519,9 @@ def test_compare_streams_two_columns_and_stop_stops_both(page):
     assert off.input_value().strip() and on.input_value().strip()
     view = page.locator("#summarize-tokens")
     expect(view.locator(".token-row")).to_have_count(2)
+    page.locator("#tab-summarize").get_by_text("Prompt sent to the model").click()
+    sent = page.locator("#summarize-prompt-sent textarea").input_value()
+    assert sent.startswith("[adapter off]\n") and "\n\n[adapter on]\n" in sent, sent
     if off.input_value() != on.input_value():
         expect(view.locator(".tok.diverges")).to_have_count(2)
         assert "differ from token" in view.inner_text()
@@ -549,7 +562,13 @@ def test_continue_appends_to_the_prompt_and_goes_on_from_the_edited_text(page):
     page.locator("#tab-generate").get_by_text("Prompt sent to the model").click()
     assert page.locator("#generate-prompt-sent textarea").input_value() == edited  # it went on from the edit
     screenshot(page, "notebook")
-    # A Generate run's text joins only the text it continued: not an example picked after it.
+    # A Generate run's text joins the text it continued, before what the user adds to its end
+    # since; not an example picked after it.
+    before = prompt.input_value()
+    output = press(page, "generate", "run", 9)
+    prompt.fill(before + " And")
+    after = press(page, "generate", "continue", 10)
+    expect(prompt).to_have_value(before + output + " And" + after)
     press(page, "generate", "run", 5)
     example = "Tom and his dog went to the park. They"
     page.get_by_text(example).click()

@@ -378,5 +378,5 @@ CHAT = TaskView(
     example_inputs=("message", "persona"),
     example_labels=["Order a coffee (coffee shop)", "Book a hotel (virtual assistant)",
                     "Find a restaurant (virtual assistant)"],
-    from_ui=from_ui, present=show_turn, extras=chat_extras, page_state=chat_store, conversation=True,
+    from_ui=from_ui, present=show_turn, extras=chat_extras, page_state=chat_store,
 )

@@ -17,7 +17,7 @@ from .messages import REFUSED, language, localized, refused_line, word
 from .model_host import LoadedModel, ModelHost
 from .running import (RANDOM_SEED, SETTING_RANGES, SETTINGS, Refusal, StopSwitches, TaskAPI, asks_random_seed, run,
                       run_compare)
-from .tokens import EMPTY, TOP_SHOWN, Insight
+from .tokens import TOP_SHOWN, Insight
 
 GENERATION = "generation"  # the concurrency group of every request that runs the model
 STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
@@ -51,7 +51,6 @@ class TaskView:
     present: Callable[[dict[str, Any], str], Any] = lambda values, text: text  # -> output's value
     extras: Callable[["Tab"], None] | None = None  # wires the task's own events
     notebook: str | None = None  # the input that Continue appends each run's text to (Generate's prompt)
-    conversation: bool = False  # the output is the conversation (Chat's): a refused run leaves it as it is
     page_state: Callable[[], gr.Component] | None = None  # makes a state to keep at the page's top level
 
     @property
@@ -122,7 +121,8 @@ class Tab:
                         for texts, status, comparison in run_compare(view.api, self.host, values, cancel):
                             view_value = gr.skip() if comparison is None else insight.compared(comparison, lang)
                             shown = gr.skip() if comparison is None else view.present(values, texts[1])  # adapter on
-                            yield [shown, localized(status, lang) or GENERATING, gr.skip(), view_value, *texts,
+                            prompts = gr.skip() if comparison is None else both_prompts(comparison["prompts"], lang)
+                            yield [shown, localized(status, lang) or GENERATING, prompts, view_value, *texts,
                                    insight.hidden_alternatives(),
                                    gr.skip() if comparison is None
                                    else insight.kept(zip(comparison["entries"], (False, True)), ran_with, texts[1]),
@@ -141,15 +141,10 @@ class Tab:
                                *[""] * len(self.widgets.cleared)]
             except (Refusal, ValueError) as refused:
                 # One message, in the status line, saying which field and why; no component is
-                # left in an error state, and what the user typed stays. A task's last output goes,
-                # with its prompt, tokens and comparison: next to the new input it would pass for
-                # its answer (Chat's conversation stays: the refused message is not in it).
+                # left in an error state, and what the user typed and the last result stay (a
+                # typo costs no output; the status line under it says the new input was refused).
                 message = refused.message if isinstance(refused, Refusal) else str(refused)
-                line = refused_line(message, lang)
-                if view.conversation:
-                    yield [gr.skip(), line, *[gr.skip()] * 6, *skips]
-                else:
-                    yield ["", line, "", EMPTY, "", "", insight.hidden_alternatives(), {}, *skips]
+                yield [gr.skip(), refused_line(message, lang), *[gr.skip()] * 6, *skips]
             except gr.Error as error:  # a fault: the status line says so, and so does a toast
                 yield [gr.skip(), refused_line(error.message, lang), *[gr.skip()] * 6, *skips]
                 raise gr.Error(localized(error.message, lang), title=word("error", lang),
@@ -163,6 +158,12 @@ class Tab:
         for before in triggers:  # a handler that readies the tab first (Chat's edit): run after it
             if isinstance(before, gr.events.Dependency):
                 self.run_events.append(before.then(**handler))
+
+
+def both_prompts(prompts: list[str], lang: str) -> str:
+    """What Compare sent, side by side in one box: each side's prompt under its name."""
+    return "\n\n".join(f"[{localized(side, lang)}]\n{prompt}" for side, prompt in zip(("adapter off", "adapter on"),
+                                                                                        prompts))
 
 
 def joinable(status: str) -> bool:
@@ -189,9 +190,13 @@ def pending_after_continuing(name: str, text: str, last_run: dict, line: str) ->
 
 
 def join_pending(text: str, pending: tuple[str, str] | None) -> tuple[str, None]:
-    """The notebook's text with a Generate run's output after it, if that run continued this very
-    text; the pending output is used up either way."""
-    return (text + pending[1] if pending and pending[0] == text else text), None
+    """The notebook's text with a Generate run's output joined where it belongs: after the text
+    that run continued, and before anything the user has added to the end of it since; the output
+    is dropped if that text itself was changed (an example picked, say). Used up either way."""
+    if not pending or not text.startswith(pending[0]):
+        return text, None
+    given, output = pending
+    return given + output + text[len(given):], None
 
 
 def append_run(text: str, output: str, status: str) -> str:

@@ -87,7 +87,8 @@ def users_own(examples: str) -> bool:
     return bool(examples.strip()) and examples not in BUILT_IN_EXAMPLES
 
 
-def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], examples: str):
+def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], examples: str,
+                adapter_on: bool = False, comparing: bool = False):
     """A language picked in one dropdown. Picking the other side's language swaps the two (as
     translation apps do) rather than leaving a pair that cannot run; the example pairs follow
     the new pair unless the user has written their own, which are kept, and their hint then says
@@ -96,8 +97,9 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
     if source == target:
         source, target = (source, last[0]) if changed == "source" else (last[1], target)
     pairs = DEFAULT_EXAMPLES.get((source, target))
-    if users_own(examples):
-        examples_update = gr.update(info=i18n("example_pairs_kept"))
+    if users_own(examples):  # said where they can be edited; while locked, the hint says why
+        examples_update = gr.update(info=i18n("example_pairs_kept")) if sends_pairs(adapter_on, comparing) \
+            else gr.update()
     elif pairs is None or example_lines(pairs) == examples:
         examples_update = gr.update()
     else:  # the box's change puts its hint back (translate_extras)
@@ -108,9 +110,14 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
             examples_update)
 
 
+def sends_pairs(adapter_on: bool, comparing: bool) -> bool:
+    """Whether a run sends the example pairs: with the adapter off, or to a comparison's off side."""
+    return not adapter_on or comparing
+
+
 def pairs_sent(adapter_on: bool, comparing: bool) -> dict:
     """The example pairs box, editable only where a run sends the pairs, its hint saying which."""
-    sent = not adapter_on or comparing
+    sent = sends_pairs(adapter_on, comparing)
     return gr.update(interactive=sent, info=i18n("example_pairs_info" if sent else "example_pairs_unsent"))
 
 
@@ -130,7 +137,7 @@ def translate_extras(tab: Tab) -> None:
                     examples, queue=False, api_visibility="private")
     for changed, dropdown in (("source", source), ("target", target)):
         dropdown.change(lambda *values, changed=changed: choose_pair(changed, *values),
-                        [source, target, last_pair, examples], [source, target, last_pair, examples],
+                        [source, target, last_pair, examples, *switches], [source, target, last_pair, examples],
                         queue=False, api_visibility="private")
 
 
