@@ -250,9 +250,8 @@ def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], param
     eos_id = loaded.tokenizer.eos_id
     under_other = [score_tokens(loaded.model, on.prompt.ids, tokens[0], params, adapter, eos_id),
                    score_tokens(loaded.model, off.prompt.ids, tokens[1], params, None, eos_id)]
-    return {"entries": [off.result.logprobs, on.result.logprobs], "prompts": [off.prompt.text, on.prompt.text],
-            "under_other": under_other,
-            "diverges_at": first_difference(*tokens)}
+    return {"entries": [off.result.logprobs, on.result.logprobs], "under_other": under_other,
+            "prompts": [off.prompt.text, on.prompt.text], "diverges_at": first_difference(*tokens)}
 
 
 def api_endpoint(api: TaskAPI, host: ModelHost) -> Callable[..., Iterator[tuple[str, str, str, list]]]:

@@ -171,22 +171,25 @@ def joinable(status: str) -> bool:
     return bool(status) and not status.startswith(REFUSED)
 
 
+def given_to(last_run: dict, name: str) -> str | None:
+    """The value the last run was given for input `name` (Insight.kept)."""
+    return last_run.get("values", {}).get(name)
+
+
 def rewind(name: str, text: str, last_run: dict):
     """The notebook as the last run found it, if that run's text joined it (Continue) and the user
     has not changed it since; otherwise as it is."""
-    last_run = last_run or {}
-    given = last_run.get("values", {}).get(name)
+    given = given_to(last_run, name)
     if last_run.get("appended") and given is not None and text == given + last_run.get("output", ""):
         return given
     return gr.skip()
 
 
-def pending_after_continuing(name: str, text: str, last_run: dict, line: str) -> tuple[str, str] | None:
-    """A run continued from a chosen token: its text waits to join the input it continued, as a
-    Generate run's does, while the input is still that one."""
-    last_run = last_run or {}
-    given = last_run.get("values", {}).get(name)
-    return (text, last_run.get("output", "")) if joinable(line) and text == given else None
+def pending_of(name: str, last_run: dict, line: str) -> tuple[str, str] | None:
+    """A run's text waiting to join the notebook (a Generate run's, or one continued from a chosen
+    token): the input it continued and its output, taken from the run itself, so that an edit made
+    while it streamed does not pass for that input; join_pending decides where it goes."""
+    return (given_to(last_run, name), last_run.get("output", "")) if joinable(line) else None
 
 
 def join_pending(text: str, pending: tuple[str, str] | None) -> tuple[str, None]:
@@ -281,13 +284,13 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
             # join it as a Generate run's does.
             notebook, unjoined = widgets.inputs[view.notebook], gr.State(None)  # (input, its run's text)
             private = dict(queue=False, api_visibility="private")
-            tab.run_events[0].then(lambda text, output, line: (text, output) if joinable(line) else None,
-                                   [notebook, widgets.output, status], unjoined, **private)
+            waiting = dict(fn=partial(pending_of, view.notebook), inputs=[insight.last_run, status], outputs=unjoined,
+                           **private)
+            tab.run_events[0].then(**waiting)
             rewound = insight.alternatives.input(partial(rewind, view.notebook), [notebook, insight.last_run],
                                                  notebook, **private)
             tab.add_run([rewound], continuing=True)
-            tab.run_events[-1].then(partial(pending_after_continuing, view.notebook),
-                                    [notebook, insight.last_run, status], unjoined, **private)
+            tab.run_events[-1].then(**waiting)
             joined = continue_button.click(join_pending, [notebook, unjoined], [notebook, unjoined], **private)
             tab.add_run([joined], appends=True)
             tab.run_events[-1].then(append_run, [notebook, widgets.output, status], notebook, **private)
