@@ -152,6 +152,11 @@ def test_a_refused_run_says_why_in_the_status_line_and_keeps_the_last_result(pag
     expect(page.locator("#generate-output textarea")).to_have_value(output)
     expect(page.locator("#generate-prompt-sent textarea")).to_have_value("Once upon a time")
     expect(page.locator("#generate-prompt textarea")).to_have_value("Once upon a time")
+    # An example replaces the refused input, and the refusal goes with it.
+    example = "Tom and his dog went to the park. They"
+    page.get_by_text(example).click()
+    expect(page.locator("#generate-prompt textarea")).to_have_value(example)
+    expect(page.locator("#generate-status")).to_have_text("")
 
 
 def test_generate_shows_the_text_as_it_arrives(page):
@@ -573,6 +578,7 @@ def test_continue_appends_to_the_prompt_and_goes_on_from_the_edited_text(page):
     example = "Tom and his dog went to the park. They"
     page.get_by_text(example).click()
     expect(prompt).to_have_value(example)
+    expect(page.locator("#generate-status")).to_contain_text("seed 5 · ")  # a run's line stays: its seed
     continued = press(page, "generate", "continue", 6)
     expect(prompt).to_have_value(example + continued)
     # Picking an alternative in a Continue run's text goes on from the text that run was given

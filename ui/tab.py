@@ -202,6 +202,11 @@ def join_pending(text: str, pending: tuple[str, str] | None) -> tuple[str, None]
     return given + output + text[len(given):], None
 
 
+def without_refusal(status: str):
+    """The status line once the input it spoke of is replaced: a refusal's goes, a run's stays."""
+    return "" if status.startswith(REFUSED) else gr.skip()
+
+
 def append_run(text: str, output: str, status: str) -> str:
     """`text` with the run's `output` after it, once a run has reported its seed."""
     return text + output if joinable(status) and output else text
@@ -265,8 +270,11 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
         with gr.Accordion(i18n("prompt_sent"), open=False):
             prompt_sent = gr.Textbox(label=i18n("prompt_sent"), show_label=False, lines=4, max_lines=12,
                                      interactive=False, buttons=["copy"], elem_id=f"{task.name}-prompt-sent")
-        gr.Examples(view.examples, [widgets.inputs[name] for name in view.example_inputs], label=i18n("examples"),
-                    example_labels=view.example_labels, cache_examples=False, api_visibility="private")
+        examples = gr.Examples(view.examples, [widgets.inputs[name] for name in view.example_inputs],
+                               label=i18n("examples"), example_labels=view.example_labels, cache_examples=False,
+                               api_visibility="private")
+        # A refusal spoke of the input an example has just replaced; a run's line stays (its seed).
+        examples.load_input_event.then(without_refusal, status, status, queue=False, api_visibility="private")
         # Wired inside the tab: what the wiring creates (the states of a view's extras) must be the
         # tab's, not a child of gr.Tabs, where Gradio would count it as a tab and show the wrong labels.
         tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_button, stop_button, status, prompt_sent,
