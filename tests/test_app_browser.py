@@ -74,15 +74,20 @@ def press(page: Page, task: str, button: str, seed: int) -> str:
 
 
 def record_values(page: Page, selector: str) -> None:
-    """Start keeping every distinct value the element shows, to see text arrive in pieces."""
+    """Start keeping every distinct value each element matching `selector` shows, to see text
+    arrive in pieces."""
     page.evaluate("""selector => {
-        window.seen = [];
-        const read = () => { const e = document.querySelector(selector); return e.value ?? e.innerText; };
-        window.recorder = setInterval(() => { const v = read(); if (window.seen.at(-1) !== v) window.seen.push(v); }, 5);
+        window.seen = {};
+        const read = e => e.value ?? e.innerText;
+        window.recorder = setInterval(() => document.querySelectorAll(selector).forEach(e => {
+            const values = (window.seen[e.id || e.parentElement.closest("[id]").id] ??= []);
+            if (values.at(-1) !== read(e)) values.push(read(e));
+        }), 5);
     }""", selector)
 
 
-def recorded_values(page: Page) -> list[str]:
+def recorded_values(page: Page) -> dict[str, list[str]]:
+    """By element id (or its nearest parent's, for a text area): the values each showed."""
     return page.evaluate("() => { clearInterval(window.recorder); return window.seen; }")
 
 
@@ -106,7 +111,7 @@ def test_each_tab_streams_its_text_and_shows_the_seed(page, task):
     record_values(page, f"#{task}-output textarea")
     page.locator(f"#{task}-run").click()
     line = wait_for_run(page, task, 11)
-    shown = [value for value in recorded_values(page) if value]
+    shown = [value for value in recorded_values(page)[f"{task}-output"] if value]
     output = page.locator(f"#{task}-output textarea").input_value()
     assert output.strip() and shown[-1] == output
     assert re.search(r"\d+ prompt \+ \d+ generated tokens · [\d.]+ tokens/s · stopped: [\w ]+", line)
@@ -163,12 +168,17 @@ def test_generate_shows_the_text_as_it_arrives(page):
     page.locator("#generate-prompt textarea").fill("The king called his sons")
     set_setting(page, "generate", "max_new_tokens", 200)
     set_setting(page, "generate", "seed", 12)
-    record_values(page, "#generate-output textarea")
+    record_values(page, "#generate-output textarea, #generate-status")
     page.locator("#generate-run").click()
     wait_for_run(page, "generate", 12)
-    shown = [value for value in recorded_values(page) if value]
+    seen = recorded_values(page)
+    shown = [value for value in seen["generate-output"] if value]
     assert len(shown) >= 2, "the continuation should arrive in pieces"  # the first at once, then the rest
     assert all(later.startswith(earlier) for earlier, later in zip(shown, shown[1:]))
+    # While it streams, the status line says so; the run's own line, with its seed, comes at the end.
+    # (Gradio's own timer, "0.1s", shows in the line before the first update comes.)
+    lines = [line.strip() for line in seen["generate-status"] if not re.fullmatch(r"\s*([\d.]+s)?\s*", line)]
+    assert len(lines) == 2 and lines[0] == "generating…" and lines[1].startswith("seed 12 · "), lines
 
 
 def chat_turns(page: Page) -> tuple[list[str], list[str]]:
