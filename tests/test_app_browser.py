@@ -756,6 +756,10 @@ def test_each_tab_label_shows_once_at_every_width_and_the_console_stays_clean(br
             page.get_by_role("tab", name=name).click()
             page.wait_for_timeout(300)
             assert page.get_by_role("tab").all_inner_texts() == list(TAB_LABELS), name
+        example = "Tom and his dog went to the park. They"  # on a fresh page: before any run
+        page.get_by_text(example).click()
+        expect(page.locator("#generate-prompt textarea")).to_have_value(example)
+        page.wait_for_timeout(500)  # what follows the pick (the status line's check) answers
         screenshot(page, f"tabs-{width}")
         assert errors == []
     finally:

@@ -202,9 +202,10 @@ def join_pending(text: str, pending: tuple[str, str] | None) -> tuple[str, None]
     return given + output + text[len(given):], None
 
 
-def without_refusal(status: str):
-    """The status line once the input it spoke of is replaced: a refusal's goes, a run's stays."""
-    return "" if status.startswith(REFUSED) else gr.skip()
+def without_refusal(status: str | None):
+    """The status line once the input it spoke of is replaced: a refusal's goes, a run's stays
+    (None: no line yet, before a first run)."""
+    return "" if status and status.startswith(REFUSED) else gr.skip()
 
 
 def append_run(text: str, output: str, status: str) -> str:
