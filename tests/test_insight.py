@@ -160,6 +160,7 @@ def test_compare_with_the_adapter_at_zero_gives_the_same_text_twice(host):
                                          seed=4, max_new_tokens=16, adapter_scale=0.0)
     assert texts[0] == texts[1] and texts[0]
     assert comparison["diverges_at"] is None and status.startswith("seed 4 · ")
+    assert " · adapter off vs on at strength 0: the output and counts are the on side's" in status
     assert comparison["entries"][0] == comparison["entries"][1]
     # each side's tokens under the other: the same model, so the same log-probabilities
     assert comparison["under_other"][0] == pytest.approx([e["logprob"] for e in comparison["entries"][0]], abs=1e-5)

@@ -15,7 +15,7 @@ from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, Transl
 from ui import chat
 from ui.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, language, localized, translate_one, word
 from ui.model_host import ModelHost, ModelLoadError
-from ui.running import adapter_state, changed_settings, check_size, checked_text
+from ui.running import adapter_state, changed_settings, check_size, checked_text, compared_state
 from ui.views import example_pairs
 
 ENGLISH_WORD = re.compile(r"[A-Za-z]{3,}")
@@ -100,6 +100,7 @@ def made_messages() -> list[str]:
           for text in ("Hello.", "(nothing)")),
         *(Result("", 7, 4, 16, 633.3, reason).summary() for reason in STOP_REASON_WORDS),
         *(adapter_state(on, scale) for on, scale in ((False, 1.0), (True, 1.0), (True, 0.5))),
+        *(compared_state(scale) for scale in (1.0, 0.5)),
         *changed_settings(replace(TASKS["summarize"].defaults, temperature=0.7, top_k=40), TASKS["summarize"].defaults),
     ]
     return messages

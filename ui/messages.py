@@ -89,6 +89,9 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "status": ("seed {seed} · {prompt} prompt + {generated} generated tokens · {speed} tokens/s · stopped: {reason}",
                "种子 {seed} · 提示 {prompt} + 生成 {generated} 个词元 · 每秒 {speed} 个词元 · 停止原因：{reason}"),
     "adapter_on_scaled": ("adapter on at strength {scale}", "适配器开，强度 {scale}"),  # "adapter on": NAMES_ZH
+    "compared": ("adapter off vs on: the output and counts are the on side's", "适配器关与开对比：输出和计数属于开的一侧"),
+    "compared_scaled": ("adapter off vs on at strength {scale}: the output and counts are the on side's",
+                        "适配器关与开（强度 {scale}）对比：输出和计数属于开的一侧"),
     "changed_settings": ("changed settings: {settings}", "更改的设置：{settings}"),  # "name value, ..."
 }
 

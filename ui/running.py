@@ -120,11 +120,12 @@ def check_size(name: str, size: int, limit: int, unit: str) -> None:
         raise ValueError(f"{name} is too long: {size:,} {unit}; the limit is {limit:,}")
 
 
-def status_line(done: TaskDone, task: Task, params: SamplingParams, adapter_on: bool) -> str:
+def status_line(done: TaskDone, task: Task, params: SamplingParams, adapter_on: bool, compared: bool = False) -> str:
     """How to reproduce the run (seed, token counts, speed, why it stopped; the adapter, where the
-    task has one: its prompt and output differ with it; the settings changed from the task's
-    defaults, which the seed alone does not give back) and what was cut."""
-    adapter = [] if task.adapter is None else [adapter_state(adapter_on, params.adapter_scale)]
+    task has one: its prompt and output differ with it, or that both were compared; the settings
+    changed from the task's defaults, which the seed alone does not give back) and what was cut."""
+    adapter = [] if task.adapter is None else [
+        compared_state(params.adapter_scale) if compared else adapter_state(adapter_on, params.adapter_scale)]
     return " · ".join([done.result.summary(), *adapter, *changed_settings(params, task.defaults),
                        *done.prompt.notes])
 
@@ -140,6 +141,12 @@ def adapter_state(adapter_on: bool, adapter_scale: float) -> str:
     if not adapter_on:
         return "adapter off"
     return "adapter on" if adapter_scale == 1 else f"adapter on at strength {adapter_scale:g}"
+
+
+def compared_state(adapter_scale: float) -> str:
+    """A comparison's status part: both sides ran; the line's counts, and the output box, are the on side's."""
+    on = "on" if adapter_scale == 1 else f"on at strength {adapter_scale:g}"
+    return f"adapter off vs {on}: the output and counts are the on side's"
 
 
 @dataclass(frozen=True)
@@ -232,7 +239,7 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                 if None in done and pacer.due(time.monotonic()):
                     yield list(texts), "", None
         comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params))
-        yield [d.text for d in done], status_line(done[1], api.task, params, True), comparison
+        yield [d.text for d in done], status_line(done[1], api.task, params, True, compared=True), comparison
     except ValueError as error:
         raise Refusal(str(error), print_exception=False) from error
     except GeneratorExit:
