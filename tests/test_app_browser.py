@@ -690,7 +690,7 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     first = chat_turns(page)[1][-1]
     set_setting(page, "dialogue", "seed", 42)
     page.locator("#dialogue-chatbot [aria-label=Retry]").click()
-    wait_for_run(page, "dialogue", 42)
+    assert "the same seed" not in wait_for_run(page, "dialogue", 42)  # another seed: no such note
     second = chat_turns(page)[1][-1]
     assert second != first
     which = page.locator("#dialogue-which-reply")
@@ -723,9 +723,12 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     assert page.locator("#dialogue-prompt-sent textarea").input_value().endswith("User: Good evening\nBot:")
     screenshot(page, "chat-edited")
 
-    # the switcher goes with the conversation it belongs to: after a retry, New chat hides it
+    # the switcher goes with the conversation it belongs to: after a retry, New chat hides it; a
+    # retry under the same fixed seed gives the same reply, and says why
     page.locator("#dialogue-chatbot [aria-label=Retry]").click()
     expect(which).to_contain_text("2 / 2")
+    expect(page.locator("#dialogue-status")).to_contain_text(re.compile(
+        "seed 43 · .* · the same seed gives the same reply: a seed of -1 draws a new one each time"))
     page.locator("#dialogue-new").click()
     expect(page.locator("#dialogue-previous-reply")).to_be_hidden()
     # with Compare on, a sent message leaves the box as a plain send does
@@ -733,9 +736,21 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     page.locator("#dialogue-compare input").set_checked(True)
     message.fill("Hello again")
     page.locator("#dialogue-run").click()
-    expect(page.locator("#dialogue-status")).to_contain_text("seed ")
+    status = page.locator("#dialogue-status")
+    expect(status).to_contain_text("seed ")
     expect(message).to_have_value("")
     assert [u.strip() for u in chat_turns(page)[0]] == ["Hello again"]
+    # The status line goes with the reply it spoke of: on Undo, and when another conversation opens.
+    page.locator("#dialogue-chatbot [data-testid=bot]").last.hover()
+    page.locator("#dialogue-chatbot [aria-label=Undo]").click()
+    expect(message).to_have_value("Hello again")
+    expect(status).to_have_text("")
+    page.locator("#dialogue-run").click()
+    expect(status).to_contain_text("seed ")
+    page.locator("#dialogue-earlier input").click()
+    page.get_by_role("option", name=re.compile("Good evening")).click()
+    expect(page.locator("#dialogue-chatbot [data-testid=user]").first).to_have_text("Good evening")
+    expect(status).to_have_text("")
 
 
 TAB_LABELS = ("Generate", "Chat", "Translate", "Summarise", "Architecture")

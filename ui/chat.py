@@ -81,6 +81,16 @@ def history_pairs(history: Any) -> list[tuple[str, str]]:
 
 
 def chat_widgets() -> Widgets:
+    # The conversations' tools above the conversation, so that the message box sits right under it
+    # (a phone's screen had the four of them between the two).
+    with gr.Row():
+        new_chat = gr.Button(i18n("new_chat"), size="sm", scale=0, elem_id="dialogue-new")
+        export = gr.DownloadButton(str(i18n("export_conversation")), size="sm", scale=0, elem_id="dialogue-export")
+        upload = gr.UploadButton(str(i18n("import_conversation")), file_types=[".json"], size="sm", scale=0,
+                                 elem_id="dialogue-import")
+        earlier = gr.Dropdown([], value=None, label=i18n("earlier_conversations"), scale=1,
+                              info=i18n("earlier_conversations_info"),
+                              elem_id="dialogue-earlier")
     persona = gr.Textbox(label=i18n("persona"), placeholder=i18n("persona_placeholder"), elem_id="dialogue-persona")
     chatbot = gr.Chatbot(label=i18n("conversation"), height=360, buttons=["copy", "copy_all"], editable="user",
                          elem_id="dialogue-chatbot")
@@ -90,14 +100,6 @@ def chat_widgets() -> Widgets:
             previous_reply = gr.Button("◀", size="sm", scale=0, min_width=40, elem_id="dialogue-previous-reply")
             which_reply = gr.Markdown(scale=0, min_width=60, elem_id="dialogue-which-reply")
             next_reply = gr.Button("▶", size="sm", scale=0, min_width=40, elem_id="dialogue-next-reply")
-    with gr.Row():
-        new_chat = gr.Button(i18n("new_chat"), size="sm", scale=0, elem_id="dialogue-new")
-        export = gr.DownloadButton(str(i18n("export_conversation")), size="sm", scale=0, elem_id="dialogue-export")
-        upload = gr.UploadButton(str(i18n("import_conversation")), file_types=[".json"], size="sm", scale=0,
-                                 elem_id="dialogue-import")
-        earlier = gr.Dropdown([], value=None, label=i18n("earlier_conversations"), scale=1,
-                              info=i18n("earlier_conversations_info"),
-                              elem_id="dialogue-earlier")
     message = gr.Textbox(label=i18n("message"), placeholder=i18n("message_placeholder"), elem_id="dialogue-message")
     return Widgets({"message": message, "history": chatbot, "persona": persona}, output=chatbot,
                    submit=(message,), cleared=(message,),
@@ -141,14 +143,26 @@ def replies_before_retry(messages: list[dict], replies: dict, status: str) -> di
     return {"turn": turn, "replies": kept, "at": len(kept) - 1}
 
 
-def replies_after_retry(messages: list[dict], replies: dict, status: str):
-    """The new reply joins the kept ones; the switcher shows which of them is shown."""
+def replies_after_retry(messages: list[dict], replies: dict, status: str, request: gr.Request):
+    """The new reply joins the kept ones; the switcher shows which of them is shown. A reply that
+    repeats the one before under the same seed (a fixed one) says why, in its status line."""
     pairs = pairs_from_messages(messages)
     if not pairs or replies.get("turn") != len(pairs) - 1:
-        return {}, gr.Row(visible=False), ""
+        return {}, gr.Row(visible=False), "", gr.skip()
+    before, before_status = replies["replies"][-1]
+    if pairs[-1][1] == before and status and before_status and seed_part(status) == seed_part(before_status):
+        status = " · ".join([status, localized(SAME_SEED, language(request))])
     kept = [*replies["replies"], [pairs[-1][1], status]]
     replies = {"turn": replies["turn"], "replies": kept, "at": len(kept) - 1}
-    return replies, gr.Row(visible=True), f"{len(kept)} / {len(kept)}"
+    return replies, gr.Row(visible=True), f"{len(kept)} / {len(kept)}", status
+
+
+SAME_SEED = "the same seed gives the same reply: a seed of -1 draws a new one each time"
+
+
+def seed_part(status: str) -> str:
+    """A run's status line's first part, "seed 5" (in the user's language)."""
+    return status.split(" · ")[0]
 
 
 def switch_reply(step: int):
@@ -175,10 +189,11 @@ def forget_replaced(messages: list[dict], replies: dict):
     return {}, gr.Row(visible=False)
 
 
-def undo(messages: list[dict]) -> tuple[list[dict[str, str]], str]:
-    """The conversation without its last turn, whose message goes back into the message box."""
+def undo(messages: list[dict]) -> tuple[list[dict[str, str]], str, str]:
+    """The conversation without its last turn, whose message goes back into the message box; no
+    status line (it was that turn's)."""
     *history, (message, _) = pairs_from_messages(messages) or [("", "")]
-    return messages_from_pairs(history), message
+    return messages_from_pairs(history), message, ""
 
 
 def export_conversation(messages: list[dict], persona: str) -> str | None:
@@ -295,11 +310,11 @@ def keep_in_browser(tab: Tab, export: dict, forget_replies: dict) -> None:
     def reopen(index, saved: dict, *values):
         earlier = (saved or {}).get("earlier", [])
         if not isinstance(index, int) or not 0 <= index < len(earlier):
-            return [*[gr.skip()] * len(kept), gr.skip(), gr.skip()]
+            return [*[gr.skip()] * len(kept), gr.skip(), gr.skip(), gr.skip()]
         chosen = earlier[index]
         saved = filed({"earlier": earlier[:index] + earlier[index + 1:]}, current(*values))
         saved["current"] = chosen
-        return [*shown(chosen), saved, earlier_choices(saved)]
+        return [*shown(chosen), saved, earlier_choices(saved), ""]
 
     def imported(request: gr.Request, path, saved: dict, *values):  # Gradio puts the request first
         try:
@@ -320,8 +335,8 @@ def keep_in_browser(tab: Tab, export: dict, forget_replies: dict) -> None:
     for replaced in (
             more["new"].click(new_chat, [store, *kept], [*kept, store, more["earlier"], tab.status], queue=False,
                               api_visibility="private"),
-            more["earlier"].input(reopen, [more["earlier"], store, *kept], [*kept, store, more["earlier"]],
-                                  queue=False, api_visibility="private"),
+            more["earlier"].input(reopen, [more["earlier"], store, *kept],
+                                  [*kept, store, more["earlier"], tab.status], queue=False, api_visibility="private"),
             more["import"].upload(imported, [more["import"], store, *kept],
                                   [*kept, store, more["earlier"], tab.status], queue=False,
                                   api_visibility="private")):
@@ -337,7 +352,8 @@ def chat_extras(tab: Tab) -> None:
                   api_visibility="private")
     tab.add_run([chatbot.retry], prepare=take_back_last_turn)
     tab.run_events[-1].then(replies_after_retry, [chatbot, replies, tab.status],
-                            [replies, more["switcher"], more["which"]], queue=False, api_visibility="private")
+                            [replies, more["switcher"], more["which"], tab.status], queue=False,
+                            api_visibility="private")
     for step, button in ((-1, more["previous"]), (1, more["next"])):
         button.click(switch_reply(step), [chatbot, replies], [chatbot, replies, more["which"], tab.status],
                      queue=False, api_visibility="private")
@@ -347,7 +363,8 @@ def chat_extras(tab: Tab) -> None:
                           queue=False, api_visibility="private")
     for new_turn in [*sending, tab.run_events[-1]]:
         new_turn.then(**forget_replies)
-    undone = chatbot.undo(undo, chatbot, [chatbot, message], queue=False, api_visibility="private")
+    # The status line goes with the reply it spoke of (Undo), as with a clear or another conversation.
+    undone = chatbot.undo(undo, chatbot, [chatbot, message, tab.status], queue=False, api_visibility="private")
     cleared = chatbot.clear(lambda: ([], "", ""), None, [chatbot, tab.status, tab.prompt_sent], queue=False,
                             api_visibility="private")
     for other in (undone, cleared):

@@ -52,6 +52,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "adapter_bool": ("adapter must be true or false, got {value}", "适配器必须为 true 或 false，收到的是 {value}"),
     "history_pairs": ("history must be a list of [user, bot] pairs of text", "对话历史必须是 [用户, 机器人] 文本对的列表"),
     "no_retry": ("there is no turn to retry", "没有可以重试的一轮"),
+    "same_seed": ("the same seed gives the same reply: a seed of -1 draws a new one each time",
+                  "相同的种子给出相同的回复：种子设为 -1 则每次抽取新的"),
     "not_a_conversation": ("the file is not an exported conversation ({kind})", "该文件不是导出的对话（{kind}）"),
     "example_line": ("examples line {number} is not 'source = target': {line}",
                      "示例第 {number} 行不是「源 = 目标」格式：{line}"),
