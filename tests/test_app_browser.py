@@ -363,6 +363,12 @@ def test_the_interface_follows_the_browser_language(browser, studio_url):
             expect(status).not_to_contain_text(english)
         assert page.get_by_test_id("toast-body").count() == 0  # a refusal is the status line's alone
         screenshot(page, "chinese-refusal")
+        # The Architecture tab's table headers come from the server, in the page's language.
+        page.get_by_role("tab", name="架构").click()
+        top = page.locator("#architecture-top")
+        expect(top.get_by_role("columnheader").first).to_contain_text("词元")
+        expect(top).to_contain_text("概率")
+        expect(top).not_to_contain_text("probability")
     finally:
         page.context.close()
 

@@ -27,7 +27,8 @@ def test_look_inside_draws_both_plots_and_lists_ten_tokens(host):
     assert [line.get_label() for line in norms.axes[0].lines] == ["mean over tokens", "last token"]
     assert len(norms.axes[0].lines[0].get_xdata()) == 2 + 2  # embeddings, 2 layers, ln_f
     assert [t.get_text() for t in attention.axes[0].get_xticklabels()] == ["The", "␣little", "␣bird", "␣sang"]
-    percents = [float(p.rstrip("%")) for _, p in top]
+    assert list(top.columns) == ["token", "probability"]
+    percents = [float(p.rstrip("%")) for p in top["probability"]]
     assert len(top) == 10 and all(0 < p <= 100 for p in percents)
     assert percents == sorted(percents, reverse=True)
     assert layer["maximum"] == 2 and head["maximum"] == 2

@@ -27,10 +27,10 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "not_number": ("{name} must be a number, got {value}", "{name}必须是数字，收到的是 {value}"),
     "out_of_range": ("{name} must be between {low} and {high}, got {value}",
                      "{name}必须在 {low} 到 {high} 之间，收到的是 {value}"),
-    "prompt_empty_tokens": ("the prompt is empty", "提示为空"),
+    "prompt_empty_tokens": ("the prompt is empty", "提示词为空"),
     "prompt_fills_context": ("the prompt is {tokens} tokens; the context window is {context} tokens and at least one "
                              "must be left to generate",
-                             "提示有 {tokens} 个词元；上下文窗口为 {context} 个词元，至少要留一个用于生成"),
+                             "提示词有 {tokens} 个词元；上下文窗口为 {context} 个词元，至少要留一个用于生成"),
     # fitting a prompt into the context (tasks/base.py)
     "too_long_shorten": ("{what}: {tokens} tokens, but only {room} fit in the context next to max_new_tokens; "
                          "shorten it, or set max_new_tokens to {most} or less",
@@ -72,7 +72,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                     "为放入上下文，文章从 {tokens} 个词元截短到 {room} 个"),
     "translated_through": ("translated through {language}: {text}", "经由{language}翻译：{text}"),
     "article_length": ("{tokens} of {context} context tokens in the prompt; the summary may use up to {left}",
-                       "提示占上下文 {context} 个词元中的 {tokens} 个；摘要最多可用 {left} 个"),
+                       "提示词占上下文 {context} 个词元中的 {tokens} 个；摘要最多可用 {left} 个"),
     # the token view (ui/tokens.py)
     "tokens_note": ("point at a token for its probability and alternatives; click it to continue from one",
                     "指向一个词元可看其概率和备选；点击它可从某个备选继续"),
@@ -89,7 +89,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "build_failed": ("the build failed ({kind})", "构建失败（{kind}）"),
     # the status line of a run (engine/generate.py, Result.summary)
     "status": ("seed {seed} · {prompt} prompt + {generated} generated tokens · {speed} tokens/s · stopped: {reason}",
-               "种子 {seed} · 提示 {prompt} + 生成 {generated} 个词元 · 每秒 {speed} 个词元 · 停止原因：{reason}"),
+               "种子 {seed} · 提示词 {prompt} + 生成 {generated} 个词元 · 每秒 {speed} 个词元 · 停止原因：{reason}"),
     "adapter_on_scaled": ("adapter on at strength {scale}", "适配器开，强度 {scale}"),  # "adapter on": NAMES_ZH
     "compared": ("adapter off vs on: the output and counts are the on side's", "适配器关与开对比：输出和计数属于开的一侧"),
     "compared_scaled": ("adapter off vs on at strength {scale}: the output and counts are the on side's",
@@ -106,7 +106,7 @@ NAMES_ZH: dict[str, str] = {
     "text": CHINESE["source_text"], "text to translate": CHINESE["source_text"],
     "source": CHINESE["source_language"], "target": CHINESE["target_language"],
     "examples": CHINESE["example_pairs"], "history": CHINESE["conversation"],
-    "the prompt": "提示", "the persona and the message": "人设和消息", "the text to translate": "要翻译的文本",
+    "the prompt": "提示词", "the persona and the message": "人设和消息", "the text to translate": "要翻译的文本",
     "TL;DR: and one token of the article": "TL;DR: 和文章的一个词元",
     "characters": "个字符", "turns": "轮", "pairs": "对",
     # why a run stopped (engine.generate.STOP_REASON_WORDS)
@@ -116,6 +116,7 @@ NAMES_ZH: dict[str, str] = {
     "decode kernels building": "解码内核构建中", "kernels switched off": "内核已关闭", "no kernels": "无内核",
     "no C++ compiler": "没有 C++ 编译器",
     "adapter on": "适配器开", "adapter off": "适配器关", "output": "输出",
+    "token": "词元", "probability": "概率",  # the Architecture tab's top-10 table
 }
 WORDS_ZH = {"error": "错误", "warning": "警告"}
 
