@@ -50,7 +50,7 @@ from gradio_client import Client
 
 from app import VIEWS
 from engine.generate import MAX_SEED
-from ui.running import MAX_CHARS, MAX_CHAT_TURNS, MAX_EXAMPLE_PAIRS, MAX_NEW_TOKENS
+from ui.running import MAX_CHARS, MAX_CHAT_TURNS, MAX_EXAMPLE_PAIRS, MAX_NEW_TOKENS, SAID_AS
 from ui.views import ANT_AND_DOVE, FOX_AND_CROW
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,7 +99,8 @@ def refused(field: str, value, message: str) -> tuple[str, dict, str]:
 
 TURN = ["How are you?", "I am well, thank you."]
 TOO_LONG = [  # every input's limit: the message names the field and the limit
-    *(refused(field, "x" * (limit + 1), f"{field} is too long: {limit + 1:,} characters; the limit is {limit:,}")
+    *(refused(field, "x" * (limit + 1),
+              f"{SAID_AS.get(field, field)} is too long: {limit + 1:,} characters; the limit is {limit:,}")
       for field, limit in MAX_CHARS.items() if field != "history"),
     refused("history", [TURN] * (MAX_CHAT_TURNS + 1),
             f"history is too long: {MAX_CHAT_TURNS + 1} turns; the limit is {MAX_CHAT_TURNS}"),
@@ -118,14 +119,14 @@ OUT_OF_RANGE = [  # settings: the message names the range and what came, cut sho
      f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {10**30}"),
     ("/generate", dict(prompt="Hello", top_p=-1.5), "top_p must be between 0.01 and 1.0, got -1.5"),
     ("/generate", dict(prompt="Hello", top_k=-(10**400)),
-     "top_k must be between 0 and 1000, got an integer of 1329 bits"),
+     "top_k must be between 0 and 1,000, got an integer of 1329 bits"),
     ("/generate", dict(prompt="Hello", repetition_penalty="x" * 100_000),
      "repetition_penalty must be a number, got 'xxxx"),
     ("/generate", dict(prompt="Hello", seed=MAX_SEED + 1),
-     f"seed must be between 0 and {MAX_SEED}, got {MAX_SEED + 1}"),
+     f"seed must be between 0 and {MAX_SEED:,}, got {MAX_SEED + 1}"),
     ("/generate", dict(prompt="Hello", adapter="yes"), "adapter must be true or false, got 'yes'"),
     ("/chat", dict(message="Hi", top_k="many"), "top_k must be an integer, got 'many'"),
-    ("/summarize", dict(article="A story.", seed=-5), f"seed must be between 0 and {MAX_SEED}, got -5"),
+    ("/summarize", dict(article="A story.", seed=-5), f"seed must be between 0 and {MAX_SEED:,}, got -5"),
     ("/summarize", dict(article="A story.", no_repeat_ngram_size=2.5),
      "no_repeat_ngram_size must be an integer, got 2.5"),
 ]

@@ -166,7 +166,7 @@ def check_setting(name: str, value, low, high, integer: bool = False):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {brief(value)}")
     if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low} and {high}, got {brief(value)}")
+        raise ValueError(f"{name} must be between {low:,} and {high:,}, got {brief(value)}")
     if integer and value != int(value):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     return int(value) if integer else float(value)  # float: transformers' processors refuse an int temperature

@@ -53,7 +53,7 @@ def build_prompt(inputs: TranslateInputs, tokenizer: Tokenizer, max_prompt_token
     examples, query = prompt_parts(inputs, adapter_on)
     prompt, dropped = fit_newest(tokenizer, max_prompt_tokens, "", examples, query, required="the text to translate")
     if dropped:
-        prompt.notes.append(f"dropped {dropped} of the {len(examples)} examples to fit the context")
+        prompt.notes.append(f"dropped {dropped:,} of the {len(examples):,} examples to fit the context")
     return prompt
 
 

@@ -310,8 +310,11 @@ def test_the_reply_switcher_follows_the_last_turn():
     first = messages_from_pairs([["Hi", "Hello!"]])
     kept = replies_before_retry(first, {}, "seed 1 · ...")
     second = messages_from_pairs([["Hi", "Good day."]])
-    replies, switcher, which = replies_after_retry(second, kept, "seed 2 · ...")
-    assert which == "2 / 2" and switcher.visible
+    replies, switcher, which, status = replies_after_retry(second, kept, "seed 2 · ...", None)
+    assert which == "2 / 2" and switcher.visible and status == "seed 2 · ..."
+    # the same reply under the same seed says why
+    _, _, _, same = replies_after_retry(first, kept, "seed 1 · ...", None)
+    assert same == "seed 1 · ... · the same seed gives the same reply: a seed of -1 draws a new one each time"
     shown, replies, which, status = switch_reply(-1)(second, replies)
     assert (shown, which, status) == (first, "1 / 2", "seed 1 · ...")
     assert forget_replaced(shown, replies) == (gr.skip(), gr.skip())  # still this turn: kept

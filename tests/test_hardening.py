@@ -88,6 +88,13 @@ def test_settings_out_of_range_are_refused_with_a_short_message(client, api_name
     assert message in error and len(error) < 200
 
 
+def test_messages_name_a_field_as_its_tab_does_and_write_big_numbers_with_separators(client):
+    error = error_of(client, "/translate", text="x" * 4_001, max_new_tokens=2)
+    assert "text to translate is too long: 4,001 characters; the limit is 4,000" in error
+    assert "seed must be between 0 and 4,294,967,295, got 4294967296" in error_of(
+        client, "/generate", prompt="Hello", seed=2 ** 32)
+
+
 def test_text_at_its_limit_is_taken(client):
     persona = ("Bot is kind and patient. " * 50)[:MAX_CHARS["persona"] - 1] + "."
     assert len(persona) == MAX_CHARS["persona"]

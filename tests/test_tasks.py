@@ -156,7 +156,7 @@ def test_summarize_cuts_a_long_article_and_keeps_tldr(tokenizer):
     assert prompt.text.startswith("Sentence number 0 of a long article.")
     assert prompt.text.endswith("\nTL;DR:")
     assert prompt.ids[-len(tokenizer.encode("\nTL;DR:")):] == tokenizer.encode("\nTL;DR:")
-    assert prompt.notes == [f"article cut from {n_article} to {60 - len(tokenizer.encode(chr(10) + 'TL;DR:'))} "
+    assert prompt.notes == [f"article cut from {n_article:,} to {60 - len(tokenizer.encode(chr(10) + 'TL;DR:'))} "
                             "tokens to fit the context"]
 
 

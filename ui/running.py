@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 # than GPT-2's 1024-token context holds (some 4 characters a token); a persona is one line.
 MAX_CHARS = {"prompt": 20_000, "article": 50_000, "message": 4_000, "persona": 1_000, "history": 100_000,
              "text": 4_000, "source": 20, "target": 20, "examples": 20_000}
+SAID_AS = {"text": "text to translate"}  # a field a message names as the tab does, not by its bare API name
 MAX_CHAT_TURNS = 200  # [user, bot] pairs in a /chat history
 MAX_EXAMPLE_PAIRS = 64  # `source = target` lines in /translate's examples
 # The most tokens one request may generate: a request holds a row of the decode batch until it
@@ -108,9 +109,10 @@ def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
 def checked_text(name: str, value: Any) -> str:
     """A text field as it came in (any unicode at all), or a ValueError naming the field and,
     for text that is too long, the limit."""
+    said = SAID_AS.get(name, name)
     if not isinstance(value, str):
-        raise ValueError(f"{name} must be text, got {type(value).__name__}")
-    check_size(name, len(value), MAX_CHARS[name], "characters")
+        raise ValueError(f"{said} must be text, got {type(value).__name__}")
+    check_size(said, len(value), MAX_CHARS[name], "characters")
     return value
 
 
