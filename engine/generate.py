@@ -201,7 +201,7 @@ def check_prompt_fits(model: GPT2 | Scheduler, prompt_length: int) -> None:
     if prompt_length == 0:
         raise ValueError("the prompt is empty")
     if prompt_length >= n_ctx:
-        raise ContextLengthError(f"the prompt is {prompt_length} tokens; the context window is {n_ctx} "
+        raise ContextLengthError(f"the prompt is {prompt_length:,} tokens; the context window is {n_ctx:,} "
                                  "tokens and at least one must be left to generate")
 
 

@@ -49,8 +49,8 @@ class Task:
         except ContextLengthError as error:
             if error.tokens is None:
                 raise
-            advice = (f"shorten it, or set max_new_tokens to {n_ctx - error.tokens} or less" if error.tokens < n_ctx
-                      else f"shorten it: the model's whole context is {n_ctx} tokens")
+            advice = (f"shorten it, or set max_new_tokens to {n_ctx - error.tokens:,} or less" if error.tokens < n_ctx
+                      else f"shorten it: the model's whole context is {n_ctx:,} tokens")
             raise ContextLengthError(f"{error}; {advice}") from None
 
 
@@ -90,7 +90,7 @@ def adapter_completion(target: str) -> str:
 
 def too_long(what: str, n_tokens: int, max_tokens: int) -> ContextLengthError:
     """The error of a prompt that needs n_tokens where max_tokens fit (Task.prompt adds what to do)."""
-    return ContextLengthError(f"{what}: {n_tokens} tokens, but only {max_tokens} fit in the context next to "
+    return ContextLengthError(f"{what}: {n_tokens:,} tokens, but only {max_tokens:,} fit in the context next to "
                               "max_new_tokens", tokens=n_tokens)
 
 

@@ -326,10 +326,10 @@ def test_summarise_shows_the_article_length_and_when_it_will_be_cut(page):
     page.get_by_role("tab", name="Summarise").click()
     article, length = page.locator("#summarize-article textarea"), page.locator("#summarize-length")
     article.fill(FABLE)
-    expect(length).to_contain_text("of 1024 context tokens in the prompt; the summary may use up to 100")
+    expect(length).to_contain_text("of 1,024 context tokens in the prompt; the summary may use up to 100")
     expect(length).not_to_contain_text("cut")
     article.fill(FABLE * 30)
-    expect(length).to_contain_text("924 of 1024 context tokens in the prompt")  # all the room there is
+    expect(length).to_contain_text("924 of 1,024 context tokens in the prompt")  # all the room there is
     expect(length).to_contain_text("article cut from")
     article.fill("word " * 10_001)  # past what the app takes: the line says what a run would
     expect(length).to_have_text("article is too long: 50,005 characters; the limit is 50,000")

@@ -123,7 +123,7 @@ def test_closing_the_stream_frees_the_cache(loaded, monkeypatch):
 def test_context_limits(loaded):
     model, tokenizer = loaded
     n_ctx = model.config.n_positions
-    with pytest.raises(ContextLengthError, match=f"the prompt is {n_ctx} tokens; the context window is {n_ctx}"):
+    with pytest.raises(ContextLengthError, match=f"the prompt is {n_ctx:,} tokens; the context window is {n_ctx:,}"):
         generate(model, tokenizer, [1] * n_ctx, SAMPLED)
     with pytest.raises(ValueError, match="the prompt is empty"):
         generate(model, tokenizer, "", SAMPLED)

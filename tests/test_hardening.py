@@ -117,7 +117,7 @@ def test_any_text_is_taken_as_it_is(client, text):
     try:
         _, status, prompt = answered(client, "/generate", prompt=text, max_new_tokens=2)
     except AppError as error:  # "a" * 19_000 is 4,750 GPT-2 tokens: more than the context
-        assert "the prompt: 4750 tokens, but only" in str(error)
+        assert "the prompt: 4,750 tokens, but only" in str(error)
     else:
         assert prompt == text and "generated tokens" in status
 

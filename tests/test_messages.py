@@ -101,7 +101,8 @@ def made_messages() -> list[str]:
         *(Result("", 7, 4, 16, 633.3, reason).summary() for reason in STOP_REASON_WORDS),
         *(adapter_state(on, scale) for on, scale in ((False, 1.0), (True, 1.0), (True, 0.5))),
         *(compared_state(scale) for scale in (1.0, 0.5)),
-        chat.SAME_SEED,
+        chat.SAME_SEED, chat.GREEDY_SAME,
+        Result("", 7, 4, 16, 0.0, "max_tokens").summary(),  # no token drawn: no speed
         *changed_settings(replace(TASKS["summarize"].defaults, temperature=0.7, top_k=40), TASKS["summarize"].defaults),
     ]
     return messages

@@ -214,13 +214,13 @@ def test_max_new_tokens_as_long_as_the_context_leave_the_prompt_half_of_it(model
     longer = half + " world"
     fits_with = N_CTX - (N_CTX // 2 + 1)  # the advice, taken, runs
     with pytest.raises(ContextLengthError, match=f"only {N_CTX // 2} fit in the context next to max_new_tokens; "
-                                                 f"shorten it, or set max_new_tokens to {fits_with} or less"):
+                                                 f"shorten it, or set max_new_tokens to {fits_with:,} or less"):
         run(model, tokenizer, "generate", GenerateInputs(longer), max_new_tokens=N_CTX)
     with pytest.raises(ContextLengthError):
         run(model, tokenizer, "generate", GenerateInputs(longer), max_new_tokens=fits_with + 1)
     done = run(model, tokenizer, "generate", GenerateInputs(longer), max_new_tokens=fits_with, temperature=0)[-1]
     assert done.result.prompt_tokens == N_CTX // 2 + 1
-    with pytest.raises(ContextLengthError, match=f"shorten it: the model's whole context is {N_CTX} tokens"):
+    with pytest.raises(ContextLengthError, match=f"shorten it: the model's whole context is {N_CTX:,} tokens"):
         run(model, tokenizer, "generate", GenerateInputs(half + half), max_new_tokens=1)
 
 

@@ -118,7 +118,6 @@ def lens_figure(lens: LogitLens, adapter: str | None) -> Figure:
 
 
 NO_ADAPTER = "none"
-TOP_HEADERS = ("token", "probability")  # the top-10 table's columns
 
 
 def look_inside(host: ModelHost):
@@ -138,10 +137,8 @@ def look_inside(host: ModelHost):
             lens = in_thread_of_its_own(lambda: logit_lens(loaded.model, loaded.tokenizer, prompt, adapter))
         except ValueError as error:  # said in the tab's status line, as the task tabs say a refusal
             return (*[gr.skip()] * 6, messages.refused_line(str(error), messages.language(request)))
-        # The browser cannot translate a table's headers: they come in the request's language.
-        headers = [messages.localized(name, messages.language(request)) for name in TOP_HEADERS]
         top = pd.DataFrame([[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens],  # a random model's are tiny
-                           columns=headers)
+                           columns=messages.TOP_HEADERS[messages.language(request)])
         return (residual_norm_figure(seen, loaded.name), attention_figure(seen), top,
                 gr.update(maximum=slider_top(config.n_layer), value=layer),
                 gr.update(maximum=slider_top(config.n_head), value=head), lens_figure(lens, adapter), "")
@@ -183,7 +180,7 @@ def architecture_tab(host: ModelHost) -> None:
         with gr.Row():
             norms = gr.Plot(label=i18n("residual_norms"), elem_id="architecture-norms")
             attention = gr.Plot(label=i18n("attention_map"), elem_id="architecture-attention")
-        top = gr.Dataframe(headers=list(TOP_HEADERS), label=i18n("top_tokens"), interactive=False,
+        top = gr.Dataframe(headers=messages.TOP_HEADERS["en"], label=i18n("top_tokens"), interactive=False,
                            elem_id="architecture-top")
         lens_adapter = gr.Dropdown([NO_ADAPTER, *host.current.adapters], value=NO_ADAPTER, label=i18n("lens_adapter"),
                                    info=i18n("lens_adapter_info"), elem_id="architecture-lens-adapter")

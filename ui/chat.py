@@ -28,7 +28,7 @@ from tasks.dialogue import PERSONAS
 from .i18n import i18n
 from .messages import language, localized, refused_line
 from .running import MAX_CHARS, MAX_CHAT_TURNS, RANDOM_SEED, Param, TaskAPI, check_size, checked_text
-from .tab import Tab, TaskView, Widgets, adapter_props
+from .tab import Tab, TaskView, Widgets, adapter_props, joinable
 
 EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations"
 # Every finished turn, undo or clear writes the conversation's export; the newest this many are
@@ -134,35 +134,45 @@ def branch_at_edit(messages: list[dict], edit: gr.EditData) -> tuple[list[dict[s
 
 def replies_before_retry(messages: list[dict], replies: dict, status: str) -> dict:
     """Retry: the last turn's reply and its status line, kept (with any kept before for this turn)
-    to switch back to."""
+    to switch back to; "at" is the one shown, which the retry replaces."""
     pairs = pairs_from_messages(messages)
     if not pairs:
         return replies
     turn = len(pairs) - 1
-    kept = replies.get("replies", []) if replies.get("turn") == turn else [[pairs[-1][1], status]]
-    return {"turn": turn, "replies": kept, "at": len(kept) - 1}
+    if replies.get("turn") == turn:
+        return replies
+    return {"turn": turn, "replies": [[pairs[-1][1], status]], "at": 0}
 
 
-def replies_after_retry(messages: list[dict], replies: dict, status: str, request: gr.Request):
+def replies_after_retry(messages: list[dict], replies: dict, status: str, temperature: float, top_k: float,
+                        request: gr.Request):
     """The new reply joins the kept ones; the switcher shows which of them is shown. A reply that
-    repeats the one before under the same seed (a fixed one) says why, in its status line."""
+    repeats the one it replaced, from the same run record (seed, settings, counts), says why in its
+    status line: greedy decoding, or a fixed seed."""
     pairs = pairs_from_messages(messages)
     if not pairs or replies.get("turn") != len(pairs) - 1:
         return {}, gr.Row(visible=False), "", gr.skip()
-    before, before_status = replies["replies"][-1]
-    if pairs[-1][1] == before and status and before_status and seed_part(status) == seed_part(before_status):
-        status = " · ".join([status, localized(SAME_SEED, language(request))])
+    replaced, replaced_status = replies["replies"][replies["at"]]
+    lang = language(request)
+    if pairs[-1][1] == replaced and joinable(status) and run_record(status, lang) == run_record(replaced_status, lang):
+        why = GREEDY_SAME if temperature == 0 or top_k == 1 else SAME_SEED
+        status = " · ".join([status, localized(why, lang)])
     kept = [*replies["replies"], [pairs[-1][1], status]]
     replies = {"turn": replies["turn"], "replies": kept, "at": len(kept) - 1}
     return replies, gr.Row(visible=True), f"{len(kept)} / {len(kept)}", status
 
 
 SAME_SEED = "the same seed gives the same reply: a seed of -1 draws a new one each time"
+GREEDY_SAME = "greedy decoding (temperature 0 or top_k 1) gives the same reply each time"
 
 
-def seed_part(status: str) -> str:
-    """A run's status line's first part, "seed 5" (in the user's language)."""
-    return status.split(" · ")[0]
+def run_record(status: str, lang: str) -> list[str] | None:
+    """What a run's status line says that makes its reply (all but its speed and these notes), in
+    the line's language; None for a refusal's line."""
+    if not joinable(status):
+        return None
+    notes = {localized(note, lang) for note in (SAME_SEED, GREEDY_SAME)}
+    return [part for i, part in enumerate(status.split(" · ")) if i != 2 and part not in notes]
 
 
 def switch_reply(step: int):
@@ -189,11 +199,11 @@ def forget_replaced(messages: list[dict], replies: dict):
     return {}, gr.Row(visible=False)
 
 
-def undo(messages: list[dict]) -> tuple[list[dict[str, str]], str, str]:
+def undo(messages: list[dict]) -> tuple[list[dict[str, str]], str, str, str]:
     """The conversation without its last turn, whose message goes back into the message box; no
-    status line (it was that turn's)."""
+    status line or prompt sent (they were that turn's)."""
     *history, (message, _) = pairs_from_messages(messages) or [("", "")]
-    return messages_from_pairs(history), message, ""
+    return messages_from_pairs(history), message, "", ""
 
 
 def export_conversation(messages: list[dict], persona: str) -> str | None:
@@ -310,11 +320,11 @@ def keep_in_browser(tab: Tab, export: dict, forget_replies: dict) -> None:
     def reopen(index, saved: dict, *values):
         earlier = (saved or {}).get("earlier", [])
         if not isinstance(index, int) or not 0 <= index < len(earlier):
-            return [*[gr.skip()] * len(kept), gr.skip(), gr.skip(), gr.skip()]
+            return [*[gr.skip()] * len(kept), gr.skip(), gr.skip(), gr.skip(), gr.skip()]
         chosen = earlier[index]
         saved = filed({"earlier": earlier[:index] + earlier[index + 1:]}, current(*values))
         saved["current"] = chosen
-        return [*shown(chosen), saved, earlier_choices(saved), ""]
+        return [*shown(chosen), saved, earlier_choices(saved), "", ""]
 
     def imported(request: gr.Request, path, saved: dict, *values):  # Gradio puts the request first
         try:
@@ -336,7 +346,8 @@ def keep_in_browser(tab: Tab, export: dict, forget_replies: dict) -> None:
             more["new"].click(new_chat, [store, *kept], [*kept, store, more["earlier"], tab.status], queue=False,
                               api_visibility="private"),
             more["earlier"].input(reopen, [more["earlier"], store, *kept],
-                                  [*kept, store, more["earlier"], tab.status], queue=False, api_visibility="private"),
+                                  [*kept, store, more["earlier"], tab.status, tab.prompt_sent], queue=False,
+                                  api_visibility="private"),
             more["import"].upload(imported, [more["import"], store, *kept],
                                   [*kept, store, more["earlier"], tab.status], queue=False,
                                   api_visibility="private")):
@@ -351,7 +362,8 @@ def chat_extras(tab: Tab) -> None:
     chatbot.retry(replies_before_retry, [chatbot, replies, tab.status], replies, queue=False,
                   api_visibility="private")
     tab.add_run([chatbot.retry], prepare=take_back_last_turn)
-    tab.run_events[-1].then(replies_after_retry, [chatbot, replies, tab.status],
+    tab.run_events[-1].then(replies_after_retry,
+                            [chatbot, replies, tab.status, tab.settings["temperature"], tab.settings["top_k"]],
                             [replies, more["switcher"], more["which"], tab.status], queue=False,
                             api_visibility="private")
     for step, button in ((-1, more["previous"]), (1, more["next"])):
@@ -363,8 +375,10 @@ def chat_extras(tab: Tab) -> None:
                           queue=False, api_visibility="private")
     for new_turn in [*sending, tab.run_events[-1]]:
         new_turn.then(**forget_replies)
-    # The status line goes with the reply it spoke of (Undo), as with a clear or another conversation.
-    undone = chatbot.undo(undo, chatbot, [chatbot, message, tab.status], queue=False, api_visibility="private")
+    # The status line and the prompt sent go with the reply they spoke of, as on a clear or in
+    # another conversation.
+    undone = chatbot.undo(undo, chatbot, [chatbot, message, tab.status, tab.prompt_sent], queue=False,
+                          api_visibility="private")
     cleared = chatbot.clear(lambda: ([], "", ""), None, [chatbot, tab.status, tab.prompt_sent], queue=False,
                             api_visibility="private")
     for other in (undone, cleared):

@@ -54,6 +54,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "no_retry": ("there is no turn to retry", "没有可以重试的一轮"),
     "same_seed": ("the same seed gives the same reply: a seed of -1 draws a new one each time",
                   "相同的种子给出相同的回复：种子设为 -1 则每次抽取新的"),
+    "greedy_same": ("greedy decoding (temperature 0 or top_k 1) gives the same reply each time",
+                    "贪心解码（温度 0 或 Top-k 1）每次给出相同的回复"),
     "not_a_conversation": ("the file is not an exported conversation ({kind})", "该文件不是导出的对话（{kind}）"),
     "example_line": ("examples line {number} is not 'source = target': {line}",
                      "示例第 {number} 行不是「源 = 目标」格式：{line}"),
@@ -116,7 +118,6 @@ NAMES_ZH: dict[str, str] = {
     "decode kernels building": "解码内核构建中", "kernels switched off": "内核已关闭", "no kernels": "无内核",
     "no C++ compiler": "没有 C++ 编译器",
     "adapter on": "适配器开", "adapter off": "适配器关", "output": "输出",
-    "token": "词元", "probability": "概率",  # the Architecture tab's top-10 table
 }
 WORDS_ZH = {"error": "错误", "warning": "警告"}
 
@@ -127,6 +128,8 @@ MODEL_LINE = {
     "zh": "**{name}** · {millions}M 参数 · 上下文 {context} 个词元 · 分词器 {tokenizer}（{vocab} 个词元）"
           "· 适配器：{adapters} · {device}",
 }
+# The Architecture tab's top-10 table's headers, which the browser cannot translate, by language.
+TOP_HEADERS = {"en": ["token", "probability"], "zh": ["词元", "概率"]}
 MODEL_LINE_QUANTIZED = {"en": " · {quantize} weights", "zh": " · {quantize} 权重"}
 MODEL_LINE_DECODING = {"en": " · decoding on {path}", "zh": " · 解码方式：{path}"}
 

@@ -122,12 +122,12 @@ def check_size(name: str, size: int, limit: int, unit: str) -> None:
         raise ValueError(f"{name} is too long: {size:,} {unit}; the limit is {limit:,}")
 
 
-def status_line(done: TaskDone, task: Task, params: SamplingParams, adapter_on: bool, compared: bool = False) -> str:
-    """How to reproduce the run (seed, token counts, speed, why it stopped; the adapter, where the
-    task has one: its prompt and output differ with it, or that both were compared; the settings
-    changed from the task's defaults, which the seed alone does not give back) and what was cut."""
-    adapter = [] if task.adapter is None else [
-        compared_state(params.adapter_scale) if compared else adapter_state(adapter_on, params.adapter_scale)]
+def status_line(done: TaskDone, task: Task, params: SamplingParams, adapter: str) -> str:
+    """How to reproduce the run (seed, token counts, speed, why it stopped; `adapter`, where the
+    task has one: adapter_state, or compared_state for a comparison, since the prompt and output
+    differ with it; the settings changed from the task's defaults, which the seed alone does not
+    give back) and what was cut."""
+    adapter = [] if task.adapter is None else [adapter]
     return " · ".join([done.result.summary(), *adapter, *changed_settings(params, task.defaults),
                        *done.prompt.notes])
 
@@ -191,8 +191,8 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                     if event.result.stop_reason == "cancelled":
                         log.info("/%s: stopped by its user after %d tokens", api.name, event.result.generated_tokens)
                     sent += 1
-                    yield (event.text, status_line(event, api.task, params, adapter), event.prompt.text,
-                           event.result.logprobs)
+                    line = status_line(event, api.task, params, adapter_state(adapter, params.adapter_scale))
+                    yield event.text, line, event.prompt.text, event.result.logprobs
                 elif pacer.due(time.monotonic()):
                     sent, held_back = sent + 1, None
                     yield event.text, "", "", []
@@ -241,7 +241,8 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                 if None in done and pacer.due(time.monotonic()):
                     yield list(texts), "", None
         comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params))
-        yield [d.text for d in done], status_line(done[1], api.task, params, True, compared=True), comparison
+        line = status_line(done[1], api.task, params, compared_state(params.adapter_scale))
+        yield [d.text for d in done], line, comparison
     except ValueError as error:
         raise Refusal(str(error), print_exception=False) from error
     except GeneratorExit:

@@ -203,7 +203,8 @@ def join_pending(text: str, pending: tuple[str, str] | None) -> tuple[str, None]
 
 
 def without_refusal(status: str | None):
-    """The status line once the input it spoke of is replaced: a refusal's goes, a run's stays
+    """The status line once an example is picked: a refusal's goes (most speak of an input the
+    example replaces; any other is said again by the next run), a run's stays with its seed
     (None: no line yet, before a first run)."""
     return "" if status and status.startswith(REFUSED) else gr.skip()
 

@@ -192,7 +192,7 @@ def article_length(host: ModelHost) -> Callable[[str, float, bool], str]:
             return localized(str(error), lang)
         left = new_token_budget(int(max_new_tokens), len(prompt.ids), loaded.context)  # what a run may generate
         return " · ".join(localized(part, lang) for part in [
-            f"{len(prompt.ids)} of {loaded.context} context tokens in the prompt; the summary may use up to {left}",
+            f"{len(prompt.ids):,} of {loaded.context:,} context tokens in the prompt; the summary may use up to {left:,}",
             *prompt.notes])
     return length_line
 
