@@ -23,13 +23,13 @@ from engine import kernels
 from engine.quantize import QUANTIZATIONS
 from engine.scheduler import MAX_BATCH
 from tasks import TASKS
-from ui.architecture import architecture_tab
+from ui.architecture import architecture_tab, lens_choices
 from ui.chat import CHAT
 from ui.i18n import i18n
 from ui.messages import language, localized, word
 from ui.model_host import BUNDLED, ModelHost, ModelLoadError
 from ui.running import StopSwitches, api_endpoint
-from ui.tab import GENERATION, Tab, TaskView, adapter_props, task_tab
+from ui.tab import GENERATION, Tab, TaskView, adapter_props, compare_props, task_tab
 from ui.views import GENERATE, SUMMARIZE, TRANSLATE
 
 VIEWS: dict[str, TaskView] = {view.task.name: view for view in (GENERATE, CHAT, TRANSLATE, SUMMARIZE)}
@@ -58,11 +58,12 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
         page_states = {name: VIEWS[name].page_state() for name in TASKS if VIEWS[name].page_state}
         with gr.Tabs(overflow_behavior="wrap"):
             tabs = [task_tab(VIEWS[name], host, stop_switches, page_states.get(name)) for name in TASKS]
-            architecture_tab(host)
+            lens_adapter = architecture_tab(host)
 
         for tab in tabs:
             gr.api(api_endpoint(tab.view.api, host), api_name=tab.view.api.name, concurrency_id=GENERATION)
-        model_outputs = [model_info, model_choice, *(tab.adapter for tab in tabs)]
+        model_outputs = [model_info, model_choice, *(tab.adapter for tab in tabs),
+                         *(tab.insight.compare for tab in tabs), lens_adapter]
         model_choice.select(switch_model(host, tabs), model_choice, model_outputs, concurrency_limit=1,
                            concurrency_id="load_model", api_visibility="private")
         # A page opened after a switch shows the model being served, not the one at start-up.
@@ -94,8 +95,9 @@ def launch(demo: gr.Blocks, models: Sequence[str] = (), **options):
 def show_model(host: ModelHost, tabs: list[Tab]):
     def model_state(request: gr.Request):
         loaded = host.current
-        return [loaded.describe(language(request)), loaded.name,
-                *(gr.update(**adapter_props(tab.view.task, loaded)) for tab in tabs)]
+        lang = language(request)
+        return [loaded.describe(lang), loaded.name, *(gr.update(**adapter_props(tab.view.task, loaded)) for tab in tabs),
+                *(gr.update(**compare_props(tab.view.task, loaded)) for tab in tabs), lens_choices(loaded, lang)]
     return model_state
 
 

@@ -437,6 +437,13 @@ def test_the_model_panel_switches_models_and_a_failed_load_keeps_the_current_one
         expect(info).to_contain_text(plain)
         expect(info).to_contain_text("context 256 tokens")
         expect(chat_adapter).to_be_disabled()
+        # What needs an adapter follows the switch: Compare is greyed out, the lens offers none.
+        page.locator("#dialogue-insight").get_by_text("Why this output").click()
+        expect(page.locator("#dialogue-compare input")).to_be_disabled()
+        page.get_by_role("tab", name="Architecture").click()
+        page.locator("#architecture-lens-adapter input").click()
+        expect(page.get_by_role("option")).to_have_text([re.compile(r"^\W*none$")])  # the chosen one, ticked
+        page.keyboard.press("Escape")
 
         choose(page, "#model-choice", broken)
         expect(page.get_by_text(f"could not load {app_models[2]}")).to_be_visible()
@@ -450,6 +457,8 @@ def test_the_model_panel_switches_models_and_a_failed_load_keeps_the_current_one
     finally:
         choose(page, "#model-choice", with_adapters)
         expect(info).to_contain_text(with_adapters)
+    page.get_by_role("tab", name="Chat").click()
+    expect(page.locator("#dialogue-compare input")).to_be_enabled()
 
 
 def test_tokens_show_their_probability_and_alternatives_and_continue_from_one(page):

@@ -154,8 +154,15 @@ def measurement(image: str, caption: str) -> None:
         gr.Markdown(i18n("not_measured"))
 
 
-def architecture_tab(host: ModelHost) -> None:
-    """Build the tab; call inside gr.Tabs()."""
+def lens_choices(loaded, lang: str) -> dict:
+    """The logit lens's adapter menu for the model being served: none, or one of its adapters."""
+    return gr.update(choices=[(messages.localized(NO_ADAPTER, lang), NO_ADAPTER), *loaded.adapters],
+                     value=NO_ADAPTER)
+
+
+def architecture_tab(host: ModelHost) -> gr.Dropdown:
+    """Build the tab; call inside gr.Tabs(). Returns the lens's adapter menu, which follows the
+    model being served (lens_choices)."""
     config = host.current.model.config
     with gr.Tab(i18n("tab_architecture"), id="architecture", elem_id="tab-architecture") as tab:
         gr.Markdown(i18n("architecture_intro"))
@@ -202,3 +209,4 @@ def architecture_tab(host: ModelHost) -> None:
                 return *[gr.skip()] * len(outputs), True
             return *run(prompt_text, layer_value, head_value, adapter, request), True
         tab.select(first_look, [drawn, prompt, layer, head, lens_adapter], [*outputs, drawn], **one_at_a_time)
+    return lens_adapter

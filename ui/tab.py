@@ -226,6 +226,15 @@ def adapter_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
     return dict(value=on, interactive=True, info=i18n("adapter_info" if on else "adapter_info_off"))
 
 
+def compare_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
+    """Compare adapter off and on: offered where the adapter switch can be used; otherwise off
+    and greyed out, with the switch's reason."""
+    switch = adapter_props(task, loaded)
+    if switch["interactive"]:
+        return dict(interactive=True, info=i18n("compare_info"))
+    return dict(value=False, interactive=False, info=switch["info"])
+
+
 def strength_live(adapter_on: bool, comparing: bool) -> gr.Slider:
     return gr.Slider(interactive=adapter_on or comparing)
 
