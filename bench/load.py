@@ -134,7 +134,7 @@ MALFORMED = [
     ("/generate", dict(prompt="   "), "prompt is empty"),
     ("/chat", dict(message="Hi", history=[["only the user"]]), "history must be a list of [user, bot] pairs"),
     ("/translate", dict(text="Hello", target="English"), "cannot translate English to English"),
-    ("/translate", dict(text="Hello", examples="no equals sign"), "examples line 1 is not"),
+    ("/translate", dict(text="Hello", examples="no equals sign"), "example pairs line 1 is not"),
     ("/summarize", dict(article=42), "article must be text"),
 ]
 INVALID = [*TOO_LONG, *OUT_OF_RANGE, *MALFORMED]

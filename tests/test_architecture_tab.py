@@ -40,6 +40,20 @@ def test_look_inside_draws_both_plots_and_lists_ten_tokens(host):
     assert layer["value"] == 2
 
 
+@pytest.mark.parametrize("adapter", [None, "summarize"])
+def test_the_lens_title_fits_its_figure_for_a_one_token_prompt(adapter):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from model.checkpoint import load_pretrained
+    from train.inspect import logit_lens
+    from ui.architecture import lens_figure
+    model, tokenizer = load_pretrained(None)  # the bundled model: it has the adapter
+    lens = lens_figure(logit_lens(model, tokenizer, "Hi", adapter), adapter)
+    renderer = FigureCanvasAgg(lens).get_renderer()
+    title, frame = lens.axes[0].title.get_window_extent(renderer), lens.bbox
+    assert frame.x0 <= title.x0 and title.x1 <= frame.x1, (title, frame)
+
+
 @pytest.mark.parametrize("prompt, layer, head, message", [
     ("x" * 20_001, 1, 1, "prompt is too long: 20,001 characters; the limit is 20,000"),
     ("The bird", float("nan"), 1, "layer must be between 1 and 2, got nan"),

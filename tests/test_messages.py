@@ -12,6 +12,7 @@ from engine.generate import STOP_REASON_WORDS, Result, SamplingParams, check_pro
 from model import GPT2, GPT2Config
 from model.adapters import check_adapter
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
+from train.inspect import inspect_prompt
 from ui import chat
 from ui.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, language, localized, translate_one, word
 from ui.model_host import ModelHost, ModelLoadError
@@ -91,6 +92,7 @@ def made_messages() -> list[str]:
         refusal(lambda: check_size("history", 99, 10, "turns")),
         refusal(lambda: chat.history_pairs([["only one"]])),
         refusal(lambda: example_pairs("no equals sign")),
+        refusal(lambda: inspect_prompt(tiny, tokenizer, "word " * 40, 0, 0)),  # the live view's limit
         refusal(lambda: ModelHost(["bundled"], device="cpu").switch("elsewhere")),
         TASKS["summarize"].prompt(SummarizeInputs(long), tokenizer, 512, 16, False).notes[0],
         TASKS["dialogue"].prompt(DialogueInputs(message="Hi", history=[("a " * 200, "b " * 200)] * 3), tokenizer,

@@ -98,7 +98,8 @@ def lens_figure(lens: LogitLens, adapter: str | None) -> Figure:
     """Layers (rows) x positions (columns): each layer's likeliest next token, coloured by its
     probability; with an adapter, the cells where it changes the top-1 are outlined."""
     layers, positions = lens.probabilities.shape
-    fig = Figure(figsize=(2 + 0.75 * positions, 1.2 + 0.42 * layers))
+    # Wide enough for its title however few the tokens.
+    fig = Figure(figsize=(max(2 + 0.75 * positions, 4.5), 1.2 + 0.42 * layers + (0.3 if adapter else 0)))
     ax = fig.subplots()
     image = ax.imshow(lens.probabilities.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto", origin="lower")
     for layer, row in enumerate(lens.top_tokens):
@@ -110,7 +111,7 @@ def lens_figure(lens: LogitLens, adapter: str | None) -> Figure:
                 ax.add_patch(Rectangle((position - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
     ax.set_xticks(range(positions), lens.tokens, rotation=90, fontsize=8, parse_math=False)  # tokens are text: "$" too
     ax.set_yticks(range(layers), [str(i + 1) for i in range(layers)], fontsize=8)
-    title = "Logit lens: each layer's top next token" + (f", adapter {adapter} (red: changed)" if adapter else "")
+    title = "Logit lens: each layer's top next token" + (f"\nadapter {adapter} (red: changed)" if adapter else "")
     ax.set(xlabel="after the token", ylabel="layer", title=title)
     fig.colorbar(image, ax=ax, fraction=0.03, pad=0.02, label="probability")
     fig.tight_layout()

@@ -28,6 +28,9 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "out_of_range": ("{name} must be between {low} and {high}, got {value}",
                      "{name}必须在 {low} 到 {high} 之间，收到的是 {value}"),
     "prompt_empty_tokens": ("the prompt is empty", "提示词为空"),
+    # the Architecture tab's live view (train/inspect.py)
+    "live_view_tokens": ("the prompt has {tokens} tokens; the live view takes at most {most}",
+                         "提示词有 {tokens} 个词元；实时视图最多接受 {most} 个"),
     "prompt_fills_context": ("the prompt is {tokens} tokens; the context window is {context} tokens and at least one "
                              "must be left to generate",
                              "提示词有 {tokens} 个词元；上下文窗口为 {context} 个词元，至少要留一个用于生成"),
@@ -57,7 +60,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "greedy_same": ("greedy decoding (temperature 0 or top_k 1) gives the same reply each time",
                     "贪心解码（温度 0 或 Top-k 1）每次给出相同的回复"),
     "not_a_conversation": ("the file is not an exported conversation ({kind})", "该文件不是导出的对话（{kind}）"),
-    "example_line": ("examples line {number} is not 'source = target': {line}",
+    "example_line": ("example pairs line {number} is not 'source = target': {line}",
                      "示例第 {number} 行不是「源 = 目标」格式：{line}"),
     "generation_failed": ("the generation failed ({kind}); the app is still serving, please try again",
                           "生成失败（{kind}）；应用仍在运行，请重试"),

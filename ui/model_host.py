@@ -104,6 +104,7 @@ class ModelHost:
             model, tokenizer = in_thread_of_its_own(lambda: self._prepare(name))
         except Exception as error:  # whatever goes wrong, the model being served must keep serving
             log.warning("could not load model %s: %s", name, error)
-            raise ModelLoadError(f"could not load {name}: {error}") from error
+            reason = str(error).removeprefix(f"{name}: ")  # a checkpoint error starts with the path it names
+            raise ModelLoadError(f"could not load {name}: {reason}") from error
         log.info("model %s decodes on %s", name, kernels.decode_path() if model.device.type == "cpu" else model.device)
         return LoadedModel(name, model, tokenizer, Scheduler(model), self.quantize)

@@ -61,7 +61,7 @@ def example_pairs(lines: str | None) -> list[tuple[str, str]] | None:
             continue
         source, equals, target = line.partition("=")
         if not (equals and source.strip() and target.strip()):
-            raise ValueError(f"examples line {number} is not 'source = target': {brief(line.strip())}")
+            raise ValueError(f"example pairs line {number} is not 'source = target': {brief(line.strip())}")
         pairs.append((source.strip(), target.strip()))
     check_size("examples", len(pairs), MAX_EXAMPLE_PAIRS, "pairs")
     return pairs
