@@ -555,9 +555,9 @@ def test_compare_streams_two_columns_and_stop_stops_both(page):
     assert sent.startswith("[adapter off]\n") and "\n\n[adapter on]\n" in sent, sent
     if off.input_value() != on.input_value():
         expect(view.locator(".tok.diverges")).to_have_count(2)
-        assert "differ from token" in view.inner_text()
-    else:
-        assert "the two are the same" in view.inner_text()
+        assert "the two differ from token" in view.inner_text()
+    else:  # the same text: the same tokens, or tokens the task's tidying took away differ
+        assert re.search("the two are the same|the texts are the same, but their tokens differ", view.inner_text())
     screenshot(page, "compare")
     set_setting(page, "summarize", "temperature", 1.5)
     set_setting(page, "summarize", "top_k", 0)

@@ -175,11 +175,16 @@ def test_compare_marks_the_first_token_where_adapter_off_and_on_part(host):
     at = comparison["diverges_at"]
     assert at is not None and at == first_difference(*ids)
     assert ids[0][:at] == ids[1][:at] and (at == min(map(len, ids)) or ids[0][at] != ids[1][at])
-    view = Insight.compared(comparison, "en")
+    assert texts[0] != texts[1]
+    view = Insight.compared(comparison, "en", texts)
     for row in view["rows"]:
         marked = [token["i"] for token in row["tokens"] if token["mark"] == "diverges"]
         assert marked == ([at] if at < len(row["tokens"]) else [])
     assert view["note"] == f"the two differ from token {at + 1}"
+    # Outputs the task's tidying made the same (a trailing newline, say) say so.
+    tidied = Insight.compared(comparison, "en", ("A bird sang.", "A bird sang."))["note"]
+    assert tidied == f"the texts are the same, but their tokens differ from token {at + 1}"
+    assert Insight.compared(comparison, "zh", ("A", "A"))["note"] == f"两段文字相同，但词元从第 {at + 1} 个起不同"
     assert first_difference([1, 2, 3], [1, 2, 3]) is None and first_difference([1, 2], [1, 2, 3]) == 2
 
 

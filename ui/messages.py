@@ -82,6 +82,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "tokens_note": ("point at a token for its probability and alternatives; click it to continue from one",
                     "指向一个词元可看其概率和备选；点击它可从某个备选继续"),
     "differ_from": ("the two differ from token {index}", "两者从第 {index} 个词元起不同"),
+    "same_text_differ_from": ("the texts are the same, but their tokens differ from token {index}",
+                              "两段文字相同，但词元从第 {index} 个起不同"),
     "no_tokens": ("tick Show tokens before a run to see its tokens here", "运行前勾选「显示词元」，即可在此看到其词元"),
     "no_tokens_kept": ("this output has no tokens to show", "此输出没有可显示的词元"),
     "same": ("the two are the same", "两者相同"),

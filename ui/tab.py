@@ -119,7 +119,7 @@ class Tab:
                 with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
                     if comparing:
                         for texts, status, comparison in run_compare(view.api, self.host, values, cancel):
-                            view_value = gr.skip() if comparison is None else insight.compared(comparison, lang)
+                            view_value = gr.skip() if comparison is None else insight.compared(comparison, lang, texts)
                             shown = gr.skip() if comparison is None else view.present(values, texts[1])  # adapter on
                             prompts = gr.skip() if comparison is None else both_prompts(comparison["prompts"], lang)
                             yield [shown, localized(status, lang) or GENERATING, prompts, view_value, *texts,

@@ -186,13 +186,20 @@ class Insight:
         return {"rows": [row_of(entries, label, 0)], "note": localized(TOKENS_NOTE, lang)}
 
     @staticmethod
-    def compared(comparison: dict, lang: str) -> dict:
+    def compared(comparison: dict, lang: str, texts: list[str]) -> dict:
+        """Both rows of a comparison; `texts`: the two outputs as shown, which the task's tidying
+        (Summarise's sentences, a reply's spaces) can make the same where the tokens differ."""
         off, on = comparison["entries"]
         under_off, under_on = comparison["under_other"]
         at = comparison["diverges_at"]
         labels = [localized("adapter off", lang), localized("adapter on", lang)]
         rows = [row_of(off, labels[0], 0, under_off, at, labels[1]), row_of(on, labels[1], 1, under_on, at, labels[0])]
-        note = "the two are the same" if at is None else f"the two differ from token {at + 1}"
+        if at is None:
+            note = "the two are the same"
+        elif texts[0] == texts[1]:
+            note = f"the texts are the same, but their tokens differ from token {at + 1}"
+        else:
+            note = f"the two differ from token {at + 1}"
         return {"rows": rows, "note": localized(note, lang)}
 
     @staticmethod
