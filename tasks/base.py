@@ -240,17 +240,19 @@ def run_in_two_steps(task: Task, model: GPT2, tokenizer: Tokenizer, steps, param
                      adapter_on: bool, cancel: threading.Event | None, forced: Sequence[int]):
     """run_task through Task.two_steps: the first step's output, not shown, is the second step's
     input; both steps draw with the run's one seed, and the Result is the second step's (the
-    status line's counts and speed are the step the user sees), its note naming the first's output."""
+    status line's counts and speed are the step the user sees), its note naming the first's
+    output and counts."""
     first_inputs, second_inputs, note = steps
     params = replace(params, seed=resolve_seed(params.seed))
     first = next(event for event in run_task(task, model, tokenizer, first_inputs, params, adapter_on, cancel)
                  if isinstance(event, TaskDone))
+    counts = dict(prompt=first.result.prompt_tokens, generated=first.result.generated_tokens)
     if first.result.stop_reason == "cancelled" or not first.text.strip():  # nothing to go on with
         yield TaskDone("", first.result, Prompt(first.prompt.text, first.prompt.ids,
-                                                [*first.prompt.notes, note.format(text="(nothing)")]))
+                                                [*first.prompt.notes, note.format(text="(nothing)", **counts)]))
         return
     for event in run_task(task, model, tokenizer, second_inputs(first.text), params, adapter_on, cancel, forced):
         if isinstance(event, TaskDone):
             event.prompt = Prompt(f"{first.prompt.text}\n\n{event.prompt.text}", event.prompt.ids,
-                                  [*first.prompt.notes, note.format(text=first.text), *event.prompt.notes])
+                                  [*first.prompt.notes, note.format(text=first.text, **counts), *event.prompt.notes])
         yield event

@@ -72,7 +72,8 @@ def through_english(inputs: TranslateInputs, adapter_on: bool):
         return None  # one step; a pair that is no translation is refused there, as asked
     return (TranslateInputs(inputs.text, inputs.source, PIVOT),
             lambda english: TranslateInputs(english, PIVOT, inputs.target),
-            f"translated through {PIVOT}: {{text}}")  # ui.messages: translated_through
+            # ui.messages: translated_through; the status line's counts are the second step's
+            f"translated through {PIVOT} (first step: {{prompt}} prompt + {{generated}} generated tokens): {{text}}")
 
 
 def format_example(inputs: TranslateInputs, translation: str) -> tuple[str, str]:

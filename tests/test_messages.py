@@ -98,8 +98,8 @@ def made_messages() -> list[str]:
         TASKS["dialogue"].prompt(DialogueInputs(message="Hi", history=[("a " * 200, "b " * 200)] * 3), tokenizer,
                                  512, 16, False).notes[0],
         kernels.decode_path(),
-        *(TASKS["translate"].two_steps(TranslateInputs("Bonjour.", "French", "German"), True)[2].format(text=text)
-          for text in ("Hello.", "(nothing)")),
+        *(TASKS["translate"].two_steps(TranslateInputs("Bonjour.", "French", "German"), True)[2].format(
+            text=text, prompt=90, generated=7) for text in ("Hello.", "(nothing)")),
         *(Result("", 7, 4, 16, 633.3, reason).summary() for reason in STOP_REASON_WORDS),
         *(adapter_state(on, scale) for on, scale in ((False, 1.0), (True, 1.0), (True, 0.5))),
         *(compared_state(scale) for scale in (1.0, 0.5)),
@@ -133,8 +133,8 @@ def test_a_list_in_a_message_is_translated_item_by_item():
     assert all(NAMES_ZH[name] in zh for name in ("English", "French", "German")), zh
     assert not re.search("English|French|German", zh), zh
     # a user's text with commas in it is no list: it stays as it is
-    note = localized("translated through English: Hello, my friend.", "zh")
-    assert note == f"经由{NAMES_ZH['English']}翻译：Hello, my friend.", note
+    note = localized("translated through English (first step: 90 prompt + 7 generated tokens): Hello, my friend.", "zh")
+    assert note == f"经由{NAMES_ZH['English']}翻译（第一步：提示词 90 + 生成 7 个词元）：Hello, my friend.", note
     # nor is a token of the model's, even one that spells a name the app uses
     assert localized("continued from token 3 with output", "zh") == "从第 3 个词元续写，换为 output"
 

@@ -324,7 +324,8 @@ def test_french_to_german_goes_through_english(model, tokenizer):
     done = run(model, tokenizer, "translate", TranslateInputs("Le chat dort.", "French", "German"), seed=1, max_new_tokens=20)[-1]
     assert (done.text, done.prompt.ids, done.result.seed) == (second.text, second.prompt.ids, 1)
     assert done.prompt.text == f"{first.prompt.text}\n\n{second.prompt.text}"
-    assert f"translated through English: {first.text}" in done.prompt.notes
+    counts = f"{first.result.prompt_tokens} prompt + {first.result.generated_tokens} generated tokens"
+    assert f"translated through English (first step: {counts}): {first.text}" in done.prompt.notes
     # the user's own example pairs ask for the direct translation; so do the pairs with English
     own = TranslateInputs("Le chat dort.", "French", "German", [("Un chat.", "Eine Katze.")])
     direct = run(model, tokenizer, "translate", own, seed=1, max_new_tokens=20)[-1]
@@ -340,4 +341,5 @@ def test_french_to_german_goes_through_english(model, tokenizer):
     *_, stopped = run_task(task, model, tokenizer, TranslateInputs("Le chat dort.", "French", "German"),
                            replace(task.defaults, seed=1, max_new_tokens=20), cancel=stop)
     assert (stopped.text, stopped.result.stop_reason) == ("", "cancelled")
-    assert stopped.prompt.text == first.prompt.text and "translated through English: (nothing)" in stopped.prompt.notes
+    assert stopped.prompt.text == first.prompt.text and any(note.startswith("translated through English (first step: ") and note.endswith("): (nothing)")
+                                                          for note in stopped.prompt.notes)

@@ -75,7 +75,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                          "为放入上下文，删去了 {total} 个示例中的 {count} 个"),
     "article_cut": ("article cut from {tokens} to {room} tokens to fit the context",
                     "为放入上下文，文章从 {tokens} 个词元截短到 {room} 个"),
-    "translated_through": ("translated through {language}: {text}", "经由{language}翻译：{text}"),
+    "translated_through": ("translated through {language} (first step: {prompt} prompt + {generated} generated "
+                           "tokens): {text}", "经由{language}翻译（第一步：提示词 {prompt} + 生成 {generated} 个词元）：{text}"),
     "article_length": ("{tokens} of {context} context tokens in the prompt; the summary may use up to {left}",
                        "提示词占上下文 {context} 个词元中的 {tokens} 个；摘要最多可用 {left} 个"),
     # the token view (ui/tokens.py)
