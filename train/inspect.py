@@ -93,18 +93,24 @@ def attention_probabilities(c_attn_output: torch.Tensor, n_head: int, head: int)
     return scores.masked_fill(future, float("-inf")).softmax(-1)
 
 
+def live_view_ids(model: GPT2, tokenizer: Tokenizer, prompt: str) -> list[int]:
+    """The prompt's tokens, or a ValueError where it is empty or longer than a live view takes."""
+    ids = tokenizer.encode(prompt)
+    if not ids:
+        raise ValueError("the prompt is empty")
+    most = min(MAX_TOKENS, model.config.n_positions)
+    if len(ids) > most:
+        raise ValueError(f"the prompt has {len(ids):,} tokens; the live view takes at most {most:,}")
+    return ids
+
+
 @torch.no_grad()
 def inspect_prompt(model: GPT2, tokenizer: Tokenizer, prompt: str, layer: int = 0, head: int = 0) -> Inspection:
     config = model.config
     if not 0 <= layer < config.n_layer or not 0 <= head < config.n_head:
         raise ValueError(f"this model has layers 1-{config.n_layer} and heads 1-{config.n_head}; "
                          f"got layer {layer + 1}, head {head + 1}")
-    ids = tokenizer.encode(prompt)
-    if not ids:
-        raise ValueError("the prompt is empty")
-    if len(ids) > min(MAX_TOKENS, config.n_positions):
-        raise ValueError(f"the prompt has {len(ids)} tokens; the live view takes at most "
-                         f"{min(MAX_TOKENS, config.n_positions)}")
+    ids = live_view_ids(model, tokenizer, prompt)
     device = model.device
     batch = torch.tensor([ids], device=device)
     with recording_outputs([model.transformer.h[layer].attn.c_attn, model.transformer.ln_f]) as outputs:
@@ -145,12 +151,7 @@ def logit_lens(model: GPT2, tokenizer: Tokenizer, prompt: str, adapter: str | No
     from the base model's."""
     from model.adapters import active_adapter
 
-    ids = tokenizer.encode(prompt)
-    if not ids:
-        raise ValueError("the prompt is empty")
-    if len(ids) > min(MAX_TOKENS, model.config.n_positions):
-        raise ValueError(f"the prompt has {len(ids)} tokens; the live view takes at most "
-                         f"{min(MAX_TOKENS, model.config.n_positions)}")
+    ids = live_view_ids(model, tokenizer, prompt)
     batch = torch.tensor([ids], device=model.device)
     base = lens_logits(model, batch).softmax(-1).max(-1)
     lens, changed = base, None
