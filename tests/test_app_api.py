@@ -308,26 +308,29 @@ def test_the_reply_switcher_follows_the_last_turn():
     goes once the conversation's last turn is another (sent, undone, cleared, another chat)."""
     from ui.chat import forget_replaced, messages_from_pairs, replies_after_retry, replies_before_retry, switch_reply
     first = messages_from_pairs([["Hi", "Hello!"]])
+
+    def ran(temperature, top_k):  # the last run's settings, as Insight.kept keeps them
+        return {"values": {"temperature": temperature, "top_k": top_k, "seed": 1}}
     line = "seed {} · 5 prompt + 3 generated tokens · {} tokens/s · stopped: stop string · adapter on"
     kept = replies_before_retry(first, {}, line.format(1, 80.0))
     second = messages_from_pairs([["Hi", "Good day."]])
-    replies, switcher, which, status = replies_after_retry(second, kept, line.format(2, 90.0), 0.8, 40, None)
+    replies, switcher, which, status = replies_after_retry(second, kept, line.format(2, 90.0), ran(0.8, 40), None)
     assert which == "2 / 2" and switcher.visible and status == line.format(2, 90.0)
     # The same reply from the same run record (the speed aside) says why: a fixed seed, or greedy
     # decoding; a refusal, or a reply from other settings, does not.
-    same = [replies_after_retry(first, kept, line.format(1, 70.0), *settings, None)[3]
+    same = [replies_after_retry(first, kept, line.format(1, 70.0), ran(*settings), None)[3]
             for settings in ((0.8, 40), (0, 40), (0.8, 1))]
     assert same == [line.format(1, 70.0) + " · the same seed gives the same reply: a seed of -1 draws a new one "
                     "each time"] + [line.format(1, 70.0) + " · greedy decoding (temperature 0 or top_k 1) gives the "
                                     "same reply each time"] * 2
     other = line.format(1, 70.0) + " · changed settings: top_p 0.9"
-    assert replies_after_retry(first, kept, other, 0.8, 40, None)[3] == other
+    assert replies_after_retry(first, kept, other, ran(0.8, 40), None)[3] == other
     refused = "⚠️ persona is too long: 1,001 characters; the limit is 1,000"
-    assert replies_after_retry(first, replies_before_retry(first, {}, refused), refused, 0.8, 40, None)[3] == refused
+    assert replies_after_retry(first, replies_before_retry(first, {}, refused), refused, ran(0.8, 40), None)[3] == refused
     # after ◀ to the first reply, a retry replaces that one: the same reply again is noted
     _, back, _, _ = switch_reply(-1)(second, replies)
     third = replies_after_retry(first, replies_before_retry(first, back, line.format(1, 80.0)), line.format(1, 60.0),
-                                0.8, 40, None)
+                                ran(0.8, 40), None)
     assert third[2] == "3 / 3" and "the same seed gives the same reply" in third[3]
     shown, replies, which, status = switch_reply(-1)(second, replies)
     assert (shown, which, status) == (first, "1 / 2", line.format(1, 80.0))

@@ -144,18 +144,18 @@ def replies_before_retry(messages: list[dict], replies: dict, status: str) -> di
     return {"turn": turn, "replies": [[pairs[-1][1], status]], "at": 0}
 
 
-def replies_after_retry(messages: list[dict], replies: dict, status: str, temperature: float, top_k: float,
-                        request: gr.Request):
+def replies_after_retry(messages: list[dict], replies: dict, status: str, last_run: dict, request: gr.Request):
     """The new reply joins the kept ones; the switcher shows which of them is shown. A reply that
     repeats the one it replaced, from the same run record (seed, settings, counts), says why in its
-    status line: greedy decoding, or a fixed seed."""
+    status line: greedy decoding (the run's own settings, `last_run`: Insight.kept), or a fixed seed."""
     pairs = pairs_from_messages(messages)
     if not pairs or replies.get("turn") != len(pairs) - 1:
         return {}, gr.Row(visible=False), "", gr.skip()
     replaced, replaced_status = replies["replies"][replies["at"]]
     lang = language(request)
     if pairs[-1][1] == replaced and joinable(status) and run_record(status, lang) == run_record(replaced_status, lang):
-        why = GREEDY_SAME if temperature == 0 or top_k == 1 else SAME_SEED
+        settings = last_run.get("values", {})
+        why = GREEDY_SAME if settings.get("temperature") == 0 or settings.get("top_k") == 1 else SAME_SEED
         status = " · ".join([status, localized(why, lang)])
     kept = [*replies["replies"], [pairs[-1][1], status]]
     replies = {"turn": replies["turn"], "replies": kept, "at": len(kept) - 1}
@@ -363,7 +363,7 @@ def chat_extras(tab: Tab) -> None:
                   api_visibility="private")
     tab.add_run([chatbot.retry], prepare=take_back_last_turn)
     tab.run_events[-1].then(replies_after_retry,
-                            [chatbot, replies, tab.status, tab.settings["temperature"], tab.settings["top_k"]],
+                            [chatbot, replies, tab.status, tab.insight.last_run],
                             [replies, more["switcher"], more["which"], tab.status], queue=False,
                             api_visibility="private")
     for step, button in ((-1, more["previous"]), (1, more["next"])):

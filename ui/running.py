@@ -147,7 +147,7 @@ def adapter_state(adapter_on: bool, adapter_scale: float) -> str:
 
 def compared_state(adapter_scale: float) -> str:
     """A comparison's status part: both sides ran; the line's counts, and the output box, are the on side's."""
-    on = "on" if adapter_scale == 1 else f"on at strength {adapter_scale:g}"
+    on = adapter_state(True, adapter_scale).removeprefix("adapter ")
     return f"adapter off vs {on}: the output and counts are the on side's"
 
 

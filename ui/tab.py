@@ -206,7 +206,7 @@ def without_refusal(status: str | None):
     """The status line once an example is picked: a refusal's goes (most speak of an input the
     example replaces; any other is said again by the next run), a run's stays with its seed
     (None: no line yet, before a first run)."""
-    return "" if status and status.startswith(REFUSED) else gr.skip()
+    return "" if status and not joinable(status) else gr.skip()
 
 
 def append_run(text: str, output: str, status: str) -> str:
