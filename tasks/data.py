@@ -365,13 +365,15 @@ def interleave(a: list, b: list) -> list:
 PAIRS_PER_DOCUMENT = 8  # translation lines per document, as in a few-shot prompt
 
 
-def pretraining_documents() -> dict[str, list[str]]:
+def pretraining_documents(splits: dict[str, dict[str, list[dict]]] | None = None) -> dict[str, list[str]]:
     """Training records only, written the way the tabs prompt, by source for the pretraining mix:
     "translation": documents of PAIRS_PER_DOCUMENT `source = target` lines of one direction (the
     prompt-only translation format); "dialogue": speaker-tagged transcripts ending in the reply;
-    "summaries": an article, TL;DR: and its summary. Test and validation units never appear."""
+    "summaries": an article, TL;DR: and its summary. Test and validation units never appear.
+    splits: each task's splits as BUILDERS make them, where the caller has them already."""
+    splits = splits or {task: build() for task, build in BUILDERS.items()}
     by_direction = defaultdict(list)
-    for r in translation_splits()["train"]:
+    for r in splits["translate"]["train"]:
         by_direction[r["source"], r["target"]].append(f"{one_line(r['text'])} = {one_line(r['translation'])}")
     translation = ["\n".join(lines[i:i + PAIRS_PER_DOCUMENT])
                    for lines in by_direction.values() for i in range(0, len(lines), PAIRS_PER_DOCUMENT)]
@@ -379,8 +381,8 @@ def pretraining_documents() -> dict[str, list[str]]:
     def formatted(task: str, records: list[dict]) -> list[str]:
         return ["".join(TASKS[task].format_example(*example_from_record(task, r))) for r in records]
 
-    return {"translation": translation, "dialogue": formatted("dialogue", dialogue_splits()["train"]),
-            "summaries": formatted("summarize", summarize_splits()["train"])}
+    return {"translation": translation, "dialogue": formatted("dialogue", splits["dialogue"]["train"]),
+            "summaries": formatted("summarize", splits["summarize"]["train"])}
 
 
 BUILDERS = {"dialogue": dialogue_splits, "translate": translation_splits, "summarize": summarize_splits}

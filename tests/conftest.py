@@ -26,6 +26,14 @@ def decode_kernels_built():
     kernels.wait_until_built()
 
 
+@pytest.fixture(scope="session")
+def task_splits() -> dict[str, dict[str, list[dict]]]:
+    """Every task's real splits (tasks.data.BUILDERS), built once: each takes seconds. Read only."""
+    from tasks import data
+
+    return {task: build() for task, build in data.BUILDERS.items()}
+
+
 def serving(loaded, quantize: str | None = None):
     """A (model, tokenizer) from load_pretrained as the app serves it (engine.prepare_for_serving)."""
     from engine import prepare_for_serving

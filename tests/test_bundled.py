@@ -128,11 +128,10 @@ EXAMPLE_REFERENCES = {"My book is on the table.": "Mon livre est sur la table.",
                       "Das Buch ist sehr gut.": "Le livre est très bon."}
 
 
-def test_the_translate_examples_are_ones_the_model_translates_and_never_trained_on(bundled):
+def test_the_translate_examples_are_ones_the_model_translates_and_never_trained_on(bundled, task_splits):
     import sacrebleu
     from model.adapters import adapters_on_by_default
     from tasks import TranslateInputs
-    from tasks.data import translation_splits
     from ui.views import TRANSLATE_EXAMPLES
 
     model, tokenizer = bundled
@@ -140,7 +139,7 @@ def test_the_translate_examples_are_ones_the_model_translates_and_never_trained_
     adapter_on = task.adapter in adapters_on_by_default(model)
     assert {text for text, *_ in TRANSLATE_EXAMPLES} == set(EXAMPLE_REFERENCES)
     assert len({(source, target) for _, source, target in TRANSLATE_EXAMPLES}) == len(TRANSLATE_EXAMPLES)
-    trained_on = {sentence for r in translation_splits()["train"] for sentence in (r["text"], r["translation"])}
+    trained_on = {sentence for r in task_splits["translate"]["train"] for sentence in (r["text"], r["translation"])}
     for text, source, target in TRANSLATE_EXAMPLES:
         assert text not in trained_on and EXAMPLE_REFERENCES[text] not in trained_on, text
         done = next(e for e in run_task(task, model, tokenizer, TranslateInputs(text, source, target),

@@ -60,9 +60,8 @@ def tiny_base(tokenizer, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def splits():
-    """The real splits of every task, built once."""
-    return {task: build() for task, build in data.BUILDERS.items()}
+def splits(task_splits):
+    return task_splits
 
 
 def ids_of(records, strip_turn=False):

@@ -9,7 +9,7 @@ import torch
 
 from model import GPT2, GPT2Config, load_pretrained
 from tasks import TASKS
-from tasks.data import dialogue_splits, example_from_record, pretraining_documents, summarize_splits, translation_splits
+from tasks.data import example_from_record, pretraining_documents
 from train.corpus import pretrain_documents, tinystories_validation_text
 from train.pretrain import (DEFAULT_MIX, TrainSettings, learning_rate, main, mixed_batches, rows_per_source, train)
 
@@ -104,8 +104,8 @@ def fingerprint(text: str) -> str:
     return hashlib.sha256(" ".join(text.split()).encode()).hexdigest()
 
 
-def test_the_pretraining_mix_never_holds_a_test_item():
-    documents = pretraining_documents()
+def test_the_pretraining_mix_never_holds_a_test_item(task_splits):
+    documents = pretraining_documents(task_splits)
     assert set(documents) | {"tinystories", "gutenberg"} == set(DEFAULT_MIX)
     sentences, examples = set(), set()
     for line in (line for doc in documents["translation"] for line in doc.split("\n")):
@@ -114,17 +114,17 @@ def test_the_pretraining_mix_never_holds_a_test_item():
     for doc in documents["dialogue"] + documents["summaries"]:
         examples.add(fingerprint(doc))
         sentences |= {fingerprint(part) for part in doc.split("\n")}
-    held_out = translation_splits()
+    held_out = task_splits["translate"]
     for split in ("test", "val"):
         for r in held_out[split]:
             assert fingerprint(r["text"]) not in sentences and fingerprint(r["translation"]) not in sentences, r
-    for task, splits in (("dialogue", dialogue_splits()), ("summarize", summarize_splits())):
+    for task, splits in (("dialogue", task_splits["dialogue"]), ("summarize", task_splits["summarize"])):
         for r in splits["test"] + splits["val"] + splits.get("derived-test", []):
             assert fingerprint("".join(TASKS[task].format_example(*example_from_record(task, r)))) not in examples, r
-    aesop_tests = {fingerprint(r["article"]) for r in summarize_splits()["test"]}
+    aesop_tests = {fingerprint(r["article"]) for r in task_splits["summarize"]["test"]}
     assert aesop_tests and not aesop_tests & sentences
     prose = " ".join(" ".join(pretrain_documents("train")).split())  # nor is a test fable in the books or stories
-    assert all(" ".join(r["article"].split()[:12]) not in prose for r in summarize_splits()["test"])
+    assert all(" ".join(r["article"].split()[:12]) not in prose for r in task_splits["summarize"]["test"])
 
 
 def test_init_continues_from_a_checkpoint_with_a_fresh_schedule_and_counts_every_token(tmp_path):
