@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from bench import startup
 from bench.decode import BUNDLED_KEYS, CLIENTS, KEYS, scheduler_clients, table, without_kernels
 from engine import kernels
 from model import load_pretrained
 
-from .conftest import REPO, serving
+from .conftest import serving
 
 
 def test_without_kernels_runs_on_pytorch_and_switches_them_back_after():
@@ -44,10 +43,10 @@ def test_the_decode_table_has_a_row_for_each_figure_and_the_kernels_side_by_side
     assert "| decode, batch 1, fp32" not in bf16 and "| bundled model, fp32: scheduler" in bf16
 
 
-def test_a_fresh_clone_answers_before_its_kernels_are_built():
+def test_a_fresh_clone_answers_before_its_kernels_are_built(fresh_clone_startup):
     """bench.startup: a fresh clone with an empty build cache serves /generate on PyTorch's path
     while the kernels build in the background, and says when they are ready."""
-    n = startup.seconds_to_first_answer(REPO, keep_build_cache=False)
+    n = fresh_clone_startup.result()
     assert "16 generated tokens" in n["status"]
     if kernels.unavailable_reason() is None:
         assert n["kernels_ready_s"] is not None and n["kernels_ready_s"] > n["first_generate_s"]
