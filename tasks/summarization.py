@@ -26,7 +26,7 @@ def build_prompt(inputs: SummarizeInputs, tokenizer: Tokenizer, max_prompt_token
         raise too_long("TL;DR: and one token of the article", len(suffix_ids) + 1, max_prompt_tokens)
     notes = []
     if len(article_ids) > room:
-        notes.append(f"article cut from {len(article_ids):,} to {room:,} tokens to fit the context")
+        notes.append(f"article cut to its first {room:,} of {len(article_ids):,} tokens to fit the context")
         article_ids = article_ids[:room]
     return Prompt(tokenizer.decode(article_ids) + TLDR, article_ids + suffix_ids, notes)
 

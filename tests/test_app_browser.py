@@ -300,12 +300,16 @@ def test_bad_input_shows_why_and_the_tab_keeps_working(page):
 
 
 def test_adapter_controls_show_only_on_tabs_whose_task_has_an_adapter(page):
+    # The insight's title promises an adapter comparison only where there is one.
+    expect(page.locator("#generate-insight")).to_contain_text("Why this output: tokens and their alternatives")
+    expect(page.locator("#generate-insight")).not_to_contain_text("adapter off vs on")
     page.locator("#tab-generate").get_by_text("Why this output").click()
     expect(page.locator("#generate-show-tokens")).to_be_visible()
     expect(page.locator("#generate-adapter")).to_be_hidden()
     expect(page.locator("#generate-adapter_scale")).to_be_hidden()
     expect(page.locator("#generate-compare")).to_be_hidden()
     page.get_by_role("tab", name="Summarise").click()
+    expect(page.locator("#summarize-insight")).to_contain_text("adapter off vs on")
     page.locator("#tab-summarize").get_by_text("Why this output").click()
     expect(page.locator("#summarize-adapter_scale")).to_be_visible()
     expect(page.locator("#summarize-compare")).to_be_visible()
@@ -330,7 +334,7 @@ def test_summarise_shows_the_article_length_and_when_it_will_be_cut(page):
     expect(length).not_to_contain_text("cut")
     article.fill(FABLE * 30)
     expect(length).to_contain_text("924 of 1,024 context tokens in the prompt")  # all the room there is
-    expect(length).to_contain_text("article cut from")
+    expect(length).to_contain_text("article cut to its first")
     article.fill("word " * 10_001)  # past what the app takes: the line says what a run would
     expect(length).to_have_text("article is too long: 50,005 characters; the limit is 50,000")
 

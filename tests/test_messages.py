@@ -16,14 +16,16 @@ from train.inspect import inspect_prompt
 from ui import chat
 from ui.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, language, localized, translate_one, word
 from ui.model_host import ModelHost, ModelLoadError
-from ui.running import adapter_state, changed_settings, check_size, checked_text, compared_state
+from ui.running import (adapter_state, changed_settings, check_size, checked_text, compared_state, sampling_params,
+                        setting_params)
 from ui.views import example_pairs
 
 ENGLISH_WORD = re.compile(r"[A-Za-z]{3,}")
 SAMPLE_VALUES = {"name": "prompt", "what": "the prompt", "unit": "characters", "reason": "max_new_tokens reached",
                  "task": "generate", "adapter": "chat", "adapters": "none", "languages": "English, French, German",
                  "source": "English", "target": "French", "kind": "RuntimeError", "capability": "AVX512",
-                 "names": "bundled", "line": "'x'", "settings": "temperature 0.7, top_k 40"}
+                 "names": "bundled", "line": "'x'", "settings": "temperature 0.7, top_k 40",
+                 "error": "seed must be an integer, got 1.5"}
 
 
 def sample(template: str) -> str:
@@ -61,6 +63,11 @@ def refusal(call) -> str:
     return str(caught.value)
 
 
+def api_defaults(task: str) -> dict:
+    """A task's settings as an API call that names none of them sends them."""
+    return {p.name: p.default for p in setting_params(TASKS[task].defaults)}
+
+
 def made_messages() -> list[str]:
     """Messages the code makes, one of each kind a user can meet."""
     tiny = GPT2(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
@@ -89,6 +96,7 @@ def made_messages() -> list[str]:
         refusal(prompt("translate", TranslateInputs(text="Hi", source="English", target="English"))),
         refusal(prompt("summarize", SummarizeInputs(article=""))),
         refusal(lambda: checked_text("prompt", 3)),
+        *(refusal(lambda: sampling_params(TASKS["generate"], {**api_defaults("generate"), "seed": seed})) for seed in (-5, 1.5)),
         refusal(lambda: check_size("history", 99, 10, "turns")),
         refusal(lambda: chat.history_pairs([["only one"]])),
         refusal(lambda: example_pairs("no equals sign")),
@@ -144,3 +152,29 @@ def test_the_model_line_is_whole_in_each_language():
         assert set(re.findall(r"\{(\w+)\}", template)) == set(re.findall(r"\{(\w+)\}", MODEL_LINE["en"]))
     zh = re.sub(r"\{\w+\}", "", MODEL_LINE["zh"])
     assert not ENGLISH_WORD.findall(zh)
+
+
+def test_a_refused_seed_names_the_random_one_the_seed_box_takes():
+    for seed, said in ((-5, "seed must be between 0 and 4,294,967,295, got -5"),
+                       (1.5, "seed must be an integer, got 1.5")):
+        message = refusal(lambda: sampling_params(TASKS["generate"], {**api_defaults("generate"), "seed": seed}))
+        assert message == f"{said}; -1 draws a random seed"
+        zh = localized(message, "zh")
+        assert zh.startswith(localized(said, "zh")) and zh.endswith("设为 -1 则随机抽取种子"), zh
+    for seed in (-1, None, 0, 7):  # a random seed, and seeds in range, run
+        assert sampling_params(TASKS["generate"], {**api_defaults("generate"), "seed": seed}).seed == \
+            (None if seed in (-1, None) else seed)
+
+
+def test_an_import_that_is_no_conversation_says_why_in_both_languages(tmp_path):
+    files = {"notes.json": b"{not json", "list.json": b"[1, 2]", "image.json": b"\x89PNG\xff\xfe"}
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    said = {name: refusal(lambda: chat.read_import(str(tmp_path / name))) for name in files}
+    assert said == {"notes.json": "the file is not an exported conversation (not JSON)",
+                    "list.json": "the file is not an exported conversation (not a JSON object)",
+                    "image.json": "the file is not an exported conversation (not JSON)"}
+    assert refusal(lambda: chat.read_import(str(tmp_path / "gone.json"))) == \
+        "the file could not be read (FileNotFoundError)"
+    assert localized(said["notes.json"], "zh") == "该文件不是导出的对话（不是 JSON）"
+    assert localized(said["list.json"], "zh") == "该文件不是导出的对话（不是 JSON 对象）"

@@ -156,8 +156,8 @@ def test_summarize_cuts_a_long_article_and_keeps_tldr(tokenizer):
     assert prompt.text.startswith("Sentence number 0 of a long article.")
     assert prompt.text.endswith("\nTL;DR:")
     assert prompt.ids[-len(tokenizer.encode("\nTL;DR:")):] == tokenizer.encode("\nTL;DR:")
-    assert prompt.notes == [f"article cut from {n_article:,} to {60 - len(tokenizer.encode(chr(10) + 'TL;DR:'))} "
-                            "tokens to fit the context"]
+    assert prompt.notes == [f"article cut to its first {60 - len(tokenizer.encode(chr(10) + 'TL;DR:'))} of "
+                            f"{n_article:,} tokens to fit the context"]
 
 
 def test_generate_prompt_too_long_is_an_error(tokenizer):

@@ -264,8 +264,10 @@ def read_import(path: str | None) -> dict:
     checks them."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"the file is not an exported conversation ({type(error).__name__})") from None
+    except (OSError, TypeError) as error:
+        raise ValueError(f"the file could not be read ({type(error).__name__})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError("the file is not an exported conversation (not JSON)") from None
     if not isinstance(data, dict):
         raise ValueError("the file is not an exported conversation (not a JSON object)")
     return {"history": [list(pair) for pair in history_pairs(data.get("history", []))],

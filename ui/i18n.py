@@ -71,7 +71,8 @@ ENGLISH = {
     "adapter_info": "switch on the fine-tuned adapter for this task",
     # Off by default where the model's evaluation found the adapter no better than the prompt alone
     # (or the model has no evaluation): said, so that the off does not look like a mistake.
-    "adapter_info_off": "off by default for this model: switch it on to compare with the prompt alone",
+    "adapter_info_off": "off at first: this model's evaluation did not find it better than the prompt alone; "
+                        "switch it on to try it",
     "lens_adapter": "Adapter for the logit lens",
     "lens_adapter_info": "with one on, red outlines the layers and tokens where it changes the top-1",
     "logit_lens": "Logit lens: what each layer would predict (ln_f and the tied head on the residual stream)",
@@ -79,6 +80,7 @@ ENGLISH = {
     "adapter_scale_info": "how much of the adapter's change to the weights to add: 0 = none (the base model, "
                           "given the adapter's prompt), 1 = as trained; with the adapter on, or when comparing",
     "look_inside_output": "Why this output: tokens, alternatives, adapter off vs on",
+    "look_inside_output_plain": "Why this output: tokens and their alternatives",  # a task without an adapter
     "show_tokens": "Show tokens",
     "show_tokens_info": "each token coloured by its probability, with the alternatives at that step",
     "compare": "Compare adapter off and on",
@@ -198,13 +200,14 @@ CHINESE = {
     "summary": "摘要",
     "adapter": "适配器",
     "adapter_info": "启用此任务微调过的适配器",
-    "adapter_info_off": "此模型默认关闭：可开启，与仅用提示词对比",
+    "adapter_info_off": "默认关闭：此模型的评测未发现它比仅用提示词更好；可开启试用",
     "lens_adapter": "逻辑透镜使用的适配器",
     "lens_adapter_info": "启用后，红框标出它改变了首选词元的层和位置",
     "logit_lens": "逻辑透镜：每一层会预测什么（对残差流施加 ln_f 和共享的输出头）",
     "adapter_scale": "适配器强度",
     "adapter_scale_info": "加入多少适配器对权重的改变：0 = 不加（基础模型，但用适配器的提示词），1 = 训练时的强度；在适配器打开或对比时生效",
     "look_inside_output": "为什么是这个输出：词元、备选、适配器关与开",
+    "look_inside_output_plain": "为什么是这个输出：词元及其备选",
     "show_tokens": "显示词元",
     "show_tokens_info": "每个词元按概率着色，并列出该步的备选",
     "compare": "比较适配器关与开",

@@ -18,6 +18,8 @@ from .i18n import CHINESE
 
 # key: (the English message with {fields}, as the code writes it; its Chinese)
 TEMPLATES: dict[str, tuple[str, str]] = {
+    # a seed the app refuses (ui/running.py), before out_of_range, which would take its end as the value
+    "random_seed": ("{error}; -1 draws a random seed", "{error}；设为 -1 则随机抽取种子"),
     # decoding settings (engine/generate.py)
     "temperature_low": ("temperature must be 0 (greedy) or at least {low}, got {value}",
                         "温度必须为 0（贪心）或至少 {low}，收到的是 {value}"),
@@ -60,6 +62,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "greedy_same": ("greedy decoding (temperature 0 or top_k 1) gives the same reply each time",
                     "贪心解码（温度 0 或 Top-k 1）每次给出相同的回复"),
     "not_a_conversation": ("the file is not an exported conversation ({kind})", "该文件不是导出的对话（{kind}）"),
+    "unreadable_file": ("the file could not be read ({kind})", "无法读取该文件（{kind}）"),
     "example_line": ("example pairs line {number} is not 'source = target': {line}",
                      "示例第 {number} 行不是「源 = 目标」格式：{line}"),
     "generation_failed": ("the generation failed ({kind}); the app is still serving, please try again",
@@ -73,8 +76,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "dropped_turns": ("dropped the {count} oldest turns to fit the context", "为放入上下文，删去了最早的 {count} 轮"),
     "dropped_examples": ("dropped {count} of the {total} examples to fit the context",
                          "为放入上下文，删去了 {total} 个示例中的 {count} 个"),
-    "article_cut": ("article cut from {tokens} to {room} tokens to fit the context",
-                    "为放入上下文，文章从 {tokens} 个词元截短到 {room} 个"),
+    "article_cut": ("article cut to its first {room} of {tokens} tokens to fit the context",
+                    "为放入上下文，文章只保留了前 {room} 个词元（共 {tokens} 个）"),
     "translated_through": ("translated through {language} (first step: {prompt} prompt + {generated} generated "
                            "tokens): {text}", "经由{language}翻译（第一步：提示词 {prompt} + 生成 {generated} 个词元）：{text}"),
     "article_length": ("{tokens} of {context} context tokens in the prompt; the summary may use up to {left}",
@@ -123,6 +126,7 @@ NAMES_ZH: dict[str, str] = {
     "none": "无", "(nothing)": "（无）", "layer": "层", "head": "注意力头",
     "decode kernels building": "解码内核构建中", "kernels switched off": "内核已关闭", "no kernels": "无内核",
     "no C++ compiler": "没有 C++ 编译器",
+    "not JSON": "不是 JSON", "not a JSON object": "不是 JSON 对象",  # an import that is no conversation
     "adapter on": "适配器开", "adapter off": "适配器关", "output": "输出",
 }
 WORDS_ZH = {"error": "错误", "warning": "警告"}
@@ -177,9 +181,9 @@ def translate_one(message: str) -> str:
 
 
 def translate_field(key: str, value: str) -> str:
-    """A field's value in Chinese: a stop reason as a message; a token as it is; a list ("English,
+    """A field's value in Chinese: a stop reason or an error as a message; a token as it is; a list ("English,
     French, German", "temperature 0.7, top_k 40") item by item."""
-    if key == "reason":
+    if key in ("reason", "error"):  # a message within the message
         return translate_one(value)
     if key == "token":  # a token of the model's ("none", "text"), never a name to translate
         return value

@@ -99,6 +99,11 @@ def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
     """The task's defaults with the caller's settings; SamplingParams checks every range, and
     max_new_tokens is held to this app's cap."""
     seed = values["seed"]
+    if not asks_random_seed(seed):
+        try:
+            check_setting("seed", seed, *SETTING_RANGES["seed"], integer=True)
+        except ValueError as error:  # SamplingParams's own message knows nothing of the app's -1
+            raise ValueError(f"{error}; {RANDOM_SEED} draws a random seed") from None
     check_setting("max_new_tokens", values["max_new_tokens"], *SETTING_RANGES["max_new_tokens"], integer=True)
     settings = {name: values[name] for name, _ in SETTINGS}
     return replace(task.defaults, **settings, seed=None if asks_random_seed(seed) else seed,

@@ -126,7 +126,8 @@ class Insight:
         adapter_scale = gr.Slider(*LIMITS["adapter_scale"], value=1.0, step=0.05, label=i18n("adapter_scale"),
                                   info=i18n("adapter_scale_info"), visible=has_adapter,  # a task without one
                                   interactive=adapter_on, elem_id=f"{task}-adapter_scale")
-        with gr.Accordion(i18n("look_inside_output"), open=False, elem_id=f"{task}-insight"):
+        title = "look_inside_output" if has_adapter else "look_inside_output_plain"
+        with gr.Accordion(i18n(title), open=False, elem_id=f"{task}-insight"):
             with gr.Row():
                 show_tokens = gr.Checkbox(False, label=i18n("show_tokens"), info=i18n("show_tokens_info"),
                                           elem_id=f"{task}-show-tokens")
