@@ -729,6 +729,7 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     screenshot(page, "chat-replies")
 
     set_setting(page, "dialogue", "seed", 43)
+    message.fill("a draft of my next message")  # an edit sends the edited text, and keeps the draft
     user = page.locator("#dialogue-chatbot [data-testid=user]").last
     user.hover()
     page.locator("#dialogue-chatbot [aria-label=Edit]").last.click()
@@ -738,6 +739,8 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     wait_for_run(page, "dialogue", 43)
     users, _ = chat_turns(page)
     assert [u.strip() for u in users] == ["Good evening"]
+    expect(message).to_have_value("a draft of my next message")
+    message.fill("")
     page.locator("#tab-dialogue").get_by_text("Prompt sent to the model").click()
     assert page.locator("#dialogue-prompt-sent textarea").input_value().endswith("User: Good evening\nBot:")
     screenshot(page, "chat-edited")

@@ -124,12 +124,19 @@ def take_back_last_turn(values: dict[str, Any]) -> dict[str, Any]:
     return {**values, "history": history, "message": message}
 
 
-def branch_at_edit(messages: list[dict], edit: gr.EditData) -> tuple[list[dict[str, str]], str]:
+def branch_at_edit(messages: list[dict], draft: str, edit: gr.EditData) -> tuple[list[dict[str, str]], str, str]:
     """An edited user message: the conversation before it, and its new text in the message box, to
-    be sent again (the reply then follows the edited text)."""
+    be sent again (the reply then follows the edited text); what the box held before, kept to be
+    put back once the edited message has gone (draft_back)."""
     index = edit.index if isinstance(edit.index, int) else edit.index[0]
     value = edit.value if isinstance(edit.value, str) else message_text({"content": edit.value})
-    return messages_from_pairs(pairs_from_messages(messages[:index])), value
+    return messages_from_pairs(pairs_from_messages(messages[:index])), value, draft
+
+
+def draft_back(draft: str, message_now: str):
+    """The message box's draft, back once the edited message sent from the box has left it (a
+    refused one stays there, and the draft with it in its state)."""
+    return draft if draft and not message_now else gr.skip()
 
 
 def replies_before_retry(messages: list[dict], replies: dict, status: str) -> dict:
@@ -371,8 +378,11 @@ def chat_extras(tab: Tab) -> None:
     for step, button in ((-1, more["previous"]), (1, more["next"])):
         button.click(switch_reply(step), [chatbot, replies], [chatbot, replies, more["which"], tab.status],
                      queue=False, api_visibility="private")
-    edited = chatbot.edit(branch_at_edit, chatbot, [chatbot, message], queue=False, api_visibility="private")
+    draft = gr.State("")
+    edited = chatbot.edit(branch_at_edit, [chatbot, message], [chatbot, message, draft], queue=False,
+                          api_visibility="private")
     tab.add_run([edited])
+    tab.run_events[-1].then(draft_back, [draft, message], message, queue=False, api_visibility="private")
     forget_replies = dict(fn=forget_replaced, inputs=[chatbot, replies], outputs=[replies, more["switcher"]],
                           queue=False, api_visibility="private")
     for new_turn in [*sending, tab.run_events[-1]]:
