@@ -178,3 +178,12 @@ def test_an_import_that_is_no_conversation_says_why_in_both_languages(tmp_path):
         "the file could not be read (FileNotFoundError)"
     assert localized(said["notes.json"], "zh") == "该文件不是导出的对话（不是 JSON）"
     assert localized(said["list.json"], "zh") == "该文件不是导出的对话（不是 JSON 对象）"
+
+
+def test_chinese_text_written_across_lines_shows_no_space_between_its_characters():
+    from ui.i18n import CHINESE, unwrapped
+
+    assert unwrapped("做归一化，\n再把子层\n`ln_f`\n在输出层\n\n## 实测") == "做归一化，再把子层 `ln_f` 在输出层\n\n## 实测"
+    for key, text in CHINESE.items():
+        assert not re.search(r"[^\n]\n[^\n]", text), key  # Markdown would show each as a space
+    assert "每个块先对注意力和 MLP 子层的*输入*做归一化，再把子层的输出" in CHINESE["architecture_intro"]

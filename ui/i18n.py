@@ -3,6 +3,8 @@
 Gradio translates these in the browser, following its language, so only fixed text (labels,
 buttons, help) goes here; what the model writes and the numbers of a run are shown as they are.
 """
+import re
+
 import gradio as gr
 
 ENGLISH = {
@@ -162,8 +164,8 @@ CHINESE = {
     "tab_translate": "翻译",
     "tab_summarize": "摘要",
     "tab_architecture": "架构",
-    "intro_generate": "模型接着你的文字写下去。**继续**会把它写的内容加到提示词后面，你可以改正后接着写。",
-    "intro_dialogue": "和模型对话。人设设定场景；每条回复是模型在对话记录里的下一句。",
+    "intro_generate": "模型接着你的文字写下去。**续写**会把它写的内容加到提示词后面，你可以改正后接着写。",
+    "intro_dialogue": "和模型对话。角色设定交代场景；每条回复是模型在对话记录里的下一句。",
     "intro_translate": "在英语、法语和德语之间翻译一句话。关闭适配器时，示例句对向模型示范要做什么。",
     "intro_summarize": "为一段文字或一段对话写摘要：模型读完全文和其后的 `TL;DR:`（\"too long; didn't read\"，即“太长不看”，GPT-2 论文用的提示词），写出的前几句就是摘要。",
     "generate": "生成",
@@ -271,6 +273,22 @@ GPT-2 是 **Pre-LN**（前置层归一化）Transformer：每个块先对注意�
     "attention_map": "注意力图",
     "top_tokens": "前 10 个候选词元",
 }
+
+
+def is_chinese(character: str) -> bool:
+    """A CJK character or a full-width punctuation mark (，。（）：…)."""
+    return "\u3000" <= character <= "\u9fff" or "\uff00" <= character <= "\uffef"
+
+
+def unwrapped(text: str) -> str:
+    """Text written across source lines, rejoined. Markdown shows a line break inside a paragraph
+    as a space, which Chinese puts only next to a Latin word or a number, never between two of its
+    own characters."""
+    return re.sub(r"([^\n])\n([^\n])", lambda m: m[1] + ("" if is_chinese(m[1]) and is_chinese(m[2]) else " ") + m[2],
+                  text)
+
+
+CHINESE = {key: unwrapped(text) for key, text in CHINESE.items()}
 
 # "zh" as well as "zh-CN": the browser's language may be just "zh", or a variant the front end
 # falls back from to "zh".

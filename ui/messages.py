@@ -39,11 +39,11 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     # fitting a prompt into the context (tasks/base.py)
     "too_long_shorten": ("{what}: {tokens} tokens, but only {room} fit in the context next to max_new_tokens; "
                          "shorten it, or set max_new_tokens to {most} or less",
-                         "{what}：需要 {tokens} 个词元，但在最大新词元数旁上下文只容得下 {room} 个；"
+                         "{what}：需要 {tokens} 个词元，但留出最大新词元数后，上下文只容得下 {room} 个；"
                          "请缩短它，或把最大新词元数设为 {most} 或更少"),
     "too_long_context": ("{what}: {tokens} tokens, but only {room} fit in the context next to max_new_tokens; "
                          "shorten it: the model's whole context is {context} tokens",
-                         "{what}：需要 {tokens} 个词元，但在最大新词元数旁上下文只容得下 {room} 个；"
+                         "{what}：需要 {tokens} 个词元，但留出最大新词元数后，上下文只容得下 {room} 个；"
                          "请缩短它：模型的整个上下文只有 {context} 个词元"),
     "empty": ("{name} is empty", "{name}为空"),
     "no_task_adapter": ("the {task} task has no adapter", "任务 {task} 没有适配器"),
@@ -117,7 +117,7 @@ NAMES_ZH: dict[str, str] = {
     "text": CHINESE["source_text"], "text to translate": CHINESE["source_text"],
     "source": CHINESE["source_language"], "target": CHINESE["target_language"],
     "examples": CHINESE["example_pairs"], "history": CHINESE["conversation"],
-    "the prompt": "提示词", "the persona and the message": "人设和消息", "the text to translate": "要翻译的文本",
+    "the prompt": "提示词", "the persona and the message": "角色设定和消息", "the text to translate": "要翻译的文本",
     "TL;DR: and one token of the article": "TL;DR: 和文章的一个词元",
     "characters": "个字符", "turns": "轮", "pairs": "对",
     # why a run stopped (engine.generate.STOP_REASON_WORDS)
