@@ -1,4 +1,5 @@
-"""Open generation: the prompt exactly as written, sampled with top-k 40 as in the GPT-2 paper's samples."""
+"""Open generation: the prompt exactly as written (its newest tokens, where it does not fit), sampled
+with top-k 40 as in the GPT-2 paper's samples."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,7 +7,7 @@ from dataclasses import dataclass
 from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
-from .base import Prompt, Task, require_text, too_long
+from .base import Prompt, Task, require_text
 
 
 @dataclass(frozen=True)
@@ -18,9 +19,13 @@ def build_prompt(inputs: GenerateInputs, tokenizer: Tokenizer, max_prompt_tokens
     require_text(inputs.prompt, "prompt is empty")
     # Not stripped: a trailing space or newline is part of what the user asks to continue.
     ids = tokenizer.encode(inputs.prompt)
-    if len(ids) > max_prompt_tokens:
-        raise too_long("the prompt", len(ids), max_prompt_tokens)
-    return Prompt(inputs.prompt, ids)
+    if len(ids) <= max_prompt_tokens:
+        return Prompt(inputs.prompt, ids)
+    # Too long: the model reads the newest text, as a notebook that goes on Continuing needs (the
+    # oldest goes first, as Chat drops its oldest turns); the prompt box keeps all of it.
+    kept = ids[-max_prompt_tokens:]
+    return Prompt(tokenizer.decode(kept), kept,
+                  [f"prompt cut to its last {len(kept):,} of {len(ids):,} tokens to fit the context"])
 
 
 GENERATE = Task(

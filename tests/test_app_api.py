@@ -157,10 +157,18 @@ def test_a_random_seed_is_reported_and_reproduces_the_run(client):
 # model and adapters. Too long and out-of-range input: tests/test_hardening.py.
 BAD_REQUESTS = [
     *MALFORMED,
-    ("/generate", dict(prompt="word" + " word" * 999), "the prompt: 1,000 tokens, but only 924 fit"),
+    ("/translate", dict(text="a" + " a" * 999), "the text to translate: 1,001 tokens, but only 960 fit"),
     ("/generate", dict(prompt="Hello", adapter=True), "the generate task has no adapter"),
     ("/chat", dict(message=""), "message is empty"),
 ]
+
+
+def test_a_prompt_longer_than_the_context_is_read_from_its_newest_tokens(client):
+    """As a notebook that goes on Continuing needs: the status line says what was cut."""
+    prompt = "word" + " word" * 1099
+    _, status, sent, _ = client.predict(prompt, max_new_tokens=4, api_name="/generate")
+    assert "prompt cut to its last 1,020 of 1,100 tokens to fit the context" in status
+    assert "4 generated tokens" in status and prompt.endswith(sent) and len(sent) < len(prompt)
 
 
 @pytest.mark.parametrize("api_name, request_, message", BAD_REQUESTS, ids=[m for _, _, m in BAD_REQUESTS])

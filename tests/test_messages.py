@@ -21,7 +21,7 @@ from ui.running import (adapter_state, changed_settings, check_size, checked_tex
 from ui.views import example_pairs
 
 ENGLISH_WORD = re.compile(r"[A-Za-z]{3,}")
-SAMPLE_VALUES = {"name": "prompt", "what": "the prompt", "unit": "characters", "reason": "max_new_tokens reached",
+SAMPLE_VALUES = {"name": "prompt", "what": "the text to translate", "unit": "characters", "reason": "max_new_tokens reached",
                  "task": "generate", "adapter": "chat", "adapters": "none", "languages": "English, French, German",
                  "source": "English", "target": "French", "kind": "RuntimeError", "capability": "AVX512",
                  "names": "bundled", "line": "'x'", "settings": "temperature 0.7, top_k 40",
@@ -89,8 +89,8 @@ def made_messages() -> list[str]:
         refusal(lambda: check_prompt_fits(tiny, 16)),
         refusal(lambda: check_adapter(tiny, "chat")),
         refusal(prompt("generate", GenerateInputs(""))),
-        refusal(prompt("generate", GenerateInputs(long), max_new_tokens=100)),
-        refusal(prompt("generate", GenerateInputs(long * 2), max_new_tokens=1)),
+        refusal(prompt("translate", TranslateInputs(text="word " * 400), max_new_tokens=300)),
+        refusal(prompt("dialogue", DialogueInputs(message=long), max_new_tokens=1)),
         refusal(prompt("dialogue", DialogueInputs(message=""))),
         refusal(prompt("translate", TranslateInputs(text=""))),
         refusal(prompt("translate", TranslateInputs(text="Hi", source="English", target="English"))),
@@ -103,6 +103,7 @@ def made_messages() -> list[str]:
         refusal(lambda: inspect_prompt(tiny, tokenizer, "word " * 40, 0, 0)),  # the live view's limit
         refusal(lambda: ModelHost(["bundled"], device="cpu").switch("elsewhere")),
         TASKS["summarize"].prompt(SummarizeInputs(long), tokenizer, 512, 16, False).notes[0],
+        TASKS["generate"].prompt(GenerateInputs(long), tokenizer, 512, 16, False).notes[0],
         TASKS["dialogue"].prompt(DialogueInputs(message="Hi", history=[("a " * 200, "b " * 200)] * 3), tokenizer,
                                  512, 16, False).notes[0],
         kernels.decode_path(),

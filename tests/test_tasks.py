@@ -160,9 +160,13 @@ def test_summarize_cuts_a_long_article_and_keeps_tldr(tokenizer):
                             f"{n_article:,} tokens to fit the context"]
 
 
-def test_generate_prompt_too_long_is_an_error(tokenizer):
-    with pytest.raises(ContextLengthError, match="the prompt: 6 tokens, but only 5 fit"):
-        build("generate", GenerateInputs("one two three four five six"), tokenizer, max_prompt_tokens=5)
+def test_generate_reads_the_newest_tokens_of_a_prompt_too_long(tokenizer):
+    prompt = build("generate", GenerateInputs("one two three four five six"), tokenizer, max_prompt_tokens=5)
+    assert prompt.ids == tokenizer.encode("one two three four five six")[-5:]
+    assert prompt.text == " two three four five six"
+    assert prompt.notes == ["prompt cut to its last 5 of 6 tokens to fit the context"]
+    fits = build("generate", GenerateInputs("one two three four five"), tokenizer, max_prompt_tokens=5)
+    assert fits.text == "one two three four five" and fits.notes == []
 
 
 # --- post-processing --------------------------------------------------------------------------
@@ -211,17 +215,23 @@ def test_max_new_tokens_as_long_as_the_context_leave_the_prompt_half_of_it(model
     done = run(model, tokenizer, "generate", GenerateInputs(half), max_new_tokens=N_CTX, temperature=0)[-1]
     assert done.result.stop_reason == "context_full"
     assert done.result.prompt_tokens + done.result.generated_tokens == N_CTX
-    longer = half + " world"
-    fits_with = N_CTX - (N_CTX // 2 + 1)  # the advice, taken, runs
+    # A longer prompt loses its oldest tokens to that half (Generate), or is refused with advice
+    # that, taken, runs (a task whose prompt must fit whole).
+    done = run(model, tokenizer, "generate", GenerateInputs(half + " world"), max_new_tokens=N_CTX, temperature=0)[-1]
+    assert done.result.prompt_tokens == N_CTX // 2 and done.result.stop_reason == "context_full"
+    assert done.prompt.notes == [f"prompt cut to its last {N_CTX // 2} of {N_CTX // 2 + 1} tokens to fit the context"]
+    text = "Hello" + " world" * (N_CTX // 2 + 4)
+    needs = len(tokenizer.encode(f"{text} ="))  # what must fit: the line that asks (the examples may go)
+    fits_with = N_CTX - needs
     with pytest.raises(ContextLengthError, match=f"only {N_CTX // 2} fit in the context next to max_new_tokens; "
                                                  f"shorten it, or set max_new_tokens to {fits_with:,} or less"):
-        run(model, tokenizer, "generate", GenerateInputs(longer), max_new_tokens=N_CTX)
+        run(model, tokenizer, "translate", TranslateInputs(text), max_new_tokens=N_CTX)
     with pytest.raises(ContextLengthError):
-        run(model, tokenizer, "generate", GenerateInputs(longer), max_new_tokens=fits_with + 1)
-    done = run(model, tokenizer, "generate", GenerateInputs(longer), max_new_tokens=fits_with, temperature=0)[-1]
-    assert done.result.prompt_tokens == N_CTX // 2 + 1
+        run(model, tokenizer, "translate", TranslateInputs(text), max_new_tokens=fits_with + 1)
+    done = run(model, tokenizer, "translate", TranslateInputs(text), max_new_tokens=fits_with)[-1]
+    assert done.result.prompt_tokens == needs
     with pytest.raises(ContextLengthError, match=f"shorten it: the model's whole context is {N_CTX:,} tokens"):
-        run(model, tokenizer, "generate", GenerateInputs(half + half), max_new_tokens=1)
+        run(model, tokenizer, "translate", TranslateInputs(text * 2), max_new_tokens=1)
 
 
 def test_inputs_of_another_task_are_refused(model, tokenizer):

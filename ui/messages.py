@@ -76,6 +76,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "dropped_turns": ("dropped the {count} oldest turns to fit the context", "为放入上下文，删去了最早的 {count} 轮"),
     "dropped_examples": ("dropped {count} of the {total} examples to fit the context",
                          "为放入上下文，删去了 {total} 个示例中的 {count} 个"),
+    "prompt_cut": ("prompt cut to its last {room} of {tokens} tokens to fit the context",
+                   "为放入上下文，提示词只保留了最后 {room} 个词元（共 {tokens} 个）"),
     "article_cut": ("article cut to its first {room} of {tokens} tokens to fit the context",
                     "为放入上下文，文章只保留了前 {room} 个词元（共 {tokens} 个）"),
     "translated_through": ("translated through {language} (first step: {prompt} prompt + {generated} generated "
@@ -117,7 +119,7 @@ NAMES_ZH: dict[str, str] = {
     "text": CHINESE["source_text"], "text to translate": CHINESE["source_text"],
     "source": CHINESE["source_language"], "target": CHINESE["target_language"],
     "examples": CHINESE["example_pairs"], "history": CHINESE["conversation"],
-    "the prompt": "提示词", "the persona and the message": "角色设定和消息", "the text to translate": "要翻译的文本",
+    "the persona and the message": "角色设定和消息", "the text to translate": "要翻译的文本",
     "TL;DR: and one token of the article": "TL;DR: 和文章的一个词元",
     "characters": "个字符", "turns": "轮", "pairs": "对",
     # why a run stopped (engine.generate.STOP_REASON_WORDS)
