@@ -85,8 +85,10 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "article_length": ("{tokens} of {context} context tokens in the prompt; the summary may use up to {left}",
                        "提示词占上下文 {context} 个词元中的 {tokens} 个；摘要最多可用 {left} 个"),
     # the token view (ui/tokens.py)
-    "tokens_note": ("point at a token for its probability and alternatives; click it to continue from one",
-                    "指向一个词元可看其概率和备选；点击它可从某个备选继续"),
+    "alternatives_to": ("alternatives to token {index} ({token})", "第 {index} 个词元（{token}）的备选"),
+    "tokens_note": ("point at a token for its probability and alternatives; click (or tap) it to list them and "
+                    "continue from one",
+                    "指向一个词元可看其概率和备选；点击（或轻触）它可列出备选，并从其中一个继续"),
     "differ_from": ("the two differ from token {index}", "两者从第 {index} 个词元起不同"),
     "same_text_differ_from": ("the texts are the same, but their tokens differ from token {index}",
                               "两段文字相同，但词元从第 {index} 个起不同"),

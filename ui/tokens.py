@@ -15,7 +15,7 @@ from engine.generate import LIMITS
 from train.inspect import readable
 
 from .i18n import i18n
-from .messages import localized
+from .messages import language, localized
 
 TOP_SHOWN = 10  # alternatives a token shows (the API's logprobs reach 20)
 
@@ -149,8 +149,9 @@ class Insight:
                         api_visibility="private")
 
     @staticmethod
-    def offer_alternatives(last_run: dict, event: gr.EventData):
-        """The clicked token's alternatives, to continue from."""
+    def offer_alternatives(last_run: dict, event: gr.EventData, request: gr.Request = None):
+        """The clicked token's alternatives, to continue from, under a label that names the token
+        (the list shows below the text, far from it on a phone)."""
         found = getattr(event, "_data", None) or {}
         row, index = found.get("row"), found.get("index")
         rows = (last_run or {}).get("rows", [])
@@ -159,7 +160,8 @@ class Insight:
             return gr.skip(), gr.skip()
         entry = rows[row]["entries"][index]
         choices = [(f"{listed(alt['token'])} {percent(alt['logprob'])}", alt["id"]) for alt in entry["top"][:TOP_SHOWN]]
-        return {"row": row, "index": index}, gr.Radio(choices=choices, value=None, visible=True)
+        label = localized(f"alternatives to token {index + 1} ({listed(entry['token'])})", language(request))
+        return {"row": row, "index": index}, gr.Radio(choices=choices, value=None, visible=True, label=label)
 
     @staticmethod
     def continue_from(last_run: dict, selected: dict, alternative: int | None) -> tuple[dict, list, str]:
@@ -217,6 +219,6 @@ class Insight:
         return gr.update(choices=[], value=None, visible=False)
 
 
-TOKENS_NOTE = "point at a token for its probability and alternatives; click it to continue from one"
+TOKENS_NOTE = "point at a token for its probability and alternatives; click (or tap) it to list them and continue from one"
 NO_TOKENS_NOTE = "tick Show tokens before a run to see its tokens here"
 NO_TOKENS_KEPT = "this output has no tokens to show"
