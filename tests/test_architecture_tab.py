@@ -88,6 +88,19 @@ def test_the_live_view_shows_the_plots_and_the_top_tokens(page):
     page.wait_for_timeout(1500)
     assert page.locator("#tab-architecture .error").count() == 0  # no component in Gradio's error state
     screenshot(page, "architecture-logit-lens")
+    # A head typed past the last is held to the last, as a model switch's would be; one below the
+    # first is refused in the status line. Neither is one of Gradio's error toasts.
+    head = page.locator("#architecture-head input[type=number]")
+    last = head.get_attribute("max")
+    head.fill("99")
+    page.locator("#architecture-run").click()
+    expect(head).to_have_value(last)
+    page.wait_for_timeout(1500)
+    assert page.get_by_test_id("toast-body").count() == 0
+    head.fill("-3")
+    page.locator("#architecture-run").click()
+    expect(page.locator("#architecture-status")).to_contain_text("head must be between 1 and")
+    assert page.get_by_test_id("toast-body").count() == 0
 
 
 def test_a_model_of_one_layer_and_one_head_gets_sliders_and_a_view(tmp_path):

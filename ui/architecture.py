@@ -29,6 +29,17 @@ def checked_setting(name: str, value, low: int, high: int) -> int:
     return check_setting(name, value, low, high, integer=True)
 
 
+class PickSlider(gr.Slider):
+    """A layer or head slider whose value reaches look_inside as it was typed, even out of range,
+    for checked_setting to hold or refuse in the tab's status line, as the task tabs refuse. (Gradio's
+    own check answers with an error toast, in English, and a traceback in the log.) is_template:
+    the browser draws it as a plain slider."""
+    is_template = True
+
+    def preprocess(self, payload):
+        return payload
+
+
 def slider_top(count: int) -> int:
     """A slider's maximum for picking one of `count` layers or heads. Gradio refuses a slider
     whose maximum is its minimum, so a one-layer model gets 2, which checked_setting holds to 1."""
@@ -180,9 +191,9 @@ def architecture_tab(host: ModelHost) -> gr.Dropdown:
         with gr.Row():
             prompt = gr.Textbox(EXAMPLE_PROMPT, label=i18n("prompt"), lines=2, scale=3, elem_id="architecture-prompt")
             with gr.Column(scale=1):
-                layer = gr.Slider(1, slider_top(config.n_layer), value=config.n_layer, step=1, label=i18n("layer"),
+                layer = PickSlider(1, slider_top(config.n_layer), value=config.n_layer, step=1, label=i18n("layer"),
                                   elem_id="architecture-layer")
-                head = gr.Slider(1, slider_top(config.n_head), value=1, step=1, label=i18n("head"), elem_id="architecture-head")
+                head = PickSlider(1, slider_top(config.n_head), value=1, step=1, label=i18n("head"), elem_id="architecture-head")
                 run_button = gr.Button(i18n("look_inside"), variant="primary", elem_id="architecture-run")
         status = gr.Markdown(elem_id="architecture-status")
         with gr.Row():

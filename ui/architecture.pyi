@@ -1,0 +1,230 @@
+"""The Architecture tab: the Pre-LN and Post-LN blocks side by side, the measurements of
+`python -m train.lab` (docs/img), and a live look inside the loaded model for the user's prompt."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+import pandas as pd
+from matplotlib.figure import Figure  # not pyplot: figures made per request must not pile up in its registry
+from matplotlib.patches import Rectangle
+
+from engine.generate import check_setting
+from model.adapters import check_adapter
+from train.inspect import Inspection, LogitLens, inspect_prompt, logit_lens
+from engine.scheduler import in_thread_of_its_own
+
+from . import messages
+from .i18n import i18n
+from .model_host import ModelHost
+from .running import checked_text
+
+
+def checked_setting(name: str, value, low: int, high: int) -> int:
+    """A slider's value as an int from low to high, or a ValueError naming it. A larger value is
+    held to high: the sliders were sized for the model served when the page loaded, and another
+    may be served now."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > high:
+        value = high
+    return check_setting(name, value, low, high, integer=True)
+
+from gradio.events import Dependency
+
+class PickSlider(gr.Slider):
+    """A layer or head slider whose value reaches look_inside as it was typed, even out of range,
+    for checked_setting to hold or refuse in the tab's status line, as the task tabs refuse. (Gradio's
+    own check answers with an error toast, in English, and a traceback in the log.) is_template:
+    the browser draws it as a plain slider."""
+    is_template = True
+
+    def preprocess(self, payload):
+        return payload
+    from typing import Callable, Literal, Sequence, Any, TYPE_CHECKING
+    from gradio.blocks import Block
+    if TYPE_CHECKING:
+        from gradio.components import Timer
+        from gradio.components.base import Component
+
+
+def slider_top(count: int) -> int:
+    """A slider's maximum for picking one of `count` layers or heads. Gradio refuses a slider
+    whose maximum is its minimum, so a one-layer model gets 2, which checked_setting holds to 1."""
+    return max(count, 2)
+
+
+IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
+
+# The seed article's pseudocode, corrected: GPT-2 ends with ln_f, and a Pre-LN residual addition
+# normalises nothing.
+PRE_LN = """def pre_ln_block(h):
+    h = h + attention(ln_1(h))   # Add: the sum stays unnormalised
+    h = h + mlp(ln_2(h))         # Add
+    return h
+
+def gpt2(ids):
+    h = wte[ids] + wpe[positions]
+    for block in blocks:
+        h = pre_ln_block(h)
+    h = ln_f(h)                  # the final LayerNorm
+    return h @ wte.T             # logits"""
+POST_LN = """def post_ln_block(h):
+    h = ln_1(h + attention(h))   # Add & Normalize
+    h = ln_2(h + mlp(h))         # Add & Normalize
+    return h
+
+def transformer(ids):
+    h = wte[ids] + wpe[positions]
+    for block in blocks:
+        h = post_ln_block(h)
+    # no ln_f: the last block already ends in a LayerNorm
+    return h @ wte.T             # logits"""
+
+EXAMPLE_PROMPT = "Once upon a time, a little fox found a shiny key in the forest. She"
+
+
+def residual_norm_figure(seen: Inspection, model_name: str) -> Figure:
+    norms = seen.residual_norms.numpy()
+    stages = ["emb", *map(str, range(1, len(norms) - 1)), "ln_f"]
+    fig = Figure(figsize=(6.5, 3.8))
+    ax = fig.subplots()
+    ax.fill_between(stages, norms.min(1), norms.max(1), alpha=0.25, label="range over tokens")
+    ax.plot(stages, norms.mean(1), marker="o", label="mean over tokens")
+    ax.plot(stages, norms[:, -1], marker=".", linestyle="--", label="last token")
+    ax.set(yscale="log", xlabel="after layer", ylabel="||h||", title=f"Residual stream norm, {model_name}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def attention_figure(seen: Inspection) -> Figure:
+    size = 2.5 + 0.22 * len(seen.tokens)
+    fig = Figure(figsize=(size + 1.2, size))
+    ax = fig.subplots()
+    image = ax.imshow(seen.attention.numpy(), cmap="viridis", vmin=0, vmax=1)
+    ticks = range(len(seen.tokens))
+    ax.set_xticks(ticks, seen.tokens, rotation=90, fontsize=8, parse_math=False)  # tokens are text: "$" too
+    ax.set_yticks(ticks, seen.tokens, fontsize=8, parse_math=False)
+    ax.set(xlabel="key (attended to)", ylabel="query", title=f"Attention, layer {seen.layer + 1}, head {seen.head + 1}")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    return fig
+
+
+def lens_figure(lens: LogitLens, adapter: str | None) -> Figure:
+    """Layers (rows) x positions (columns): each layer's likeliest next token, coloured by its
+    probability; with an adapter, the cells where it changes the top-1 are outlined."""
+    layers, positions = lens.probabilities.shape
+    # Wide enough for its title however few the tokens.
+    fig = Figure(figsize=(max(2 + 0.75 * positions, 4.5), 1.2 + 0.42 * layers + (0.3 if adapter else 0)))
+    ax = fig.subplots()
+    image = ax.imshow(lens.probabilities.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto", origin="lower")
+    for layer, row in enumerate(lens.top_tokens):
+        for position, token in enumerate(row):
+            p = float(lens.probabilities[layer, position])
+            ax.text(position, layer, token[:8], ha="center", va="center", fontsize=7, parse_math=False,
+                    color="white" if p > 0.6 else "black")
+            if lens.changed is not None and lens.changed[layer, position]:
+                ax.add_patch(Rectangle((position - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
+    ax.set_xticks(range(positions), lens.tokens, rotation=90, fontsize=8, parse_math=False)  # tokens are text: "$" too
+    ax.set_yticks(range(layers), [str(i + 1) for i in range(layers)], fontsize=8)
+    title = "Logit lens: each layer's top next token" + (f"\nadapter {adapter} (red: changed)" if adapter else "")
+    ax.set(xlabel="after the token", ylabel="layer", title=title)
+    fig.colorbar(image, ax=ax, fraction=0.03, pad=0.02, label="probability")
+    fig.tight_layout()
+    return fig
+
+
+NO_ADAPTER = "none"
+
+
+def look_inside(host: ModelHost):
+    def run(prompt: str, layer: float, head: float, adapter: str = NO_ADAPTER, request: gr.Request | None = None):
+        loaded = host.current  # once: a model switch meanwhile does not change this request
+        config = loaded.model.config
+        try:
+            checked_text("prompt", prompt)  # the same limits as the task tabs
+            layer = checked_setting("layer", layer, 1, config.n_layer)
+            head = checked_setting("head", head, 1, config.n_head)
+            # A forward pass is parallel work: not in Gradio's worker thread, which lives on
+            # (engine/scheduler.py, in_thread_of_its_own, says why).
+            adapter = None if adapter in (None, NO_ADAPTER) else adapter
+            check_adapter(loaded.model, adapter)
+            seen = in_thread_of_its_own(lambda: inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1,
+                                                               head - 1))
+            lens = in_thread_of_its_own(lambda: logit_lens(loaded.model, loaded.tokenizer, prompt, adapter))
+        except ValueError as error:  # said in the tab's status line, as the task tabs say a refusal
+            return (*[gr.skip()] * 6, messages.refused_line(str(error), messages.language(request)))
+        top = pd.DataFrame([[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens],  # a random model's are tiny
+                           columns=messages.TOP_HEADERS[messages.language(request)])
+        return (residual_norm_figure(seen, loaded.name), attention_figure(seen), top,
+                gr.update(maximum=slider_top(config.n_layer), value=layer),
+                gr.update(maximum=slider_top(config.n_head), value=head), lens_figure(lens, adapter), "")
+    return run
+
+
+def measurement(image: str, caption: str) -> None:
+    path = IMAGES / image
+    gr.Markdown(i18n(caption))  # above the figure: as the image's label it covered the plot's title
+    if path.is_file():
+        gr.Image(str(path), label=i18n(caption), show_label=False, interactive=False, buttons=["fullscreen"])
+    else:
+        gr.Markdown(i18n("not_measured"))
+
+
+def lens_choices(loaded, lang: str) -> dict:
+    """The logit lens's adapter menu for the model being served: none, or one of its adapters."""
+    return gr.update(choices=[(messages.localized(NO_ADAPTER, lang), NO_ADAPTER), *loaded.adapters],
+                     value=NO_ADAPTER)
+
+
+def architecture_tab(host: ModelHost) -> gr.Dropdown:
+    """Build the tab; call inside gr.Tabs(). Returns the lens's adapter menu, which follows the
+    model being served (lens_choices)."""
+    config = host.current.model.config
+    with gr.Tab(i18n("tab_architecture"), id="architecture", elem_id="tab-architecture") as tab:
+        gr.Markdown(i18n("architecture_intro"))
+        with gr.Row():
+            gr.Code(PRE_LN, language="python", label=i18n("pre_ln"), interactive=False)
+            gr.Code(POST_LN, language="python", label=i18n("post_ln"), interactive=False)
+        gr.Markdown(i18n("seed_corrections"))
+
+        gr.Markdown(i18n("measurements"))
+        measurement("gradnorm.png", "gradnorm_caption")
+        measurement("train.png", "train_caption")
+
+        gr.Markdown(i18n("live_view"))
+        with gr.Row():
+            prompt = gr.Textbox(EXAMPLE_PROMPT, label=i18n("prompt"), lines=2, scale=3, elem_id="architecture-prompt")
+            with gr.Column(scale=1):
+                layer = PickSlider(1, slider_top(config.n_layer), value=config.n_layer, step=1, label=i18n("layer"),
+                                  elem_id="architecture-layer")
+                head = PickSlider(1, slider_top(config.n_head), value=1, step=1, label=i18n("head"), elem_id="architecture-head")
+                run_button = gr.Button(i18n("look_inside"), variant="primary", elem_id="architecture-run")
+        status = gr.Markdown(elem_id="architecture-status")
+        with gr.Row():
+            norms = gr.Plot(label=i18n("residual_norms"), elem_id="architecture-norms")
+            attention = gr.Plot(label=i18n("attention_map"), elem_id="architecture-attention")
+        top = gr.Dataframe(headers=messages.TOP_HEADERS["en"], label=i18n("top_tokens"), interactive=False,
+                           elem_id="architecture-top")
+        lens_adapter = gr.Dropdown([NO_ADAPTER, *host.current.adapters], value=NO_ADAPTER, label=i18n("lens_adapter"),
+                                   info=i18n("lens_adapter_info"), elem_id="architecture-lens-adapter")
+        gr.Markdown(i18n("logit_lens"))  # above, not as the plot's label, which would cover its title
+        lens = gr.Plot(show_label=False, elem_id="architecture-lens")
+        run = look_inside(host)
+        outputs = [norms, attention, top, layer, head, lens, status]
+        # One at a time: matplotlib's text layout (its mathtext parser) is not safe across threads,
+        # and Gradio draws each returned figure in the event's own worker.
+        one_at_a_time = dict(api_visibility="private", concurrency_limit=1, concurrency_id="look_inside")
+        for event in (run_button.click, prompt.submit, layer.release, head.release, lens_adapter.input):
+            event(run, [prompt, layer, head, lens_adapter], outputs, **one_at_a_time)
+        # The first time a page opens the tab it looks inside at once (the prompt is filled in), so
+        # the view starts drawn; later visits keep what is there.
+        drawn = gr.State(False)
+
+        def first_look(seen: bool, prompt_text: str, layer_value, head_value, adapter, request: gr.Request):
+            if seen:
+                return *[gr.skip()] * len(outputs), True
+            return *run(prompt_text, layer_value, head_value, adapter, request), True
+        tab.select(first_look, [drawn, prompt, layer, head, lens_adapter], [*outputs, drawn], **one_at_a_time)
+    return lens_adapter
