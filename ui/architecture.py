@@ -17,6 +17,7 @@ from engine.scheduler import in_thread_of_its_own
 from . import messages
 from .i18n import i18n
 from .model_host import ModelHost
+from .pick_slider import PickSlider
 from .running import checked_text
 
 
@@ -27,17 +28,6 @@ def checked_setting(name: str, value, low: int, high: int) -> int:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > high:
         value = high
     return check_setting(name, value, low, high, integer=True)
-
-
-class PickSlider(gr.Slider):
-    """A layer or head slider whose value reaches look_inside as it was typed, even out of range,
-    for checked_setting to hold or refuse in the tab's status line, as the task tabs refuse. (Gradio's
-    own check answers with an error toast, in English, and a traceback in the log.) is_template:
-    the browser draws it as a plain slider."""
-    is_template = True
-
-    def preprocess(self, payload):
-        return payload
 
 
 def slider_top(count: int) -> int:
