@@ -371,7 +371,7 @@ def pretraining_documents(splits: dict[str, dict[str, list[dict]]] | None = None
     prompt-only translation format); "dialogue": speaker-tagged transcripts ending in the reply;
     "summaries": an article, TL;DR: and its summary. Test and validation units never appear.
     splits: each task's splits as BUILDERS make them, where the caller has them already."""
-    splits = splits or {task: build() for task, build in BUILDERS.items()}
+    splits = {task: build() for task, build in BUILDERS.items()} if splits is None else splits
     by_direction = defaultdict(list)
     for r in splits["translate"]["train"]:
         by_direction[r["source"], r["target"]].append(f"{one_line(r['text'])} = {one_line(r['translation'])}")

@@ -346,3 +346,12 @@ def test_the_reply_switcher_follows_the_last_turn():
     for other in ([], messages_from_pairs([["Hi", "Hello!"], ["Bye", "Bye!"]]), messages_from_pairs([["Yo", "Hey"]])):
         forgotten, hidden = forget_replaced(other, replies)
         assert forgotten == {} and not hidden.visible
+
+
+def test_an_edits_draft_comes_back_once_the_message_box_is_empty_again():
+    from ui.chat import draft_back
+
+    assert draft_back("my draft", "") == ("my draft", "")  # the edited message has gone: back, and used up
+    # a refused edit stays in the box: the draft waits, to come back after a later send
+    assert draft_back("my draft", "the refused edit") == (gr.skip(), gr.skip())
+    assert draft_back("", "") == (gr.skip(), gr.skip())  # no draft: the box is left as it is

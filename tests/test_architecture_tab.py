@@ -38,6 +38,8 @@ def test_look_inside_draws_both_plots_and_lists_ten_tokens(host):
     assert layer["value"] == 2 and head["value"] == 2
     *_, layer, head, _, _ = look_inside(host)("The little bird sang", float("inf"), 2)  # held to the last layer too
     assert layer["value"] == 2
+    from ui.pick_slider import PickSlider  # the sliders hand a typed value on as it is, for look_inside to hold
+    assert PickSlider(1, 2, step=1).preprocess(99) == 99 and PickSlider(1, 2, step=1).preprocess(-3) == -3
 
 
 @pytest.mark.parametrize("adapter", [None, "summarize"])

@@ -165,6 +165,12 @@ def test_generate_reads_the_newest_tokens_of_a_prompt_too_long(tokenizer):
     assert prompt.ids == tokenizer.encode("one two three four five six")[-5:]
     assert prompt.text == " two three four five six"
     assert prompt.notes == ["prompt cut to its last 5 of 6 tokens to fit the context"]
+    # A cut inside a character moves to the next whole one: the text sent is a piece of the prompt.
+    ids = tokenizer.encode("你好" * 6)
+    inside = next(n for n in range(len(ids) - 1, 0, -1) if tokenizer.token_bytes(ids[-n])[0] & 0xC0 == 0x80)
+    cut = build("generate", GenerateInputs("你好" * 6), tokenizer, max_prompt_tokens=inside)
+    assert "\ufffd" not in cut.text and ("你好" * 6).endswith(cut.text) and len(cut.ids) < inside
+    assert cut.notes == [f"prompt cut to its last {len(cut.ids)} of {len(ids)} tokens to fit the context"]
     fits = build("generate", GenerateInputs("one two three four five"), tokenizer, max_prompt_tokens=5)
     assert fits.text == "one two three four five" and fits.notes == []
 

@@ -124,19 +124,23 @@ def take_back_last_turn(values: dict[str, Any]) -> dict[str, Any]:
     return {**values, "history": history, "message": message}
 
 
-def branch_at_edit(messages: list[dict], draft: str, edit: gr.EditData) -> tuple[list[dict[str, str]], str, str]:
+def branch_at_edit(messages: list[dict], box: str, draft: str,
+                   edit: gr.EditData) -> tuple[list[dict[str, str]], str, str]:
     """An edited user message: the conversation before it, and its new text in the message box, to
-    be sent again (the reply then follows the edited text); what the box held before, kept to be
-    put back once the edited message has gone (draft_back)."""
+    be sent again (the reply then follows the edited text); what the box held before (or a draft
+    still waiting from an earlier edit), kept to be put back once a message has left the box
+    (draft_back)."""
     index = edit.index if isinstance(edit.index, int) else edit.index[0]
     value = edit.value if isinstance(edit.value, str) else message_text({"content": edit.value})
-    return messages_from_pairs(pairs_from_messages(messages[:index])), value, draft
+    return messages_from_pairs(pairs_from_messages(messages[:index])), value, draft or box
 
 
-def draft_back(draft: str, message_now: str):
-    """The message box's draft, back once the edited message sent from the box has left it (a
-    refused one stays there, and the draft with it in its state)."""
-    return draft if draft and not message_now else gr.skip()
+def draft_back(draft: str, box: str):
+    """The draft an edit took from the message box, back in it once the box is empty again: after
+    the edited message has gone, or, where it was refused and stayed, after it was sent later."""
+    if not draft or box:
+        return gr.skip(), gr.skip()
+    return draft, ""
 
 
 def replies_before_retry(messages: list[dict], replies: dict, status: str) -> dict:
@@ -271,8 +275,8 @@ def read_import(path: str | None) -> dict:
     checks them."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, TypeError) as error:
-        raise ValueError(f"the file could not be read ({type(error).__name__})") from None
+    except (OSError, TypeError):  # gone from the upload folder, or no file given
+        raise ValueError("the file could not be read") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ValueError("the file is not an exported conversation (not JSON)") from None
     if not isinstance(data, dict):
@@ -379,10 +383,11 @@ def chat_extras(tab: Tab) -> None:
         button.click(switch_reply(step), [chatbot, replies], [chatbot, replies, more["which"], tab.status],
                      queue=False, api_visibility="private")
     draft = gr.State("")
-    edited = chatbot.edit(branch_at_edit, [chatbot, message], [chatbot, message, draft], queue=False,
+    edited = chatbot.edit(branch_at_edit, [chatbot, message, draft], [chatbot, message, draft], queue=False,
                           api_visibility="private")
     tab.add_run([edited])
-    tab.run_events[-1].then(draft_back, [draft, message], message, queue=False, api_visibility="private")
+    for sent in [*sending, tab.run_events[-1]]:
+        sent.then(draft_back, [draft, message], [message, draft], queue=False, api_visibility="private")
     forget_replies = dict(fn=forget_replaced, inputs=[chatbot, replies], outputs=[replies, more["switcher"]],
                           queue=False, api_visibility="private")
     for new_turn in [*sending, tab.run_events[-1]]:

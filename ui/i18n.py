@@ -276,16 +276,16 @@ GPT-2 是 **Pre-LN**（前置层归一化）Transformer：每个块先对注意�
 
 
 def is_chinese(character: str) -> bool:
-    """A CJK character or a full-width punctuation mark (，。（）：…)."""
-    return "\u3000" <= character <= "\u9fff" or "\uff00" <= character <= "\uffef"
+    """A CJK character, a full-width punctuation mark (，。（）：) or a dash, quote or ellipsis (—“”…)."""
+    return "\u2014" <= character <= "\u2026" or "\u3000" <= character <= "\u9fff" or "\uff00" <= character <= "\uffef"
 
 
 def unwrapped(text: str) -> str:
     """Text written across source lines, rejoined. Markdown shows a line break inside a paragraph
     as a space, which Chinese puts only next to a Latin word or a number, never between two of its
-    own characters."""
-    return re.sub(r"([^\n])\n([^\n])", lambda m: m[1] + ("" if is_chinese(m[1]) and is_chinese(m[2]) else " ") + m[2],
-                  text)
+    own characters. A line that starts a list item, a table row, a heading or code stays a line."""
+    return re.sub(r"(?<=[^\n])\n(?=[^\n])(?![-*|#]|\d+\.|```)",
+                  lambda m: "" if is_chinese(text[m.start() - 1]) and is_chinese(text[m.end()]) else " ", text)
 
 
 CHINESE = {key: unwrapped(text) for key, text in CHINESE.items()}

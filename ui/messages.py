@@ -19,6 +19,7 @@ from .i18n import CHINESE
 # key: (the English message with {fields}, as the code writes it; its Chinese)
 TEMPLATES: dict[str, tuple[str, str]] = {
     # a seed the app refuses (ui/running.py), before out_of_range, which would take its end as the value
+    # -1: ui.running.RANDOM_SEED (tests/test_messages.py checks that they agree)
     "random_seed": ("{error}; -1 draws a random seed", "{error}；设为 -1 则随机抽取种子"),
     # decoding settings (engine/generate.py)
     "temperature_low": ("temperature must be 0 (greedy) or at least {low}, got {value}",
@@ -62,7 +63,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "greedy_same": ("greedy decoding (temperature 0 or top_k 1) gives the same reply each time",
                     "贪心解码（温度 0 或 Top-k 1）每次给出相同的回复"),
     "not_a_conversation": ("the file is not an exported conversation ({kind})", "该文件不是导出的对话（{kind}）"),
-    "unreadable_file": ("the file could not be read ({kind})", "无法读取该文件（{kind}）"),
+    "unreadable_file": ("the file could not be read", "无法读取该文件"),
     "example_line": ("example pairs line {number} is not 'source = target': {line}",
                      "示例第 {number} 行不是「源 = 目标」格式：{line}"),
     "generation_failed": ("the generation failed ({kind}); the app is still serving, please try again",
