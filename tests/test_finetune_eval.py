@@ -59,11 +59,6 @@ def tiny_base(tokenizer, tmp_path_factory) -> Path:
     return save_pretrained(tiny_model(tokenizer), tokenizer, tmp_path_factory.mktemp("tiny-base"))
 
 
-@pytest.fixture(scope="module")
-def splits(task_splits):
-    return task_splits
-
-
 def ids_of(records, strip_turn=False):
     return {r["id"].split("#")[0] if strip_turn else r["id"] for r in records}
 
@@ -72,8 +67,8 @@ def chatterbot_openings(records) -> set[str]:
     return {r["message"] for r in records if r["id"].startswith("chatterbot") and not r["history"]}
 
 
-def test_dialogue_split_is_by_conversation(splits):
-    s = splits["dialogue"]
+def test_dialogue_split_is_by_conversation(task_splits):
+    s = task_splits["dialogue"]
     assert len(s["test"]) == data.DIALOGUE_TEST * len(data.PERSONAS)
     conversations = {name: ids_of(records, strip_turn=True) for name, records in s.items()}
     assert not conversations["test"] & conversations["train"] and not conversations["val"] & conversations["train"]
@@ -84,8 +79,8 @@ def test_dialogue_split_is_by_conversation(splits):
         assert len(r["history"]) <= data.HISTORY_PAIRS and all(len(pair) == 2 for pair in r["history"])
 
 
-def test_translation_split_shares_no_sentence(splits):
-    s = splits["translate"]
+def test_translation_split_shares_no_sentence(task_splits):
+    s = task_splits["translate"]
     sentences = {name: {r["text"] for r in records} | {r["translation"] for r in records}
                  for name, records in s.items()}
     assert not sentences["test"] & sentences["train"] and not sentences["val"] & sentences["train"]
@@ -95,8 +90,8 @@ def test_translation_split_shares_no_sentence(splits):
         assert sum((r["source"], r["target"]) == (source, target) for r in s["test"]) == data.TRANSLATE_TEST
 
 
-def test_summarization_test_is_aesop_only_and_held_out(splits):
-    s = splits["summarize"]
+def test_summarization_test_is_aesop_only_and_held_out(task_splits):
+    s = task_splits["summarize"]
     assert len(s["test"]) == data.AESOP_TEST and {r["source"] for r in s["test"]} == {"aesop"}
     assert len(s["derived-test"]) == data.DERIVED_TEST and {r["source"] for r in s["derived-test"]} == {"sgd-derived"}
     assert {r["source"] for r in s["train"]} == {"aesop", "sgd-derived"}
@@ -106,8 +101,8 @@ def test_summarization_test_is_aesop_only_and_held_out(splits):
     assert s["derived-test"][0]["summary"].startswith("The user asks the assistant for help with ")
 
 
-def test_splits_are_deterministic(splits):
-    assert data.summarize_splits() == splits["summarize"]
+def test_splits_are_deterministic(task_splits):
+    assert data.summarize_splits() == task_splits["summarize"]
     # Units are ordered by a hash of their key alone, so reading the data in another order changes nothing.
     units = data.aesop_units()
     forward = data.split_units(units, test={"aesop": 30}, val={"aesop": 10})
@@ -126,9 +121,9 @@ def write_jsonl(path: Path, records) -> Path:
     return path
 
 
-def test_training_pairs_score_only_the_completion(splits, tokenizer):
+def test_training_pairs_score_only_the_completion(task_splits, tokenizer):
     model = tiny_model(tokenizer, n_positions=64)
-    records = splits["dialogue"]["test"][:3]
+    records = task_splits["dialogue"]["test"][:3]
     encoded = finetune.encode_records("dialogue", records, tokenizer, n_ctx=64)
     expected_nats, expected_count = 0.0, 0
     for record, example in zip(records, encoded.examples):
@@ -148,8 +143,8 @@ def test_training_pairs_score_only_the_completion(splits, tokenizer):
     assert count == expected_count and nats == pytest.approx(expected_nats, rel=1e-5)
 
 
-def test_finetune_learns_and_saves_a_loadable_adapter(splits, tiny_base, tmp_path):
-    records = write_jsonl(tmp_path / "train.jsonl", splits["translate"]["train"][:24])
+def test_finetune_learns_and_saves_a_loadable_adapter(task_splits, tiny_base, tmp_path):
+    records = write_jsonl(tmp_path / "train.jsonl", task_splits["translate"]["train"][:24])
     out = tmp_path / "adapter"
     logged = finetune.main(["--task", "translate", "--data", str(records), "--val", str(records), "--out", str(out),
                             "--base", str(tiny_base), "--steps", "30", "--batch-size", "8", "--lr", "3e-2",
@@ -164,7 +159,7 @@ def test_finetune_learns_and_saves_a_loadable_adapter(splits, tiny_base, tmp_pat
     model, tokenizer = load_pretrained(tiny_base)
     load_adapter(model, out, "translate")
     prompt, completion = TASKS["translate"].format_example(
-        *data.example_from_record("translate", splits["translate"]["train"][0]))
+        *data.example_from_record("translate", task_splits["translate"]["train"][0]))
     ids = torch.tensor([tokenizer.encode(prompt + completion)])
     with torch.no_grad():
         off = model(ids)
@@ -175,10 +170,10 @@ def test_finetune_learns_and_saves_a_loadable_adapter(splits, tiny_base, tmp_pat
     assert (on - off).abs().max() > 1e-2
 
 
-def test_finetune_on_a_transformers_gpt2_checkpoint(splits, tmp_path):
+def test_finetune_on_a_transformers_gpt2_checkpoint(task_splits, tmp_path):
     """`--base` a GPT-2 checkpoint in HF layout: the adapter gives the same logits in PEFT + transformers."""
     base = make_hf_checkpoint(tmp_path / "hf", n_positions=64, n_embd=32, n_layer=2, n_head=2)
-    records = write_jsonl(tmp_path / "train.jsonl", splits["dialogue"]["train"][:8])
+    records = write_jsonl(tmp_path / "train.jsonl", task_splits["dialogue"]["train"][:8])
     out = tmp_path / "adapter"
     finetune.main(["--task", "dialogue", "--data", str(records), "--out", str(out), "--base", str(base),
                    "--steps", "2", "--batch-size", "4", "--lr", "5e-2", "--warmup-steps", "0"])
@@ -191,15 +186,15 @@ def test_finetune_on_a_transformers_gpt2_checkpoint(splits, tmp_path):
         assert not torch.allclose(ours(ids), GPT2LMHeadModel.from_pretrained(base)(ids).logits, atol=1e-4)
 
 
-def test_eval_writes_every_metric(splits, tiny_base, tokenizer, tmp_path):
+def test_eval_writes_every_metric(task_splits, tiny_base, tokenizer, tmp_path):
     checkpoint = tmp_path / "model"
     shutil.copytree(tiny_base, checkpoint)
     base_model, _ = load_pretrained(checkpoint)
     for seed, task in enumerate(("dialogue", "translate", "summarize")):
         make_lora_adapter(base_model, checkpoint / "adapters" / task, seed=seed)
     test_data = tmp_path / "data"
-    for task, task_splits in splits.items():
-        for name, records in task_splits.items():
+    for task, of_task in task_splits.items():
+        for name, records in of_task.items():
             if name in ("test", "derived-test"):
                 write_jsonl(test_data / f"{task}-{name}.jsonl", records)
     out = tmp_path / "docs" / "eval.md"
@@ -231,7 +226,7 @@ def test_eval_writes_every_metric(splits, tiny_base, tokenizer, tmp_path):
             assert all(r["standard_error"][system] >= 0 for system in ("base", "adapter"))
 
 
-def test_eval_picks_the_adapters_that_start_on_from_whole_test_sets_only(splits, tiny_base, tmp_path, capsys):
+def test_eval_picks_the_adapters_that_start_on_from_whole_test_sets_only(task_splits, tiny_base, tmp_path, capsys):
     """--on-by-default writes the adapters that beat the prompt alone, which the checkpoint then
     starts with; with --limit (a quick run) it is refused, and nothing is written."""
     checkpoint = tmp_path / "model"
@@ -240,9 +235,9 @@ def test_eval_picks_the_adapters_that_start_on_from_whole_test_sets_only(splits,
     for seed, task in enumerate(("dialogue", "translate", "summarize")):
         make_lora_adapter(base_model, checkpoint / "adapters" / task, seed=seed)
     test_data = tmp_path / "data"  # small test sets: a record a file, and a translation a direction
-    for task, task_splits in splits.items():
+    for task, of_task in task_splits.items():
         for name in ("test", "derived-test"):
-            records = task_splits.get(name, [])
+            records = of_task.get(name, [])
             if task == "translate":
                 records = list({(r["source"], r["target"]): r for r in reversed(records)}.values())
             if records:
@@ -260,9 +255,9 @@ def test_eval_picks_the_adapters_that_start_on_from_whole_test_sets_only(splits,
     assert {r["n"] for r in rows if r["task"] == "translate" and "all" not in r["test_set"]} == {1}
 
 
-def test_a_sampled_score_is_the_mean_of_its_seeds_scores(splits, tiny_base, monkeypatch):
+def test_a_sampled_score_is_the_mean_of_its_seeds_scores(task_splits, tiny_base, monkeypatch):
     model, tokenizer = load_pretrained(tiny_base)
-    records = splits["summarize"]["test"][:2]
+    records = task_splits["summarize"]["test"][:2]
     # A random model's summaries share no words with a real lesson; seed 0's own summaries as the
     # references give seed 0 full marks and the other seeds less.
     records = [{**r, "summary": summary}
@@ -305,9 +300,9 @@ def test_eval_without_the_data_folder_names_it_and_the_variable_that_moves_it(tm
     assert len(lines) == 1 and "data folder is missing" in lines[0] and "STUDIO_DATA_DIR" in lines[0], done.stderr
 
 
-def test_eval_of_a_model_that_cannot_load_is_one_line(splits, tmp_path):
-    for task, task_splits in splits.items():
-        write_jsonl(tmp_path / "data" / f"{task}-test.jsonl", task_splits["test"])
+def test_eval_of_a_model_that_cannot_load_is_one_line(task_splits, tmp_path):
+    for task, of_task in task_splits.items():
+        write_jsonl(tmp_path / "data" / f"{task}-test.jsonl", of_task["test"])
     done = run_eval("--model", str(tmp_path / "no-model"), "--data", str(tmp_path / "data"))
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()

@@ -386,12 +386,11 @@ def chat_extras(tab: Tab) -> None:
     edited = chatbot.edit(branch_at_edit, [chatbot, message, draft], [chatbot, message, draft], queue=False,
                           api_visibility="private")
     tab.add_run([edited])
-    for sent in [*sending, tab.run_events[-1]]:
-        sent.then(draft_back, [draft, message], [message, draft], queue=False, api_visibility="private")
     forget_replies = dict(fn=forget_replaced, inputs=[chatbot, replies], outputs=[replies, more["switcher"]],
                           queue=False, api_visibility="private")
-    for new_turn in [*sending, tab.run_events[-1]]:
+    for new_turn in [*sending, tab.run_events[-1]]:  # a message sent, or an edited one
         new_turn.then(**forget_replies)
+        new_turn.then(draft_back, [draft, message], [message, draft], queue=False, api_visibility="private")
     # The status line and the prompt sent go with the reply they spoke of, as on a clear or in
     # another conversation.
     undone = chatbot.undo(undo, chatbot, [chatbot, message, tab.status, tab.prompt_sent], queue=False,
