@@ -71,6 +71,12 @@ class Tokenizer:
             raise ValueError(f"token id {id} is out of range for {self.name} (vocab_size {self.vocab_size})")
         return self.token_table[id]
 
+    def starts_inside_a_character(self, id: int) -> bool:
+        """Whether a token starts with a UTF-8 continuation byte: byte-level pieces split characters,
+        and a text cut just before such a token holds half a character on each side (U+FFFD)."""
+        token = self.token_bytes(id)
+        return bool(token) and 0x80 <= token[0] <= 0xBF
+
     def decode(self, ids: Iterable[int]) -> str:
         return b"".join(self.token_bytes(id) for id in ids).decode("utf-8", errors="replace")
 

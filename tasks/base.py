@@ -94,6 +94,15 @@ def too_long(what: str, n_tokens: int, max_tokens: int) -> ContextLengthError:
                               "max_new_tokens", tokens=n_tokens)
 
 
+def cut_between_characters(tokenizer: Tokenizer, ids: Sequence[int], cut: int, step: int) -> int:
+    """Where to cut ids (into ids[:cut] and ids[cut:]) nearest `cut` without splitting a character:
+    moved by step (+1 later, -1 earlier) past tokens that start inside one, so that neither side
+    shows U+FFFD, a text the user never wrote; each side keeps at least one token."""
+    while tokenizer.starts_inside_a_character(ids[cut]) and 1 <= cut + step <= len(ids) - 1:
+        cut += step
+    return cut
+
+
 def fit_newest(tokenizer: Tokenizer, max_tokens: int, first: str, parts: list[str], last: str,
                required: str) -> tuple[Prompt, int]:
     """first + as many of the newest (last) parts as fit + last, in at most max_tokens tokens.

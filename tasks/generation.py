@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
-from .base import Prompt, Task, require_text
+from .base import Prompt, Task, cut_between_characters, require_text
 
 
 @dataclass(frozen=True)
@@ -23,17 +23,9 @@ def build_prompt(inputs: GenerateInputs, tokenizer: Tokenizer, max_prompt_tokens
         return Prompt(inputs.prompt, ids)
     # Too long: the model reads the newest text, as a notebook that goes on Continuing needs (the
     # oldest goes first, as Chat drops its oldest turns); the prompt box keeps all of it.
-    start = len(ids) - max_prompt_tokens
-    while start < len(ids) - 1 and is_inside_a_character(tokenizer.token_bytes(ids[start])):
-        start += 1  # a cut inside a character would show it as U+FFFD, a text the user never wrote
-    kept = ids[start:]
+    kept = ids[cut_between_characters(tokenizer, ids, len(ids) - max_prompt_tokens, +1):]
     return Prompt(tokenizer.decode(kept), kept,
                   [f"prompt cut to its last {len(kept):,} of {len(ids):,} tokens to fit the context"])
-
-
-def is_inside_a_character(token: bytes) -> bool:
-    """Whether a token starts with a UTF-8 continuation byte (byte-level tokens split characters)."""
-    return bool(token) and 0x80 <= token[0] <= 0xBF
 
 
 GENERATE = Task(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
-from .base import Prompt, Task, adapter_completion, first_sentences, require_text, too_long
+from .base import Prompt, Task, adapter_completion, cut_between_characters, first_sentences, require_text, too_long
 
 TLDR = "\nTL;DR:"
 
@@ -26,8 +26,9 @@ def build_prompt(inputs: SummarizeInputs, tokenizer: Tokenizer, max_prompt_token
         raise too_long("TL;DR: and one token of the article", len(suffix_ids) + 1, max_prompt_tokens)
     notes = []
     if len(article_ids) > room:
-        notes.append(f"article cut to its first {room:,} of {len(article_ids):,} tokens to fit the context")
-        article_ids = article_ids[:room]
+        end = cut_between_characters(tokenizer, article_ids, room, -1)
+        notes.append(f"article cut to its first {end:,} of {len(article_ids):,} tokens to fit the context")
+        article_ids = article_ids[:end]
     return Prompt(tokenizer.decode(article_ids) + TLDR, article_ids + suffix_ids, notes)
 
 

@@ -158,6 +158,14 @@ def test_summarize_cuts_a_long_article_and_keeps_tldr(tokenizer):
     assert prompt.ids[-len(tokenizer.encode("\nTL;DR:")):] == tokenizer.encode("\nTL;DR:")
     assert prompt.notes == [f"article cut to its first {60 - len(tokenizer.encode(chr(10) + 'TL;DR:'))} of "
                             f"{n_article:,} tokens to fit the context"]
+    # A cut inside a character moves back to the last whole one: the article sent is a piece of it.
+    article, tldr_tokens = "你好" * 20, len(tokenizer.encode("\nTL;DR:"))
+    ids = tokenizer.encode(article)
+    inside = next(n for n in range(len(ids) - 1, 0, -1) if tokenizer.token_bytes(ids[n])[0] & 0xC0 == 0x80)
+    cut = build("summarize", SummarizeInputs(article), tokenizer, max_prompt_tokens=inside + tldr_tokens)
+    kept = cut.text.removesuffix("\nTL;DR:")
+    assert "\ufffd" not in kept and article.startswith(kept) and 0 < len(cut.ids) - tldr_tokens < inside
+    assert cut.notes == [f"article cut to its first {len(cut.ids) - tldr_tokens} of {len(ids)} tokens to fit the context"]
 
 
 def test_generate_reads_the_newest_tokens_of_a_prompt_too_long(tokenizer):
