@@ -429,6 +429,34 @@ def test_translate_swaps_a_repeated_language_and_keeps_the_users_example_pairs(p
     expect(examples).to_have_value(example_lines(DEFAULT_EXAMPLES["English", "German"]))
 
 
+def test_translate_swap_turns_the_text_and_its_translation_round(page):
+    """⇄ swaps the languages and, once there is a translation, the text and the translation too;
+    the status line of the run whose output moved goes."""
+    from tasks import DEFAULT_EXAMPLES
+    from ui.views import example_lines
+
+    page.get_by_role("tab", name="Translate").click()
+    source, target = page.locator("#translate-source input"), page.locator("#translate-target input")
+    text, output = page.locator("#translate-text textarea"), page.locator("#translate-output textarea")
+    page.locator("#translate-swap").click()  # no translation yet: only the languages
+    expect(source).to_have_value("French")
+    expect(target).to_have_value("English")
+    expect(page.locator("#translate-examples textarea")).to_have_value(
+        example_lines(DEFAULT_EXAMPLES["French", "English"]))
+    text.fill("Le chat dort.")
+    translation = press(page, "translate", "run", seed=11)
+    assert translation.strip(), "the run wrote nothing to swap"
+    page.locator("#translate-swap").click()
+    expect(source).to_have_value("English")
+    expect(target).to_have_value("French")
+    expect(text).to_have_value(translation)
+    expect(output).to_have_value("Le chat dort.")
+    expect(page.locator("#translate-status")).to_have_text("")
+    expect(page.locator("#translate-examples textarea")).to_have_value(
+        example_lines(DEFAULT_EXAMPLES["English", "French"]))
+    screenshot(page, "translate-swapped")
+
+
 def test_the_model_panel_switches_models_and_a_failed_load_keeps_the_current_one(page, app_models):
     with_adapters, plain, broken = (Path(m).name for m in app_models)
     info, chat_adapter = page.locator("#model-info"), page.locator("#dialogue-adapter input")

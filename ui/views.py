@@ -70,13 +70,14 @@ def example_pairs(lines: str | None) -> list[tuple[str, str]] | None:
 def translate_widgets() -> Widgets:
     source_text = gr.Textbox(label=i18n("source_text"), lines=2, elem_id="translate-text")
     languages = [(i18n(language), language) for language in LANGUAGES]
-    with gr.Row():
+    with gr.Row(equal_height=True):
         source = gr.Dropdown(languages, value="English", label=i18n("source_language"), elem_id="translate-source")
+        swap = gr.Button("⇄", scale=0, min_width=48, elem_id="translate-swap")
         target = gr.Dropdown(languages, value="French", label=i18n("target_language"), elem_id="translate-target")
     examples = gr.Textbox(example_lines(DEFAULT_EXAMPLES["English", "French"]), lines=4, max_lines=12,
                           label=i18n("example_pairs"), info=i18n("example_pairs_info"), elem_id="translate-examples")
     inputs = {"text": source_text, "source": source, "target": target, "examples": examples}
-    return Widgets(inputs, output_box("translation", 2, "translate"))
+    return Widgets(inputs, output_box("translation", 2, "translate"), more={"swap": swap})
 
 
 BUILT_IN_EXAMPLES = {example_lines(pairs) for pairs in DEFAULT_EXAMPLES.values()}
@@ -110,6 +111,16 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
             examples_update)
 
 
+def swap_languages(source: str, target: str, text: str, translation: str):
+    """⇄, as translation apps have it: the languages change places and so do the text and its
+    translation, so that one click sets up the way back and nothing written is lost. The status
+    line and the prompt sent, which spoke of the run whose output has moved, are cleared; with no
+    translation yet, only the languages change places."""
+    if not translation.strip():
+        return target, source, gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    return target, source, translation, text, "", ""
+
+
 def sends_pairs(adapter_on: bool, comparing: bool) -> bool:
     """Whether a run sends the example pairs: with the adapter off, or to a comparison's off side."""
     return not adapter_on or comparing
@@ -135,6 +146,9 @@ def translate_extras(tab: Tab) -> None:
     # The hint that the user's own pairs were kept goes once the box holds none.
     examples.change(lambda text, *on: gr.skip() if users_own(text) else pairs_sent(*on), [examples, *switches],
                     examples, queue=False, api_visibility="private")
+    tab.widgets.more["swap"].click(swap_languages, [source, target, inputs["text"], tab.widgets.output],
+                                   [source, target, inputs["text"], tab.widgets.output, tab.status, tab.prompt_sent],
+                                   queue=False, api_visibility="private")
     for changed, dropdown in (("source", source), ("target", target)):
         dropdown.change(lambda *values, changed=changed: choose_pair(changed, *values),
                         [source, target, last_pair, examples, *switches], [source, target, last_pair, examples],
