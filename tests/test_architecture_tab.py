@@ -113,3 +113,29 @@ def test_a_model_of_one_layer_and_one_head_gets_sliders_and_a_view(tmp_path):
     app.build_app(host)  # Gradio refuses a slider from 1 to 1
     *_, layer, head, _, _ = look_inside(host)("The little bird sang", 2, 2)
     assert layer["value"] == 1 and head["value"] == 1
+
+
+@pytest.mark.parametrize("width", [1400, 390], ids=["desktop", "phone"])
+def test_the_logit_lens_stays_readable_on_a_phone(browser, studio_url, width):
+    """On a narrow screen the lens keeps the size it was drawn at and scrolls sideways (shrunk to
+    the screen its text could not be read); on a wide one it fits. The plots' captions sit above
+    them, not over their titles."""
+    page = browser.new_context(viewport={"width": width, "height": 900}).new_page()
+    try:
+        page.goto(studio_url)
+        page.get_by_role("tab", name="Architecture").click()
+        lens = page.locator("#architecture-lens img")
+        expect(lens).to_be_visible(timeout=TIMEOUT_MS)
+        natural, shown, box, scrolls = lens.evaluate(
+            "i => [i.naturalWidth, i.clientWidth, i.parentElement.clientWidth, i.parentElement.scrollWidth]")
+        if width < 768:
+            assert natural > box and shown == natural and scrolls == natural
+        else:
+            assert shown <= box and scrolls == box
+        for plot, caption in (("norms", "Residual stream norm"), ("attention", "Attention map")):
+            assert page.locator(f"#architecture-{plot} label").is_hidden()
+            above = page.get_by_text(caption, exact=True).bounding_box()
+            assert above["y"] + above["height"] <= page.locator(f"#architecture-{plot}").bounding_box()["y"]
+        screenshot(page, f"architecture-{width}")
+    finally:
+        page.context.close()

@@ -121,6 +121,15 @@ def lens_figure(lens: LogitLens, adapter: str | None) -> Figure:
 
 NO_ADAPTER = "none"
 
+# On a narrow screen the logit lens keeps the size it was drawn at and scrolls sideways: shrunk to
+# a phone's width, a grid of one token per column had text too small to read.
+CSS = """
+@media (max-width: 768px) {
+  #architecture-lens .matplotlib { display: block; overflow-x: auto; }
+  #architecture-lens .matplotlib img { max-width: none; width: auto; margin: 0; }
+}
+"""
+
 
 def look_inside(host: ModelHost):
     def run(prompt: str, layer: float, head: float, adapter: str = NO_ADAPTER, request: gr.Request | None = None):
@@ -187,8 +196,12 @@ def architecture_tab(host: ModelHost) -> gr.Dropdown:
                 run_button = gr.Button(i18n("look_inside"), variant="primary", elem_id="architecture-run")
         status = gr.Markdown(elem_id="architecture-status")
         with gr.Row():
-            norms = gr.Plot(label=i18n("residual_norms"), elem_id="architecture-norms")
-            attention = gr.Plot(label=i18n("attention_map"), elem_id="architecture-attention")
+            with gr.Column():
+                gr.Markdown(i18n("residual_norms"))  # above, as the lens's: as a label it covered the plot's title
+                norms = gr.Plot(show_label=False, elem_id="architecture-norms")
+            with gr.Column():
+                gr.Markdown(i18n("attention_map"))
+                attention = gr.Plot(show_label=False, elem_id="architecture-attention")
         top = gr.Dataframe(headers=messages.TOP_HEADERS["en"], label=i18n("top_tokens"), interactive=False,
                            elem_id="architecture-top")
         lens_adapter = gr.Dropdown([NO_ADAPTER, *host.current.adapters], value=NO_ADAPTER, label=i18n("lens_adapter"),
