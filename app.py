@@ -29,7 +29,7 @@ from ui.i18n import i18n
 from ui.messages import language, localized, word
 from ui.model_host import BUNDLED, ModelHost, ModelLoadError
 from ui.running import StopSwitches, api_endpoint
-from ui.tab import GENERATION, Tab, TaskView, adapter_props, compare_props, task_tab
+from ui.tab import GENERATION, RUN_SHORTCUT_JS, Tab, TaskView, adapter_props, compare_props, task_tab
 from ui.views import GENERATE, SUMMARIZE, TRANSLATE
 
 VIEWS: dict[str, TaskView] = {view.task.name: view for view in (GENERATE, CHAT, TRANSLATE, SUMMARIZE)}
@@ -89,7 +89,7 @@ def launch(demo: gr.Blocks, models: Sequence[str] = (), **options):
     local = [Path(name).expanduser() for name in models]  # as model.checkpoint resolves a name
     blocked = [str(APP_DIR), HF_HUB_CACHE, *(str(path.resolve()) for path in local if path.is_dir()),
                *(path.strip() for path in os.environ.get("GRADIO_BLOCKED_PATHS", "").split(",") if path.strip())]
-    return demo.launch(i18n=i18n, css=CSS, blocked_paths=blocked, max_file_size=MAX_UPLOAD, **options)
+    return demo.launch(i18n=i18n, css=CSS, js=RUN_SHORTCUT_JS, blocked_paths=blocked, max_file_size=MAX_UPLOAD, **options)
 
 
 def show_model(host: ModelHost, tabs: list[Tab]):

@@ -457,6 +457,26 @@ def test_translate_swap_turns_the_text_and_its_translation_round(page):
     screenshot(page, "translate-swapped")
 
 
+def test_ctrl_enter_in_a_box_runs_its_tab(page):
+    """Ctrl+Enter in a multi-line box runs the tab it is in, adding no new line; Enter alone still
+    writes one."""
+    prompt = page.locator("#generate-prompt textarea")
+    set_setting(page, "generate", "seed", 21)
+    prompt.fill("Once upon a time")
+    prompt.press("Enter")
+    expect(prompt).to_have_value("Once upon a time\n")
+    prompt.fill("Once upon a time")
+    prompt.press("Control+Enter")
+    wait_for_run(page, "generate", 21)
+    expect(prompt).to_have_value("Once upon a time")
+    page.get_by_role("tab", name="Summarise").click()
+    set_setting(page, "summarize", "seed", 22)
+    page.locator("#summarize-article textarea").fill(FABLE)
+    page.locator("#summarize-article textarea").press("Control+Enter")
+    wait_for_run(page, "summarize", 22)
+    assert "seed 21" in status(page, "generate")  # the other tab's run was left alone
+
+
 def test_the_model_panel_switches_models_and_a_failed_load_keeps_the_current_one(page, app_models):
     with_adapters, plain, broken = (Path(m).name for m in app_models)
     info, chat_adapter = page.locator("#model-info"), page.locator("#dialogue-adapter input")

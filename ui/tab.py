@@ -24,6 +24,20 @@ STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text be
 GENERATING = str(i18n("generating"))  # a status the browser translates
 SLIDER_STEPS = {"temperature": 0.05, "top_p": 0.01, "repetition_penalty": 0.05}
 SETTINGS_WITH_INFO = {"temperature", "top_k", "top_p", "repetition_penalty", "no_repeat_ngram_size"}
+# Ctrl+Enter (⌘+Enter on a Mac) in any box of a tab presses its run button, as in notebooks and
+# text-generation-webui: a multi-line box, such as Generate's prompt, keeps Enter for a new line.
+# Every tab's panel is `tab-{name}` and its run button `{name}-run` (the Architecture tab's too).
+RUN_SHORTCUT_JS = """() => {
+  document.addEventListener("keydown", (event) => {
+    if (event.key !== "Enter" || !(event.ctrlKey || event.metaKey) || event.isComposing) return;
+    const panel = event.target.closest && event.target.closest('[id^="tab-"]');
+    const run = panel && panel.querySelector(`#${panel.id.slice(4)}-run`);
+    if (run && !run.disabled) {
+      event.preventDefault();
+      run.click();
+    }
+  });
+}"""
 
 
 @dataclass(frozen=True)
