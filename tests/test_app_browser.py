@@ -475,6 +475,14 @@ def test_ctrl_enter_in_a_box_runs_its_tab(page):
     page.locator("#summarize-article textarea").press("Control+Enter")
     wait_for_run(page, "summarize", 22)
     assert "seed 21" in status(page, "generate")  # the other tab's run was left alone
+    # Where Enter sends already (Chat's message box), Ctrl+Enter sends once, not twice.
+    page.get_by_role("tab", name="Chat").click()
+    set_setting(page, "dialogue", "seed", 23)
+    page.locator("#dialogue-message textarea").fill("Hello there")
+    page.locator("#dialogue-message textarea").press("Control+Enter")
+    wait_for_run(page, "dialogue", 23)
+    page.wait_for_timeout(1000)  # time for a second send, were there one
+    assert [turn.strip() for turn in chat_turns(page)[0]] == ["Hello there"]
 
 
 def test_the_model_panel_switches_models_and_a_failed_load_keeps_the_current_one(page, app_models):
