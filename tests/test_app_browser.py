@@ -393,12 +393,14 @@ def test_translate_swaps_a_repeated_language_and_keeps_the_users_example_pairs(p
     adapter.check()
     expect(examples).to_be_disabled()
     expect(page.locator("#translate-examples")).to_contain_text("not sent while the adapter is on")
+    expect(examples).to_have_attribute("rows", "2")  # locked, it stands no higher than it must
     page.locator("#translate-insight").get_by_text("Why this output").click()
     page.locator("#translate-compare input").check()
     expect(examples).to_be_enabled()
     page.locator("#translate-compare input").uncheck()
     adapter.uncheck()
     expect(examples).to_be_enabled()
+    expect(examples).to_have_attribute("rows", "4")
     choose(page, "#translate-source", "French")
     expect(target).to_have_value("English")
     expect(examples).to_have_value(example_lines(DEFAULT_EXAMPLES["French", "English"]))
@@ -430,8 +432,9 @@ def test_translate_swaps_a_repeated_language_and_keeps_the_users_example_pairs(p
 
 
 def test_translate_swap_turns_the_text_and_its_translation_round(page):
-    """⇄ swaps the languages and, once there is a translation, the text and the translation too;
-    the status line of the run whose output moved goes."""
+    """⇄ swaps the languages and, where the boxes hold a run's text and its translation, turns
+    those round too, either way; the status line of the run whose output moved goes. A text
+    edited since the run stays where it is."""
     from tasks import DEFAULT_EXAMPLES
     from ui.views import example_lines
 
@@ -455,6 +458,18 @@ def test_translate_swap_turns_the_text_and_its_translation_round(page):
     expect(page.locator("#translate-examples textarea")).to_have_value(
         example_lines(DEFAULT_EXAMPLES["English", "French"]))
     screenshot(page, "translate-swapped")
+    page.locator("#translate-swap").click()  # and back again
+    expect(source).to_have_value("French")
+    expect(text).to_have_value("Le chat dort.")
+    expect(output).to_have_value(translation)
+    # A text edited since the run is not the output's: only the languages change, the text stays.
+    text.fill("Le chien dort.")
+    page.locator("#translate-swap").click()
+    expect(source).to_have_value("English")
+    expect(target).to_have_value("French")
+    page.wait_for_timeout(500)  # time for the boxes to change, were they to
+    expect(text).to_have_value("Le chien dort.")
+    expect(output).to_have_value(translation)
 
 
 def test_ctrl_enter_in_a_box_runs_its_tab(page):

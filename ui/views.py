@@ -45,6 +45,9 @@ GENERATE = TaskView(
 
 # --- Translate --------------------------------------------------------------------------------
 
+EXAMPLE_LINES, EXAMPLE_MAX_LINES = 4, 12  # the pairs box's height where a run sends them; else two lines
+
+
 def example_lines(pairs) -> str:
     """Example pairs as the text box shows them: one `source = target` a line."""
     return "\n".join(f"{source} = {target}" for source, target in pairs)
@@ -71,10 +74,14 @@ def translate_widgets() -> Widgets:
     source_text = gr.Textbox(label=i18n("source_text"), lines=2, elem_id="translate-text")
     languages = [(i18n(language), language) for language in LANGUAGES]
     with gr.Row(equal_height=True):
-        source = gr.Dropdown(languages, value="English", label=i18n("source_language"), elem_id="translate-source")
+        # Narrow enough that the three stay on one line on a phone: ⇄ between the two it swaps.
+        source = gr.Dropdown(languages, value="English", label=i18n("source_language"), min_width=100,
+                             elem_id="translate-source")
         swap = gr.Button("⇄", scale=0, min_width=48, elem_id="translate-swap")
-        target = gr.Dropdown(languages, value="French", label=i18n("target_language"), elem_id="translate-target")
-    examples = gr.Textbox(example_lines(DEFAULT_EXAMPLES["English", "French"]), lines=4, max_lines=12,
+        target = gr.Dropdown(languages, value="French", label=i18n("target_language"), min_width=100,
+                             elem_id="translate-target")
+    examples = gr.Textbox(example_lines(DEFAULT_EXAMPLES["English", "French"]), lines=EXAMPLE_LINES,
+                          max_lines=EXAMPLE_MAX_LINES,
                           label=i18n("example_pairs"), info=i18n("example_pairs_info"), elem_id="translate-examples")
     inputs = {"text": source_text, "source": source, "target": target, "examples": examples}
     return Widgets(inputs, output_box("translation", 2, "translate"), more={"swap": swap})
@@ -111,14 +118,17 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
             examples_update)
 
 
-def swap_languages(source: str, target: str, text: str, translation: str):
-    """⇄, as translation apps have it: the languages change places and so do the text and its
-    translation, so that one click sets up the way back and nothing written is lost. The status
-    line and the prompt sent, which spoke of the run whose output has moved, are cleared; with no
-    translation yet, only the languages change places."""
-    if not translation.strip():
-        return target, source, gr.skip(), gr.skip(), gr.skip(), gr.skip()
-    return target, source, translation, text, "", ""
+def swap_languages(source: str, target: str, text: str, translation: str, last_run: dict | None):
+    """⇄, as translation apps have it: the languages change places, and where the two boxes hold a
+    run's text and its translation (either way round, in those languages) so do the two, setting
+    up the way back in one click, with nothing written lost; the status line and the prompt sent,
+    which spoke of the run as it was shown, are cleared. A text edited since, a refused one, or an
+    example picked since keeps its place: only the languages change."""
+    ran = (last_run or {}).get("values", {})
+    shown = (ran.get("text"), ran.get("source"), ran.get("target"), (last_run or {}).get("output"))
+    if translation.strip() and shown in ((text, source, target, translation), (translation, target, source, text)):
+        return target, source, translation, text, "", ""
+    return target, source, gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
 
 def sends_pairs(adapter_on: bool, comparing: bool) -> bool:
@@ -127,9 +137,12 @@ def sends_pairs(adapter_on: bool, comparing: bool) -> bool:
 
 
 def pairs_sent(adapter_on: bool, comparing: bool) -> dict:
-    """The example pairs box, editable only where a run sends the pairs, its hint saying which."""
+    """The example pairs box, editable only where a run sends the pairs, its hint saying which;
+    where they are not sent it is two lines high, so that on a phone it does not stand a screen's
+    half between the text and the Translate button."""
     sent = sends_pairs(adapter_on, comparing)
-    return gr.update(interactive=sent, info=i18n("example_pairs_info" if sent else "example_pairs_unsent"))
+    return gr.update(interactive=sent, info=i18n("example_pairs_info" if sent else "example_pairs_unsent"),
+                     lines=EXAMPLE_LINES if sent else 2, max_lines=EXAMPLE_MAX_LINES if sent else 2)
 
 
 def translate_extras(tab: Tab) -> None:
@@ -139,14 +152,16 @@ def translate_extras(tab: Tab) -> None:
     # The pairs are sent only with the adapter off (or on the off side of a comparison): locked
     # otherwise, and the hint says why, so that editing them does not look as if it changed anything.
     starting = pairs_sent(tab.adapter.value, False)
-    examples.interactive, examples.info = starting["interactive"], starting["info"]
+    for name in ("interactive", "info", "lines", "max_lines"):
+        setattr(examples, name, starting[name])
     switches = [tab.adapter, tab.insight.compare]
     gr.on([tab.adapter.change, tab.insight.compare.change], pairs_sent, switches, examples, queue=False,
           api_visibility="private")
     # The hint that the user's own pairs were kept goes once the box holds none.
     examples.change(lambda text, *on: gr.skip() if users_own(text) else pairs_sent(*on), [examples, *switches],
                     examples, queue=False, api_visibility="private")
-    tab.widgets.more["swap"].click(swap_languages, [source, target, inputs["text"], tab.widgets.output],
+    tab.widgets.more["swap"].click(swap_languages, [source, target, inputs["text"], tab.widgets.output,
+                                                    tab.insight.last_run],
                                    [source, target, inputs["text"], tab.widgets.output, tab.status, tab.prompt_sent],
                                    queue=False, api_visibility="private")
     for changed, dropdown in (("source", source), ("target", target)):
