@@ -199,12 +199,21 @@ def wait_for_exports(page: Page, directory: Path, count: int) -> None:
     assert len(list(directory.iterdir())) == count
 
 
+def conversation_tool(page: Page, name: str):
+    """One of Chat's conversation tools (export, import, earlier), its folded section opened first."""
+    tool = page.locator(f"#dialogue-{name}")
+    if not tool.is_visible():
+        page.locator("#dialogue-tools").get_by_text(ENGLISH["conversation_tools"]).click()
+    expect(tool).to_be_visible()
+    return tool
+
+
 def download_export(page: Page, turns: int) -> dict:
     """The export button's conversation, once it has `turns` turns: the button gets its new file
     a moment after the chatbot changes. (After a few tries, whatever it has: the test's assert says.)"""
     for _ in range(20):
         with page.expect_download() as download:
-            page.locator("#dialogue-export").click()
+            conversation_tool(page, "export").click()
         exported = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
         if len(exported["history"]) == turns:
             break
@@ -751,7 +760,7 @@ def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(p
     page.wait_for_timeout(500)  # every load event has run
     expect(adapter).not_to_be_checked()
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(0)
-    page.locator("#dialogue-earlier input").click()
+    conversation_tool(page, "earlier").locator("input").click()
     page.get_by_role("option", name=re.compile("Hello there")).click()  # reopen it
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(1)
     expect(page.locator("#dialogue-persona textarea")).to_have_value("Bot is a friendly sailor.")
@@ -766,7 +775,7 @@ def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(p
     saved = tmp_path / "conversation.json"
     saved.write_text(json.dumps(exported), encoding="utf-8")
     with page.expect_file_chooser() as chooser:
-        page.locator("#dialogue-import").click()
+        conversation_tool(page, "import").click()
     chooser.value.set_files(str(saved))
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(1)
     assert chat_turns(page) == (users, bots)
@@ -845,7 +854,7 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     expect(status).to_have_text("")
     page.locator("#dialogue-run").click()
     expect(status).to_contain_text("seed ")
-    page.locator("#dialogue-earlier input").click()
+    conversation_tool(page, "earlier").locator("input").click()
     page.get_by_role("option", name=re.compile("Good evening")).click()
     expect(page.locator("#dialogue-chatbot [data-testid=user]").first).to_have_text("Good evening")
     expect(status).to_have_text("")

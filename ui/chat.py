@@ -82,15 +82,17 @@ def history_pairs(history: Any) -> list[tuple[str, str]]:
 
 def chat_widgets() -> Widgets:
     # The conversations' tools above the conversation, so that the message box sits right under it
-    # (a phone's screen had the four of them between the two).
-    with gr.Row():
-        new_chat = gr.Button(i18n("new_chat"), size="sm", scale=0, elem_id="dialogue-new")
-        export = gr.DownloadButton(str(i18n("export_conversation")), size="sm", scale=0, elem_id="dialogue-export")
-        upload = gr.UploadButton(str(i18n("import_conversation")), file_types=[".json"], size="sm", scale=0,
-                                 elem_id="dialogue-import")
+    # (a phone's screen had the four of them between the two); all but New chat folded away, since
+    # unfolded they stood a third of a phone's screen above the conversation.
+    new_chat = gr.Button(i18n("new_chat"), size="sm", scale=0, elem_id="dialogue-new")
+    with gr.Accordion(i18n("conversation_tools"), open=False, elem_id="dialogue-tools"), gr.Row():
         earlier = gr.Dropdown([], value=None, label=i18n("earlier_conversations"), scale=1,
                               info=i18n("earlier_conversations_info"),
                               elem_id="dialogue-earlier")
+        with gr.Column(scale=0, min_width=220):
+            export = gr.DownloadButton(str(i18n("export_conversation")), size="sm", elem_id="dialogue-export")
+            upload = gr.UploadButton(str(i18n("import_conversation")), file_types=[".json"], size="sm",
+                                     elem_id="dialogue-import")
     persona = gr.Textbox(label=i18n("persona"), placeholder=i18n("persona_placeholder"), elem_id="dialogue-persona")
     chatbot = gr.Chatbot(label=i18n("conversation"), height=360, buttons=["copy", "copy_all"], editable="user",
                          elem_id="dialogue-chatbot")

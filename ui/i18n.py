@@ -41,6 +41,7 @@ ENGLISH = {
     "import_conversation": "Import conversation (JSON)",
     "new_chat": "New chat",
     "earlier_conversations": "Earlier conversations",
+    "conversation_tools": "Earlier conversations, export and import",
     "replies_to_last": "Replies to your last message:",
     "earlier_conversations_info": "kept in this browser, newest first: each by its first message, with its "
                                   "number of turns in brackets; pick one to go on with it",
@@ -178,6 +179,7 @@ CHINESE = {
     "import_conversation": "导入对话（JSON）",
     "new_chat": "新对话",
     "earlier_conversations": "以前的对话",
+    "conversation_tools": "以前的对话、导出和导入",
     "replies_to_last": "对最后一条消息的回复：",
     "earlier_conversations_info": "保存在此浏览器中，最新的在前：以第一条消息列出，括号中是对话轮数；选择一个即可继续",
     "prompt": "提示词",
