@@ -5,6 +5,7 @@ import re
 
 import gradio as gr
 import pytest
+import torch
 from matplotlib.figure import Figure
 from playwright.sync_api import expect
 
@@ -139,3 +140,20 @@ def test_the_logit_lens_stays_readable_on_a_phone(browser, studio_url, width):
         screenshot(page, f"architecture-{width}")
     finally:
         page.context.close()
+
+
+def test_a_long_prompt_wraps_the_lens_onto_more_rows_of_the_same_width():
+    from train.inspect import LogitLens
+    from ui.architecture import LENS_COLUMNS, lens_figure
+
+    def lens(positions: int) -> LogitLens:
+        tokens = [f"t{i}" for i in range(positions)]
+        return LogitLens(tokens, [tokens] * 3, torch.full((3, positions), 0.5), torch.zeros(3, positions, dtype=bool))
+
+    one_row, three_rows = lens_figure(lens(LENS_COLUMNS), None), lens_figure(lens(2 * LENS_COLUMNS + 3), "summarize")
+    grids = [ax for ax in three_rows.axes if ax.get_label() != "<colorbar>"]
+    assert len(grids) == 3 and three_rows.get_figwidth() == one_row.get_figwidth()
+    assert [[t.get_text() for t in ax.get_xticklabels()][0] for ax in grids] == ["t0", f"t{LENS_COLUMNS}",
+                                                                                 f"t{2 * LENS_COLUMNS}"]
+    assert grids[-1].get_xlim() == grids[0].get_xlim()  # the short last row keeps the cells' width
+    assert three_rows.get_figheight() > 2.5 * one_row.get_figheight() - 1

@@ -95,27 +95,42 @@ def attention_figure(seen: Inspection) -> Figure:
     return fig
 
 
+LENS_COLUMNS = 20  # tokens a row of the lens: a longer prompt wraps onto more rows, each with its layer axis
+
+
 def lens_figure(lens: LogitLens, adapter: str | None) -> Figure:
     """Layers (rows) x positions (columns): each layer's likeliest next token, coloured by its
-    probability; with an adapter, the cells where it changes the top-1 are outlined."""
+    probability; with an adapter, the cells where it changes the top-1 are outlined. A prompt of
+    more than LENS_COLUMNS tokens wraps onto further grids below, so that the figure stays as wide
+    as a page and its text stays readable, where one long grid would be shrunk to fit."""
     layers, positions = lens.probabilities.shape
+    starts = range(0, positions, LENS_COLUMNS)
+    columns = min(positions, LENS_COLUMNS)
     # Wide enough for its title however few the tokens.
-    fig = Figure(figsize=(max(2 + 0.75 * positions, 4.5), 1.2 + 0.42 * layers + (0.3 if adapter else 0)))
-    ax = fig.subplots()
-    image = ax.imshow(lens.probabilities.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto", origin="lower")
-    for layer, row in enumerate(lens.top_tokens):
-        for position, token in enumerate(row):
-            p = float(lens.probabilities[layer, position])
-            ax.text(position, layer, token[:8], ha="center", va="center", fontsize=7, parse_math=False,
-                    color="white" if p > 0.6 else "black")
-            if lens.changed is not None and lens.changed[layer, position]:
-                ax.add_patch(Rectangle((position - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
-    ax.set_xticks(range(positions), lens.tokens, rotation=90, fontsize=8, parse_math=False)  # tokens are text: "$" too
-    ax.set_yticks(range(layers), [str(i + 1) for i in range(layers)], fontsize=8)
+    fig = Figure(figsize=(max(2 + 0.6 * columns, 4.5), 0.5 + (0.9 + 0.42 * layers) * len(starts)
+                          + (0.3 if adapter else 0)), layout="constrained")
+    axes = fig.subplots(len(starts), 1, squeeze=False)[:, 0]
+    for ax, start in zip(axes, starts):
+        shown = range(start, min(start + LENS_COLUMNS, positions))
+        image = ax.imshow(lens.probabilities[:, start:shown.stop].numpy(), cmap="Blues", vmin=0, vmax=1,
+                          aspect="auto", origin="lower", extent=(-0.5, len(shown) - 0.5, -0.5, layers - 0.5))
+        ax.set_xlim(-0.5, columns - 0.5)  # a last, shorter row keeps the cells' width
+        for layer, row in enumerate(lens.top_tokens):
+            for column, position in enumerate(shown):
+                p = float(lens.probabilities[layer, position])
+                ax.text(column, layer, row[position][:8], ha="center", va="center", fontsize=7, parse_math=False,
+                        color="white" if p > 0.6 else "black")
+                if lens.changed is not None and lens.changed[layer, position]:
+                    ax.add_patch(Rectangle((column - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red",
+                                           linewidth=1.5))
+        # tokens are text: "$" too
+        ax.set_xticks(range(len(shown)), [lens.tokens[p] for p in shown], rotation=90, fontsize=8, parse_math=False)
+        ax.set_yticks(range(layers), [str(i + 1) for i in range(layers)], fontsize=8)
+        ax.set_ylabel("layer")
     title = "Logit lens: each layer's top next token" + (f"\nadapter {adapter} (red: changed)" if adapter else "")
-    ax.set(xlabel="after the token", ylabel="layer", title=title)
-    fig.colorbar(image, ax=ax, fraction=0.03, pad=0.02, label="probability")
-    fig.tight_layout()
+    axes[0].set_title(title)
+    axes[-1].set_xlabel("after the token")
+    fig.colorbar(image, ax=list(axes), fraction=0.03, pad=0.02, label="probability")
     return fig
 
 
