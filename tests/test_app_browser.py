@@ -579,6 +579,8 @@ def test_tokens_show_their_probability_and_alternatives_and_continue_from_one(pa
     # the list names the token it is for (on a phone it shows well below the text)
     clicked = tokens.nth(2).inner_text().replace(" ", "␣").replace("↵\n", "↵")
     expect(page.locator("#generate-alternatives")).to_contain_text(f"alternatives to token 3 ({clicked})")
+    expect(page.locator("#generate-tokens .tok.selected")).to_have_count(1)  # the clicked one is outlined
+    assert page.locator("#generate-tokens .tok.selected").get_attribute("data-i") == "2"
     kept = "".join(t.replace("↵\n", "\n") for t in tokens.all_inner_texts()[:2])
     alternative = alternatives.nth(1)
     chosen = re.match(r"(\S+) ", alternative.inner_text()).group(1).replace("␣", " ").replace("↵", "\n")

@@ -41,11 +41,15 @@ CSS = """
 .tok.selected { outline: 2px solid var(--color-accent); }
 .token-view-note { font-size: 12px; opacity: 0.7; }
 """
-# A click on a token tells the server which one (row, index); hovering shows its title.
+# A click on a token tells the server which one (row, index) and outlines it, so that the
+# alternatives listed below say which of several alike tokens they are for; hovering shows its title.
 JS = """
 element.addEventListener('click', (event) => {
   const token = event.target.closest('.tok');
-  if (token) trigger('click', {row: Number(token.dataset.row), index: Number(token.dataset.i)});
+  if (!token) return;
+  element.querySelectorAll('.tok.selected').forEach((other) => other.classList.remove('selected'));
+  token.classList.add('selected');
+  trigger('click', {row: Number(token.dataset.row), index: Number(token.dataset.i)});
 });
 """
 EMPTY = {"rows": [], "note": ""}
