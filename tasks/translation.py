@@ -54,6 +54,8 @@ def build_prompt(inputs: TranslateInputs, tokenizer: Tokenizer, max_prompt_token
     prompt, dropped = fit_newest(tokenizer, max_prompt_tokens, "", examples, query, required="the text to translate")
     if dropped:
         prompt.notes.append(f"dropped {dropped:,} of the {len(examples):,} examples to fit the context")
+    if not adapter_on and not examples:  # an emptied box: said, since the model is then given no language
+        prompt.notes.append("no example pairs sent: the model sees the text alone")
     return prompt
 
 

@@ -87,6 +87,14 @@ def test_translate_prompt_other_direction_and_own_examples(tokenizer):
         "Ich hätte gern eine Tasse Kaffee. = I would like a cup of coffee.\n")
 
 
+def test_translate_says_when_no_example_pairs_are_sent(tokenizer):
+    emptied = build("translate", TranslateInputs("Der Hund läuft.", "German", "English", examples=[]), tokenizer)
+    assert emptied.text == "Der Hund läuft. =" and emptied.notes == ["no example pairs sent: the model sees the text alone"]
+    assert build("translate", TranslateInputs("Der Hund läuft.", "German", "English"), tokenizer).notes == []
+    # with the adapter on no pairs are ever sent, nor needed: its language tags say what to do
+    assert build("translate", TranslateInputs("Der Hund.", examples=[]), tokenizer, adapter_on=True).notes == []
+
+
 def test_translate_prompt_with_adapter_is_zero_shot_with_language_tags(tokenizer):
     prompt = build("translate", TranslateInputs("The dog runs.", target="German"), tokenizer, adapter_on=True)
     assert prompt.text == "English: The dog runs.\nGerman:"
