@@ -103,11 +103,11 @@ TOO_LONG = [  # every input's limit: the message names the field and the limit
               f"{SAID_AS.get(field, field)} is too long: {limit + 1:,} characters; the limit is {limit:,}")
       for field, limit in MAX_CHARS.items() if field != "history"),
     refused("history", [TURN] * (MAX_CHAT_TURNS + 1),
-            f"history is too long: {MAX_CHAT_TURNS + 1} turns; the limit is {MAX_CHAT_TURNS}"),
+            f"too many turns in history: {MAX_CHAT_TURNS + 1}; the limit is {MAX_CHAT_TURNS}"),
     refused("history", [["x" * 2000, "y" * 2000]] * 26,
             f"history is too long: 104,000 characters; the limit is {MAX_CHARS['history']:,}"),
     refused("examples", "\n".join(["cat = chat"] * (MAX_EXAMPLE_PAIRS + 1)),
-            f"examples is too long: {MAX_EXAMPLE_PAIRS + 1} pairs; the limit is {MAX_EXAMPLE_PAIRS}"),
+            f"too many example pairs: {MAX_EXAMPLE_PAIRS + 1}; the limit is {MAX_EXAMPLE_PAIRS}"),
 ]
 OUT_OF_RANGE = [  # settings: the message names the range and what came, cut short however big
     ("/generate", dict(prompt="Hello", temperature=99), "temperature must be between 0.0 and 5.0, got 99"),

@@ -16,7 +16,7 @@ from train.inspect import inspect_prompt
 from ui import chat
 from ui.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, language, localized, translate_one, word
 from ui.model_host import ModelHost, ModelLoadError
-from ui.running import (RANDOM_SEED, adapter_state, changed_settings, check_size, checked_text, compared_state, sampling_params,
+from ui.running import (RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text, compared_state, sampling_params,
                         setting_params)
 from ui.views import example_pairs
 
@@ -97,7 +97,9 @@ def made_messages() -> list[str]:
         refusal(prompt("summarize", SummarizeInputs(article=""))),
         refusal(lambda: checked_text("prompt", 3)),
         *(refusal(lambda: sampling_params(TASKS["generate"], {**api_defaults("generate"), "seed": seed})) for seed in (-5, 1.5)),
-        refusal(lambda: check_size("history", 99, 10, "turns")),
+        refusal(lambda: check_size("history", 99, 10)),
+        refusal(lambda: check_count("turns in history", 99, 10)),
+        refusal(lambda: example_pairs("a = b\n" * 65)),
         refusal(lambda: chat.history_pairs([["only one"]])),
         refusal(lambda: example_pairs("no equals sign")),
         refusal(lambda: inspect_prompt(tiny, tokenizer, "word " * 40, 0, 0)),  # the live view's limit
@@ -179,6 +181,11 @@ def test_an_import_that_is_no_conversation_says_why_in_both_languages(tmp_path):
     assert refusal(lambda: chat.read_import(str(tmp_path / "gone.json"))) == \
         "the file could not be read"
     assert localized(said["notes.json"], "zh") == "该文件不是导出的对话（不是 JSON）"
+    # a JSON object that is no conversation says what is wrong in it, as the API would, and where
+    (tmp_path / "odd.json").write_text('{"persona": 3, "history": "x"}')
+    odd = refusal(lambda: chat.read_import(str(tmp_path / "odd.json")))
+    assert odd == "in the file: history must be a list of [user, bot] pairs of text"
+    assert localized(odd, "zh") == "文件中：" + localized("history must be a list of [user, bot] pairs of text", "zh")
     assert localized(said["list.json"], "zh") == "该文件不是导出的对话（不是 JSON 对象）"
 
 

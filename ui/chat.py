@@ -27,7 +27,7 @@ from tasks.dialogue import PERSONAS
 
 from .i18n import i18n
 from .messages import language, localized, refused_line
-from .running import MAX_CHARS, MAX_CHAT_TURNS, RANDOM_SEED, Param, TaskAPI, check_size, checked_text
+from .running import MAX_CHARS, MAX_CHAT_TURNS, RANDOM_SEED, Param, TaskAPI, check_count, check_size, checked_text
 from .tab import Tab, TaskView, Widgets, adapter_props, joinable
 
 EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations"
@@ -72,11 +72,11 @@ def history_pairs(history: Any) -> list[tuple[str, str]]:
     """The API's history, checked: a list of [user, bot] pairs of text, within the limits."""
     is_list = isinstance(history, (list, tuple))
     if is_list:
-        check_size("history", len(history), MAX_CHAT_TURNS, "turns")  # before its turns are walked
+        check_count("turns in history", len(history), MAX_CHAT_TURNS)  # before its turns are walked
     if not is_list or not all(isinstance(turn, (list, tuple)) and len(turn) == 2
                               and all(isinstance(said, str) for said in turn) for turn in history):
         raise ValueError("history must be a list of [user, bot] pairs of text")
-    check_size("history", sum(len(user) + len(bot) for user, bot in history), MAX_CHARS["history"], "characters")
+    check_size("history", sum(len(user) + len(bot) for user, bot in history), MAX_CHARS["history"])
     return [(user, bot) for user, bot in history]
 
 
@@ -283,8 +283,11 @@ def read_import(path: str | None) -> dict:
         raise ValueError("the file is not an exported conversation (not JSON)") from None
     if not isinstance(data, dict):
         raise ValueError("the file is not an exported conversation (not a JSON object)")
-    return {"history": [list(pair) for pair in history_pairs(data.get("history", []))],
-            "persona": checked_text("persona", data.get("persona", ""))}
+    try:
+        return {"history": [list(pair) for pair in history_pairs(data.get("history", []))],
+                "persona": checked_text("persona", data.get("persona", ""))}
+    except ValueError as error:  # said as the API says it, and where: the file, not a box on the page
+        raise ValueError(f"in the file: {error}") from None
 
 
 def chat_store() -> gr.BrowserState:

@@ -21,6 +21,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     # a seed the app refuses (ui/running.py), before out_of_range, which would take its end as the value
     # -1: ui.running.RANDOM_SEED (tests/test_messages.py checks that they agree)
     "random_seed": ("{error}; -1 draws a random seed", "{error}；设为 -1 则随机抽取种子"),
+    # an imported conversation the API would refuse (ui/chat.py), before the refusals it holds
+    "in_the_file": ("in the file: {error}", "文件中：{error}"),
     # decoding settings (engine/generate.py)
     "temperature_low": ("temperature must be 0 (greedy) or at least {low}, got {value}",
                         "温度必须为 0（贪心）或至少 {low}，收到的是 {value}"),
@@ -54,7 +56,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                   "{languages}", "无法从{source}翻译为{target}：源语言和目标语言必须是 {languages} 中两种不同的语言"),
     # the UI's checks (ui/running.py, ui/chat.py, ui/views.py)
     "not_text": ("{name} must be text, got {kind}", "{name}必须是文本，收到的是 {kind}"),
-    "too_big": ("{name} is too long: {size} {unit}; the limit is {limit}", "{name}太长：{size} {unit}；上限为 {limit}"),
+    "too_big": ("{name} is too long: {size} characters; the limit is {limit}", "{name}太长：{size} 个字符；上限为 {limit}"),
+    "too_many": ("too many {what}: {count}; the limit is {limit}", "{what}太多：{count}；上限为 {limit}"),
     "adapter_bool": ("adapter must be true or false, got {value}", "适配器必须为 true 或 false，收到的是 {value}"),
     "history_pairs": ("history must be a list of [user, bot] pairs of text", "对话历史必须是 [用户, 机器人] 文本对的列表"),
     "no_retry": ("there is no turn to retry", "没有可以重试的一轮"),
@@ -125,7 +128,7 @@ NAMES_ZH: dict[str, str] = {
     "examples": CHINESE["example_pairs"], "history": CHINESE["conversation"],
     "the persona and the message": "角色设定和消息", "the text to translate": "要翻译的文本",
     "TL;DR: and one token of the article": "TL;DR: 和文章的一个词元",
-    "characters": "个字符", "turns": "轮", "pairs": "对",
+    "example pairs": CHINESE["example_pairs"], "turns in history": "对话历史的轮数",
     # why a run stopped (engine.generate.STOP_REASON_WORDS)
     "end of text": "文本结束", "stop string": "停止串", "max_new_tokens reached": "达到最大词元数",
     "context full": "上下文已满", "Stop pressed": "已按停止", "answer complete": "回答完整",

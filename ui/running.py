@@ -117,14 +117,21 @@ def checked_text(name: str, value: Any) -> str:
     said = SAID_AS.get(name, name)
     if not isinstance(value, str):
         raise ValueError(f"{said} must be text, got {type(value).__name__}")
-    check_size(said, len(value), MAX_CHARS[name], "characters")
+    check_size(said, len(value), MAX_CHARS[name])
     return value
 
 
-def check_size(name: str, size: int, limit: int, unit: str) -> None:
-    """Refuse an input bigger than the app serves (a ValueError the user sees), before any work on it."""
-    if size > limit:
-        raise ValueError(f"{name} is too long: {size:,} {unit}; the limit is {limit:,}")
+def check_size(name: str, characters: int, limit: int) -> None:
+    """Refuse a text longer than the app serves (a ValueError the user sees), before any work on it."""
+    if characters > limit:
+        raise ValueError(f"{name} is too long: {characters:,} characters; the limit is {limit:,}")
+
+
+def check_count(what: str, count: int, limit: int) -> None:
+    """Refuse a list longer than the app serves ("too many example pairs: 70; the limit is 64"),
+    before any work on it."""
+    if count > limit:
+        raise ValueError(f"too many {what}: {count:,}; the limit is {limit:,}")
 
 
 def status_line(done: TaskDone, task: Task, params: SamplingParams, adapter: str) -> str:

@@ -12,7 +12,7 @@ from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeI
 from .i18n import i18n
 from .messages import language, localized
 from .model_host import ModelHost
-from .running import MAX_EXAMPLE_PAIRS, Param, TaskAPI, check_size, checked_text
+from .running import MAX_EXAMPLE_PAIRS, Param, TaskAPI, check_count, checked_text
 from .tab import Tab, TaskView, Widgets
 
 
@@ -66,7 +66,7 @@ def example_pairs(lines: str | None) -> list[tuple[str, str]] | None:
         if not (equals and source.strip() and target.strip()):
             raise ValueError(f"example pairs line {number} is not 'source = target': {brief(line.strip())}")
         pairs.append((source.strip(), target.strip()))
-    check_size("examples", len(pairs), MAX_EXAMPLE_PAIRS, "pairs")
+    check_count("example pairs", len(pairs), MAX_EXAMPLE_PAIRS)
     return pairs
 
 
