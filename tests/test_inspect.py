@@ -115,3 +115,14 @@ def test_forward_calls_of_other_threads_are_not_recorded(ours):
         assert outputs == [None]
         model(ids[:, :3])
     assert outputs[0].shape == (1, 3, 64)
+
+
+def test_a_piece_of_a_character_is_labelled_by_its_bytes(ours):
+    from train.inspect import token_label
+
+    _, tokenizer = ours
+    ids = tokenizer.encode("🙂 ok")  # GPT-2's bytes split the emoji into tokens that are no text alone
+    labels = [token_label(tokenizer, id) for id in ids]
+    assert "\ufffd" not in "".join(labels)
+    assert "".join(labels).startswith("\\xf0\\x9f") and labels[-1] == "␣ok"
+    assert b"".join(tokenizer.token_bytes(id) for id in ids[:-1]) == "🙂".encode()

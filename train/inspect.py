@@ -45,8 +45,10 @@ def readable(text: str) -> str:
 
 
 def token_label(tokenizer: Tokenizer, id: int) -> str:
-    """A token on an axis: readable, or its id where it has no text of its own."""
-    return readable(tokenizer.token_bytes(id).decode("utf-8", errors="replace")) or f"<{id}>"
+    """A token on an axis: readable, or its id where it has no text of its own. A piece of a
+    character (byte-level tokens split them) shows its bytes, \\xf0\\x9f: as U+FFFD, every
+    such piece looked the same."""
+    return readable(tokenizer.token_bytes(id).decode("utf-8", errors="backslashreplace")) or f"<{id}>"
 
 
 @contextmanager
