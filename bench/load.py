@@ -98,7 +98,7 @@ def refused(field: str, value, message: str) -> tuple[str, dict, str]:
 
 
 TURN = ["How are you?", "I am well, thank you."]
-TOO_LONG = [  # every input's limit: the message names the field and the limit
+TOO_LONG = [  # every input's limit, of characters and of counts: the message names the field and the limit
     *(refused(field, "x" * (limit + 1),
               f"{SAID_AS.get(field, field)} is too long: {limit + 1:,} characters; the limit is {limit:,}")
       for field, limit in MAX_CHARS.items() if field != "history"),

@@ -95,9 +95,12 @@ def too_long(what: str, n_tokens: int, max_tokens: int) -> ContextLengthError:
 
 
 def cut_between_characters(tokenizer: Tokenizer, ids: Sequence[int], cut: int, step: int) -> int:
-    """Where to cut ids (into ids[:cut] and ids[cut:]) nearest `cut` without splitting a character:
-    moved by step (+1 later, -1 earlier) past tokens that start inside one, so that neither side
-    shows U+FFFD, a text the user never wrote; each side keeps at least one token."""
+    """Where to cut ids (into ids[:cut] and ids[cut:], 1 <= cut < len(ids)) so as not to split a
+    character: `cut` moved by step (+1 later, -1 earlier) past tokens that start inside one, so
+    that neither side shows U+FFFD, a text the user never wrote. Each side keeps at least one
+    token, so a cut held at an end can still split a character (a lone emoji cut to one token)."""
+    if not 1 <= cut < len(ids):
+        raise ValueError(f"a cut of {len(ids)} tokens must leave one on each side, not cut at {cut}")
     while tokenizer.starts_inside_a_character(ids[cut]) and 1 <= cut + step <= len(ids) - 1:
         cut += step
     return cut

@@ -129,7 +129,7 @@ def test_the_logit_lens_stays_readable_on_a_phone(browser, studio_url, width):
         expect(lens).to_be_visible(timeout=TIMEOUT_MS)
         natural, shown, box, scrolls = lens.evaluate(
             "i => [i.naturalWidth, i.clientWidth, i.parentElement.clientWidth, i.parentElement.scrollWidth]")
-        if width < 768:
+        if width <= 768:  # the CSS's max-width
             assert natural > box and shown == natural and scrolls == natural
         else:
             assert shown <= box and scrolls == box
@@ -142,18 +142,25 @@ def test_the_logit_lens_stays_readable_on_a_phone(browser, studio_url, width):
         page.context.close()
 
 
-def test_a_long_prompt_wraps_the_lens_onto_more_rows_of_the_same_width():
+def test_a_long_prompt_wraps_the_lens_onto_even_rows_no_wider_than_one():
     from train.inspect import LogitLens
     from ui.architecture import LENS_COLUMNS, lens_figure
 
-    def lens(positions: int) -> LogitLens:
+    def grids(positions: int):
         tokens = [f"t{i}" for i in range(positions)]
-        return LogitLens(tokens, [tokens] * 3, torch.full((3, positions), 0.5), torch.zeros(3, positions, dtype=bool))
+        figure = lens_figure(LogitLens(tokens, [tokens] * 3, torch.full((3, positions), 0.5),
+                                       torch.zeros(3, positions, dtype=bool)), "summarize")
+        return figure, [ax for ax in figure.axes if ax.get_label() != "<colorbar>"]
 
-    one_row, three_rows = lens_figure(lens(LENS_COLUMNS), None), lens_figure(lens(2 * LENS_COLUMNS + 3), "summarize")
-    grids = [ax for ax in three_rows.axes if ax.get_label() != "<colorbar>"]
-    assert len(grids) == 3 and three_rows.get_figwidth() == one_row.get_figwidth()
-    assert [[t.get_text() for t in ax.get_xticklabels()][0] for ax in grids] == ["t0", f"t{LENS_COLUMNS}",
-                                                                                 f"t{2 * LENS_COLUMNS}"]
-    assert grids[-1].get_xlim() == grids[0].get_xlim()  # the short last row keeps the cells' width
-    assert three_rows.get_figheight() > 2.5 * one_row.get_figheight() - 1
+    def starts(axes) -> list[str]:
+        return [ax.get_xticklabels()[0].get_text() for ax in axes]
+
+    (full, one_row), (wrapped, three_rows) = grids(LENS_COLUMNS), grids(2 * LENS_COLUMNS + 3)
+    assert len(one_row) == 1 and len(three_rows) == 3
+    assert starts(three_rows) == ["t0", "t15", "t30"]  # 43 tokens: rows of 15, 15 and 13
+    assert wrapped.get_figwidth() < full.get_figwidth()
+    assert three_rows[-1].get_xlim() == three_rows[0].get_xlim()  # the short last row keeps the cells' width
+    two, two_rows = grids(LENS_COLUMNS + 1)
+    assert starts(two_rows) == ["t0", "t11"]  # not 20 and a lone token
+    heights = [figure.get_figheight() for figure in (full, two, wrapped)]
+    assert heights[1] - heights[0] == pytest.approx(heights[2] - heights[1]) and heights[1] - heights[0] > 1  # a row's

@@ -235,3 +235,21 @@ def test_continuing_from_a_chosen_token_keeps_the_runs_length_and_counts(loaded)
     assert (at_end.result.generated_tokens, at_end.result.token_ids, at_end.result.stop_reason) == (10, [], "max_tokens")
     assert at_end.text == task.postprocess(tokenizer.decode(last))
     assert " · — tokens/s · " in at_end.result.summary() and "0.0" not in at_end.result.summary()
+
+
+def test_swap_turns_a_run_round_and_forgets_its_token_view_but_not_an_edit():
+    import gradio as gr
+
+    from ui.tokens import EMPTY, Insight
+    from ui.views import swap_languages
+
+    last_run = Insight.kept([], {"text": "Le chat dort.", "source": "French", "target": "English"}, "The cat sleeps.")
+    turned = swap_languages("French", "English", "Le chat dort.", "The cat sleeps.", last_run)
+    assert turned[:6] == ("English", "French", "The cat sleeps.", "Le chat dort.", "", "")
+    assert list(turned[6:]) == Insight.forgotten() and turned[6] == EMPTY  # no continuing from a moved output
+    back = swap_languages("English", "French", "The cat sleeps.", "Le chat dort.", last_run)
+    assert back[:4] == ("French", "English", "Le chat dort.", "The cat sleeps.")
+    for text, translation in (("Le chien dort.", "The cat sleeps."), ("Le chat dort.", "")):  # edited; none yet
+        kept = swap_languages("French", "English", text, translation, last_run)
+        assert kept[:2] == ("English", "French") and all(value == gr.skip() for value in kept[2:])
+    assert len(kept) == len(turned)

@@ -176,6 +176,21 @@ def test_summarize_cuts_a_long_article_and_keeps_tldr(tokenizer):
     assert cut.notes == [f"article cut to its first {len(cut.ids) - tldr_tokens} of {len(ids)} tokens to fit the context"]
 
 
+def test_a_cut_between_characters_keeps_a_token_each_side(tokenizer):
+    from tasks.base import cut_between_characters
+
+    ids = tokenizer.encode("🙂")  # one character, in tokens that split it
+    assert len(ids) > 1 and tokenizer.starts_inside_a_character(ids[1])
+    assert cut_between_characters(tokenizer, ids, 1, -1) == 1  # held at the start
+    assert cut_between_characters(tokenizer, ids, len(ids) - 1, +1) == len(ids) - 1  # held at the end
+    smile = tokenizer.encode("a🙂b")
+    assert cut_between_characters(tokenizer, smile, 2, -1) == 1 and cut_between_characters(tokenizer, smile, 2, +1) \
+        == len(smile) - 1
+    for cut in (0, len(ids)):
+        with pytest.raises(ValueError, match="must leave one on each side"):
+            cut_between_characters(tokenizer, ids, cut, +1)
+
+
 def test_generate_reads_the_newest_tokens_of_a_prompt_too_long(tokenizer):
     prompt = build("generate", GenerateInputs("one two three four five six"), tokenizer, max_prompt_tokens=5)
     assert prompt.ids == tokenizer.encode("one two three four five six")[-5:]

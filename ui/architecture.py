@@ -2,6 +2,8 @@
 `python -m train.lab` (docs/img), and a live look inside the loaded model for the user's prompt."""
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import gradio as gr
@@ -95,30 +97,37 @@ def attention_figure(seen: Inspection) -> Figure:
     return fig
 
 
-LENS_COLUMNS = 20  # tokens a row of the lens: a longer prompt wraps onto more rows, each with its layer axis
+def in_a_cell(label: str, most: int = 8) -> str:
+    """A token label cut to fit a lens cell, never inside a byte's escape (\\xf0 is a byte, \\xf not)."""
+    return label if len(label) <= most else re.sub(r"\\(x[0-9a-f]?)?$", "", label[:most])
+
+
+LENS_COLUMNS = 20  # tokens a row of the lens at most: a longer prompt wraps onto more rows, each with its layer axis
 
 
 def lens_figure(lens: LogitLens, adapter: str | None) -> Figure:
     """Layers (rows) x positions (columns): each layer's likeliest next token, coloured by its
     probability; with an adapter, the cells where it changes the top-1 are outlined. A prompt of
-    more than LENS_COLUMNS tokens wraps onto further grids below, so that the figure stays as wide
-    as a page and its text stays readable, where one long grid would be shrunk to fit."""
+    more than LENS_COLUMNS tokens wraps onto further grids below, of as many tokens each as can be,
+    so that the figure stays as wide as a page and its text stays readable, where one long grid
+    would be shrunk to fit."""
     layers, positions = lens.probabilities.shape
-    starts = range(0, positions, LENS_COLUMNS)
-    columns = min(positions, LENS_COLUMNS)
+    rows = math.ceil(positions / LENS_COLUMNS)
+    columns = math.ceil(positions / rows)  # rows as even as they come: 21 tokens are 11 and 10, not 20 and 1
+    starts = range(0, positions, columns)
     # Wide enough for its title however few the tokens.
     fig = Figure(figsize=(max(2 + 0.6 * columns, 4.5), 0.5 + (0.9 + 0.42 * layers) * len(starts)
                           + (0.3 if adapter else 0)), layout="constrained")
     axes = fig.subplots(len(starts), 1, squeeze=False)[:, 0]
     for ax, start in zip(axes, starts):
-        shown = range(start, min(start + LENS_COLUMNS, positions))
+        shown = range(start, min(start + columns, positions))
         image = ax.imshow(lens.probabilities[:, start:shown.stop].numpy(), cmap="Blues", vmin=0, vmax=1,
                           aspect="auto", origin="lower", extent=(-0.5, len(shown) - 0.5, -0.5, layers - 0.5))
         ax.set_xlim(-0.5, columns - 0.5)  # a last, shorter row keeps the cells' width
         for layer, row in enumerate(lens.top_tokens):
             for column, position in enumerate(shown):
                 p = float(lens.probabilities[layer, position])
-                ax.text(column, layer, row[position][:8], ha="center", va="center", fontsize=7, parse_math=False,
+                ax.text(column, layer, in_a_cell(row[position]), ha="center", va="center", fontsize=7, parse_math=False,
                         color="white" if p > 0.6 else "black")
                 if lens.changed is not None and lens.changed[layer, position]:
                     ax.add_patch(Rectangle((column - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red",

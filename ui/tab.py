@@ -29,8 +29,11 @@ SETTINGS_WITH_INFO = {"temperature", "top_k", "top_p", "repetition_penalty", "no
 # Every tab's panel is `tab-{name}` and its run button `{name}-run` (the Architecture tab's too).
 RUN_SHORTCUT_JS = """() => {
   document.addEventListener("keydown", (event) => {
-    if (event.key !== "Enter" || !(event.ctrlKey || event.metaKey) || event.isComposing) return;
-    const panel = event.target.closest && event.target.closest('[id^="tab-"]');
+    // Not while an input method composes (Safari ends it with keyCode 229), nor a key held down,
+    // nor in Chat's box for editing a message, whose own button sends the edit.
+    if (event.key !== "Enter" || !(event.ctrlKey || event.metaKey) || event.isComposing || event.keyCode === 229
+        || event.repeat || !event.target.closest || event.target.closest("#dialogue-chatbot")) return;
+    const panel = event.target.closest('[id^="tab-"]');
     const run = panel && panel.querySelector(`#${panel.id.slice(4)}-run`);
     if (run && !run.disabled) {
       event.preventDefault();

@@ -216,6 +216,17 @@ class Insight:
         return {"rows": [{"entries": entries, "adapter": adapter} for entries, adapter in rows], "values": values,
                 "output": output, "appended": appended}
 
+    @property
+    def of_the_shown_run(self) -> list[gr.Component]:
+        """What speaks of the last run as its output box shows it: the token view, Compare's two
+        texts, a clicked token and its alternatives (the run itself, last_run, stays)."""
+        return [self.view, *self.compare_texts, self.selected, self.alternatives]
+
+    @classmethod
+    def forgotten(cls) -> list:
+        """The values of of_the_shown_run once the output they spoke of has gone."""
+        return [EMPTY, "", "", {}, cls.hidden_alternatives()]
+
     @staticmethod
     def hidden_alternatives() -> dict:
         """The alternatives put away, their choice with them: a value left without its choices

@@ -14,6 +14,7 @@ from .messages import language, localized
 from .model_host import ModelHost
 from .running import MAX_EXAMPLE_PAIRS, Param, TaskAPI, check_count, checked_text
 from .tab import Tab, TaskView, Widgets
+from .tokens import Insight
 
 
 def output_box(label: str, lines: int, task_name: str) -> gr.Textbox:
@@ -45,7 +46,8 @@ GENERATE = TaskView(
 
 # --- Translate --------------------------------------------------------------------------------
 
-EXAMPLE_LINES, EXAMPLE_MAX_LINES = 4, 12  # the pairs box's height where a run sends them; else two lines
+EXAMPLE_LINES, EXAMPLE_MAX_LINES = 4, 12  # the pairs box's height where a run sends them
+UNSENT_LINES = 2  # and where it does not
 
 
 def example_lines(pairs) -> str:
@@ -121,14 +123,16 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
 def swap_languages(source: str, target: str, text: str, translation: str, last_run: dict | None):
     """⇄, as translation apps have it: the languages change places, and where the two boxes hold a
     run's text and its translation (either way round, in those languages) so do the two, setting
-    up the way back in one click, with nothing written lost; the status line and the prompt sent,
-    which spoke of the run as it was shown, are cleared. A text edited since, a refused one, or an
-    example picked since keeps its place: only the languages change."""
+    up the way back in one click, with nothing written lost. What spoke of the run as it was shown
+    is cleared: the status line, the prompt sent, and the token view with its alternatives (a
+    continuation from them would write over the text now in the output box). A text edited since,
+    a refused one, or an example picked since keeps its place: only the languages change.
+    Returns the languages, the two boxes, the status line, the prompt sent and Insight.forgotten()."""
     ran = (last_run or {}).get("values", {})
     shown = (ran.get("text"), ran.get("source"), ran.get("target"), (last_run or {}).get("output"))
     if translation.strip() and shown in ((text, source, target, translation), (translation, target, source, text)):
-        return target, source, translation, text, "", ""
-    return target, source, gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return target, source, translation, text, "", "", *Insight.forgotten()
+    return target, source, *[gr.skip()] * (4 + len(Insight.forgotten()))
 
 
 def sends_pairs(adapter_on: bool, comparing: bool) -> bool:
@@ -142,7 +146,8 @@ def pairs_sent(adapter_on: bool, comparing: bool) -> dict:
     half between the text and the Translate button."""
     sent = sends_pairs(adapter_on, comparing)
     return gr.update(interactive=sent, info=i18n("example_pairs_info" if sent else "example_pairs_unsent"),
-                     lines=EXAMPLE_LINES if sent else 2, max_lines=EXAMPLE_MAX_LINES if sent else 2)
+                     lines=EXAMPLE_LINES if sent else UNSENT_LINES,
+                     max_lines=EXAMPLE_MAX_LINES if sent else UNSENT_LINES)
 
 
 def translate_extras(tab: Tab) -> None:
@@ -162,8 +167,8 @@ def translate_extras(tab: Tab) -> None:
                     examples, queue=False, api_visibility="private")
     tab.widgets.more["swap"].click(swap_languages, [source, target, inputs["text"], tab.widgets.output,
                                                     tab.insight.last_run],
-                                   [source, target, inputs["text"], tab.widgets.output, tab.status, tab.prompt_sent],
-                                   queue=False, api_visibility="private")
+                                   [source, target, inputs["text"], tab.widgets.output, tab.status, tab.prompt_sent,
+                                    *tab.insight.of_the_shown_run], queue=False, api_visibility="private")
     for changed, dropdown in (("source", source), ("target", target)):
         dropdown.change(lambda *values, changed=changed: choose_pair(changed, *values),
                         [source, target, last_pair, examples, *switches], [source, target, last_pair, examples],
