@@ -23,7 +23,7 @@ from engine import kernels
 from engine.quantize import QUANTIZATIONS
 from engine.scheduler import MAX_BATCH
 from tasks import TASKS
-from ui.architecture import CSS, architecture_tab, lens_choices
+from ui.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
 from ui.chat import CHAT
 from ui.i18n import i18n
 from ui.messages import language, localized, word
@@ -89,7 +89,7 @@ def launch(demo: gr.Blocks, models: Sequence[str] = (), **options):
     local = [Path(name).expanduser() for name in models]  # as model.checkpoint resolves a name
     blocked = [str(APP_DIR), HF_HUB_CACHE, *(str(path.resolve()) for path in local if path.is_dir()),
                *(path.strip() for path in os.environ.get("GRADIO_BLOCKED_PATHS", "").split(",") if path.strip())]
-    return demo.launch(i18n=i18n, css=CSS, js=RUN_SHORTCUT_JS, blocked_paths=blocked, max_file_size=MAX_UPLOAD, **options)
+    return demo.launch(i18n=i18n, css=ARCHITECTURE_CSS, js=RUN_SHORTCUT_JS, blocked_paths=blocked, max_file_size=MAX_UPLOAD, **options)
 
 
 def show_model(host: ModelHost, tabs: list[Tab]):

@@ -482,8 +482,8 @@ def test_translate_swap_turns_the_text_and_its_translation_round(page):
 
 
 def test_ctrl_enter_in_a_box_runs_its_tab(page):
-    """Ctrl+Enter in a multi-line box runs the tab it is in, adding no new line; Enter alone still
-    writes one."""
+    """Ctrl+Enter (or ⌘+Enter) in a multi-line box runs the tab it is in, adding no new line; Enter
+    alone still writes one."""
     prompt = page.locator("#generate-prompt textarea")
     set_setting(page, "generate", "seed", 21)
     prompt.fill("Once upon a time")
@@ -496,7 +496,7 @@ def test_ctrl_enter_in_a_box_runs_its_tab(page):
     page.get_by_role("tab", name="Summarise").click()
     set_setting(page, "summarize", "seed", 22)
     page.locator("#summarize-article textarea").fill(FABLE)
-    page.locator("#summarize-article textarea").press("Control+Enter")
+    page.locator("#summarize-article textarea").press("Meta+Enter")  # ⌘ on a Mac
     wait_for_run(page, "summarize", 22)
     assert "seed 21" in status(page, "generate")  # the other tab's run was left alone
     # Where Enter sends already (Chat's message box), Ctrl+Enter sends once, not twice.

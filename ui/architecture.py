@@ -114,12 +114,11 @@ def lens_figure(lens: LogitLens, adapter: str | None) -> Figure:
     layers, positions = lens.probabilities.shape
     rows = math.ceil(positions / LENS_COLUMNS)
     columns = math.ceil(positions / rows)  # rows as even as they come: 21 tokens are 11 and 10, not 20 and 1
-    starts = range(0, positions, columns)
     # Wide enough for its title however few the tokens.
-    fig = Figure(figsize=(max(2 + 0.6 * columns, 4.5), 0.5 + (0.9 + 0.42 * layers) * len(starts)
+    fig = Figure(figsize=(max(2 + 0.6 * columns, 4.5), 0.5 + (0.9 + 0.42 * layers) * rows
                           + (0.3 if adapter else 0)), layout="constrained")
-    axes = fig.subplots(len(starts), 1, squeeze=False)[:, 0]
-    for ax, start in zip(axes, starts):
+    axes = fig.subplots(rows, 1, squeeze=False)[:, 0]
+    for ax, start in zip(axes, range(0, positions, columns)):
         shown = range(start, min(start + columns, positions))
         image = ax.imshow(lens.probabilities[:, start:shown.stop].numpy(), cmap="Blues", vmin=0, vmax=1,
                           aspect="auto", origin="lower", extent=(-0.5, len(shown) - 0.5, -0.5, layers - 0.5))
@@ -147,7 +146,7 @@ NO_ADAPTER = "none"
 
 # On a narrow screen the logit lens keeps the size it was drawn at and scrolls sideways: shrunk to
 # a phone's width, a grid of one token per column had text too small to read.
-CSS = """
+ARCHITECTURE_CSS = """
 @media (max-width: 768px) {
   #architecture-lens .matplotlib { display: block; overflow-x: auto; }
   #architecture-lens .matplotlib img { max-width: none; width: auto; margin: 0; }
@@ -189,6 +188,12 @@ def measurement(image: str, caption: str) -> None:
         gr.Markdown(i18n("not_measured"))
 
 
+def captioned_plot(caption: str, elem_id: str) -> gr.Plot:
+    """A plot under its caption: as the plot's label the caption covered the figure's title."""
+    gr.Markdown(i18n(caption))
+    return gr.Plot(show_label=False, elem_id=elem_id)
+
+
 def lens_choices(loaded, lang: str) -> dict:
     """The logit lens's adapter menu for the model being served: none, or one of its adapters."""
     return gr.update(choices=[(messages.localized(NO_ADAPTER, lang), NO_ADAPTER), *loaded.adapters],
@@ -221,17 +226,14 @@ def architecture_tab(host: ModelHost) -> gr.Dropdown:
         status = gr.Markdown(elem_id="architecture-status")
         with gr.Row():
             with gr.Column():
-                gr.Markdown(i18n("residual_norms"))  # above, as the lens's: as a label it covered the plot's title
-                norms = gr.Plot(show_label=False, elem_id="architecture-norms")
+                norms = captioned_plot("residual_norms", "architecture-norms")
             with gr.Column():
-                gr.Markdown(i18n("attention_map"))
-                attention = gr.Plot(show_label=False, elem_id="architecture-attention")
+                attention = captioned_plot("attention_map", "architecture-attention")
         top = gr.Dataframe(headers=messages.TOP_HEADERS["en"], label=i18n("top_tokens"), interactive=False,
                            elem_id="architecture-top")
         lens_adapter = gr.Dropdown([NO_ADAPTER, *host.current.adapters], value=NO_ADAPTER, label=i18n("lens_adapter"),
                                    info=i18n("lens_adapter_info"), elem_id="architecture-lens-adapter")
-        gr.Markdown(i18n("logit_lens"))  # above, not as the plot's label, which would cover its title
-        lens = gr.Plot(show_label=False, elem_id="architecture-lens")
+        lens = captioned_plot("logit_lens", "architecture-lens")
         run = look_inside(host)
         outputs = [norms, attention, top, layer, head, lens, status]
         # One at a time: matplotlib's text layout (its mathtext parser) is not safe across threads,
