@@ -24,11 +24,12 @@ from .running import checked_text
 
 
 def checked_setting(name: str, value, low: int, high: int) -> int:
-    """A slider's value as an int from low to high, or a ValueError naming it. A larger value is
-    held to high: the sliders were sized for the model served when the page loaded, and another
-    may be served now."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > high:
-        value = high
+    """A slider's value as an int from low to high, or a ValueError naming it. A number past an
+    end is held to that end: the sliders were sized for the model served when the page loaded,
+    and another may be served now; and Gradio's slider holds a number typed below its minimum as
+    its box loses focus, so holding it here too draws what the box then shows."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
+        value = min(max(value, low), high)
     return check_setting(name, value, low, high, integer=True)
 
 
