@@ -507,12 +507,14 @@ def stream(model: GPT2 | Scheduler, tokenizer: Tokenizer, prompt: str | list[int
 
 
 def token_logprobs(tokenizer: Tokenizer, trace: list) -> list[dict]:
-    """A Sampler's trace as Result.logprobs: each token as text and id, with its alternatives."""
-    def text(id: int) -> str:
-        return tokenizer.token_bytes(id).decode("utf-8", errors="replace")
-    return [{"token": text(token), "logprob": logprob, "id": token,
-             "top": [{"token": text(other), "logprob": other_logprob, "id": other}
-                     for other, other_logprob in alternatives]}
+    """A Sampler's trace as Result.logprobs: each token as text, bytes and id, with its
+    alternatives. The text of a piece of a character (byte-level tokens split emoji and CJK) is
+    U+FFFD, so that the texts still join into the output; its bytes say which piece it is."""
+    def described(id: int) -> dict:
+        data = tokenizer.token_bytes(id)
+        return {"token": data.decode("utf-8", errors="replace"), "bytes": list(data), "id": id}
+    return [{**described(token), "logprob": logprob,
+             "top": [{**described(other), "logprob": other_logprob} for other, other_logprob in alternatives]}
             for token, logprob, alternatives in trace]
 
 

@@ -75,6 +75,8 @@ def test_logprobs_come_as_a_fourth_output_when_asked_for(client):
     for entry in logprobs:
         assert entry["logprob"] <= 0 and 1 <= len(entry["top"]) <= 3
         assert entry["top"][0]["token"] == entry["token"]  # greedy: the likeliest is the one chosen
+        assert set(entry) == {"token", "bytes", "logprob", "top"}
+        assert bytes(entry["bytes"]).decode(errors="replace") == entry["token"]
     error = client.submit("Hi", logprobs=21, api_name="/generate")
     with pytest.raises(AppError, match="logprobs must be between 0 and 20, got 21"):
         error.result()

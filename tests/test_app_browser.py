@@ -59,6 +59,14 @@ def choose(page: Page, dropdown: str, option: str) -> None:
     page.locator(f'[id^="{listbox}-option-"]').filter(has_text=option).click()
 
 
+def as_output(view_texts: list[str]) -> str:
+    """The text a row of the token view stands for: its newlines as written, and a piece of a
+    character, shown as its bytes (\\xf0\\x9f), read back as those bytes."""
+    joined = "".join(text.replace("↵\n", "\n") for text in view_texts)
+    return re.sub(r"(?:\\x[0-9a-f]{2})+", lambda escapes: bytes.fromhex(escapes[0].replace("\\x", "")).decode(
+        "utf-8", errors="replace"), joined)
+
+
 def wait_for_run(page: Page, task: str, seed: int) -> str:
     """Wait for the status line of the run with this seed; return it."""
     expect(page.locator(f"#{task}-status")).to_contain_text(f"seed {seed} · ")
@@ -570,7 +578,7 @@ def test_tokens_show_their_probability_and_alternatives_and_continue_from_one(pa
     tokens = page.locator("#generate-tokens .tok")
     expect(tokens.first).to_be_visible()
     output = page.locator("#generate-output textarea").input_value()
-    assert "".join(t.replace("↵\n", "\n") for t in tokens.all_inner_texts()) == output
+    assert as_output(tokens.all_inner_texts()) == output
     tokens.nth(2).hover()
     title = tokens.nth(2).get_attribute("title")
     assert re.match(r"\S+: [\d.e-]+%\n", title) and title.count("\n") >= 2  # its own, then alternatives
@@ -583,7 +591,7 @@ def test_tokens_show_their_probability_and_alternatives_and_continue_from_one(pa
     expect(page.locator("#generate-alternatives")).to_contain_text(f"alternatives to token 3 ({clicked})")
     expect(page.locator("#generate-tokens .tok.selected")).to_have_count(1)  # the clicked one is outlined
     assert page.locator("#generate-tokens .tok.selected").get_attribute("data-i") == "2"
-    kept = "".join(t.replace("↵\n", "\n") for t in tokens.all_inner_texts()[:2])
+    kept = as_output(tokens.all_inner_texts()[:2])
     alternative = alternatives.nth(1)
     chosen = re.match(r"(\S+) ", alternative.inner_text()).group(1).replace("␣", " ").replace("↵", "\n")
     set_setting(page, "generate", "temperature", 1.5)  # after the run: not the settings it ran with
@@ -591,7 +599,8 @@ def test_tokens_show_their_probability_and_alternatives_and_continue_from_one(pa
     expect(page.locator("#generate-output textarea")).not_to_have_value(output)
     line = wait_for_run(page, "generate", seed)
     assert "continued from token 3 with " in line and "temperature" not in line, line
-    assert page.locator("#generate-output textarea").input_value().startswith(kept + chosen)
+    piece = "\\x" in chosen  # a piece of a character joins the next token's bytes in the output
+    assert page.locator("#generate-output textarea").input_value().startswith(kept + ("" if piece else chosen))
     screenshot(page, "tokens-continued")
     set_setting(page, "generate", "seed", 7)
     page.locator("#generate-run").click()
@@ -601,13 +610,20 @@ def test_tokens_show_their_probability_and_alternatives_and_continue_from_one(pa
 
 def test_the_token_view_shows_every_token_as_it_is(browser):
     """Tokens the view's template could read as markup or escapes (backslashes, braces, entities,
-    angle brackets) are shown as the model wrote them, in the tokens and in their titles."""
+    angle brackets) are shown as the model wrote them, in the tokens and in their titles; a piece of
+    a character, by its bytes."""
     import gradio as gr
     from bench.load import free_port
     from ui.tokens import listed, row_of, token_view
 
     awkward = ["Jul", "\\", "<", " a\\b", "\\n", "&amp;", "{{x}}", "<b>bold</b>", "\\\\"]
-    entries = [{"token": token, "logprob": -0.5, "top": [{"token": token, "logprob": -0.5}]} for token in awkward]
+    pieces = [b"\xe5\x96", b"\x9c"]  # 喜 in two tokens: each shows its bytes, not U+FFFD
+
+    def entry(data: bytes) -> dict:
+        token = {"token": data.decode(errors="replace"), "bytes": list(data), "logprob": -0.5}
+        return {**token, "top": [token]}
+    entries = [entry(token.encode()) for token in awkward] + [entry(piece) for piece in pieces]
+    shown = awkward + ["\\xe5\\x96", "\\x9c"]
     with gr.Blocks() as demo:
         view = token_view("awkward")
         demo.load(lambda: {"rows": [row_of(entries, "output", 0)], "note": ""}, None, view)
@@ -617,10 +633,11 @@ def test_the_token_view_shows_every_token_as_it_is(browser):
     try:
         page.goto(f"http://127.0.0.1:{port}/")
         tokens = page.locator("#awkward .tok")
-        expect(tokens).to_have_count(len(awkward))
-        assert tokens.all_inner_texts() == awkward
-        titles = [tokens.nth(i).get_attribute("title") for i in range(len(awkward))]
-        assert [title.split("\n")[0] for title in titles] == [f"{listed(token)}: 60.7%" for token in awkward]
+        expect(tokens).to_have_count(len(shown))
+        assert tokens.all_inner_texts() == shown
+        titles = [tokens.nth(i).get_attribute("title") for i in range(len(shown))]
+        assert [title.split("\n")[0] for title in titles] == [f"{listed(e)}: 60.7%" for e in entries]
+        assert titles[-2].startswith("\\xe5\\x96: ") and as_output(tokens.all_inner_texts()[-2:]) == "喜"
     finally:
         page.close()
         demo.close()

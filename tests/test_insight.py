@@ -63,8 +63,27 @@ def test_logprobs_change_nothing_of_the_text_and_cost_nothing_when_off(loaded):
     on = generate(model, tokenizer, "Once upon a time", replace(params, logprobs=3))
     assert off.logprobs == [] and (on.text, on.token_ids) == (off.text, off.token_ids)
     assert len(on.logprobs) == on.generated_tokens
-    assert all(set(entry) == {"token", "logprob", "id", "top"} and len(entry["top"]) <= 3 for entry in on.logprobs)
+    assert all(set(entry) == {"token", "bytes", "logprob", "id", "top"} and len(entry["top"]) <= 3
+               for entry in on.logprobs)
     assert "".join(entry["token"] for entry in on.logprobs) == on.text or on.stop_reason == "stop_string"
+
+
+def test_a_piece_of_a_character_is_listed_by_its_bytes(loaded):
+    """Byte-level tokens split emoji and CJK characters: such a piece's text is U+FFFD, so that the
+    texts still join into the output, and its bytes say which piece it is; the token view writes
+    it as those bytes."""
+    from engine.generate import token_logprobs
+    from ui.tokens import listed, shown
+
+    _, tokenizer = loaded
+    ids = tokenizer.encode("我🐱")
+    entries = token_logprobs(tokenizer, [(id, -0.5, [(id, -0.5)]) for id in ids])
+    assert len(entries) > 2 and "\ufffd" in "".join(entry["token"] for entry in entries)
+    assert b"".join(bytes(entry["bytes"]) for entry in entries).decode() == "我🐱"
+    assert all(entry["top"][0]["bytes"] == entry["bytes"] for entry in entries)
+    labels = [listed(entry) for entry in entries]
+    assert all("\ufffd" not in label for label in labels) and labels[0].startswith("\\x")
+    assert [shown(entry) for entry in entries] == labels
 
 
 @torch.inference_mode()

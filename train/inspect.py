@@ -44,11 +44,15 @@ def readable(text: str) -> str:
     return text.translate(WHITESPACE_SHOWN)
 
 
+def as_text(data: bytes) -> str:
+    """A token's bytes as text to show on their own. A piece of a character (byte-level tokens
+    split them) shows its bytes, \\xf0\\x9f: as U+FFFD, every such piece looked the same."""
+    return bytes(data).decode("utf-8", errors="backslashreplace")
+
+
 def token_label(tokenizer: Tokenizer, id: int) -> str:
-    """A token on an axis: readable, or its id where it has no text of its own. A piece of a
-    character (byte-level tokens split them) shows its bytes, \\xf0\\x9f: as U+FFFD, every
-    such piece looked the same."""
-    return readable(tokenizer.token_bytes(id).decode("utf-8", errors="backslashreplace")) or f"<{id}>"
+    """A token on an axis: readable, or its id where it has no text of its own."""
+    return readable(as_text(tokenizer.token_bytes(id))) or f"<{id}>"
 
 
 @contextmanager

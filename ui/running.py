@@ -296,9 +296,11 @@ def api_endpoint(api: TaskAPI, host: ModelHost) -> Callable[..., Iterator[tuple[
 
 
 def public_logprobs(entries: list[dict]) -> list[dict]:
-    """Result.logprobs as the API gives them: {"token", "logprob", "top": [{"token", "logprob"}]}."""
-    return [{"token": e["token"], "logprob": e["logprob"],
-             "top": [{"token": t["token"], "logprob": t["logprob"]} for t in e["top"]]} for e in entries]
+    """Result.logprobs as the API gives them: {"token", "bytes", "logprob", "top": [{"token",
+    "bytes", "logprob"}]}; the ids are the app's own (they name the alternative to continue from)."""
+    def public(entry: dict) -> dict:
+        return {"token": entry["token"], "bytes": entry["bytes"], "logprob": entry["logprob"]}
+    return [{**public(e), "top": [public(t) for t in e["top"]]} for e in entries]
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from engine.generate import LIMITS
-from train.inspect import readable
+from train.inspect import as_text, readable
 
 from .i18n import i18n
 from .messages import language, localized
@@ -65,15 +65,16 @@ def literal(text: str) -> str:
     return text.replace("\\", "\\\\")
 
 
-def shown(token: str) -> str:
-    """A token as text a person can read inline: a newline made visible."""
-    return token.replace("\n", "↵\n") or "∅"
+def shown(entry: dict) -> str:
+    """A token of Result.logprobs as text a person can read inline: a newline made visible, a
+    piece of a character written as its bytes."""
+    return as_text(entry["bytes"]).replace("\n", "↵\n") or "∅"
 
 
-def listed(token: str) -> str:
-    """A token in a list of tokens (a tooltip, the alternatives), written as the Architecture tab
-    writes it."""
-    return readable(token) or "∅"
+def listed(entry: dict) -> str:
+    """A token of Result.logprobs in a list of tokens (a tooltip, the alternatives), written as
+    the Architecture tab writes it."""
+    return readable(as_text(entry["bytes"])) or "∅"
 
 
 def percent(logprob: float) -> str:
@@ -92,11 +93,11 @@ def row_of(entries: list[dict], label: str, row: int, other: list[float] | None 
     alternatives) and colour."""
     tokens = []
     for i, entry in enumerate(entries):
-        lines = [f"{listed(entry['token'])}: {percent(entry['logprob'])}"]
+        lines = [f"{listed(entry)}: {percent(entry['logprob'])}"]
         if other is not None and i < len(other):
             lines.append(f"{other_label}: {percent(other[i])}")
-        lines += [f"  {listed(alt['token'])} {percent(alt['logprob'])}" for alt in entry["top"][:TOP_SHOWN]]
-        tokens.append({"text": literal(shown(entry["token"])), "title": literal("\n".join(lines)),
+        lines += [f"  {listed(alt)} {percent(alt['logprob'])}" for alt in entry["top"][:TOP_SHOWN]]
+        tokens.append({"text": literal(shown(entry)), "title": literal("\n".join(lines)),
                        "color": colour(entry["logprob"]), "i": i, "row": row,
                        "mark": "diverges" if i == diverges_at else ""})
     return {"label": label, "row": row, "tokens": tokens}
@@ -163,8 +164,8 @@ class Insight:
                 or not 0 <= index < len(rows[row]["entries"]):
             return gr.skip(), gr.skip()
         entry = rows[row]["entries"][index]
-        choices = [(f"{listed(alt['token'])} {percent(alt['logprob'])}", alt["id"]) for alt in entry["top"][:TOP_SHOWN]]
-        label = localized(f"alternatives to token {index + 1} ({listed(entry['token'])})", language(request))
+        choices = [(f"{listed(alt)} {percent(alt['logprob'])}", alt["id"]) for alt in entry["top"][:TOP_SHOWN]]
+        label = localized(f"alternatives to token {index + 1} ({listed(entry)})", language(request))
         return {"row": row, "index": index}, gr.Radio(choices=choices, value=None, visible=True, label=label)
 
     @staticmethod
@@ -182,7 +183,7 @@ class Insight:
             raise ValueError("click a token, then one of its alternatives")
         shown_before = entries[:index] + [{**chosen, "top": entries[index]["top"]}]
         values = {**last_run["values"], "adapter": row["adapter"], "forced": [entry["id"] for entry in shown_before]}
-        return values, shown_before, f"continued from token {index + 1} with {listed(chosen['token'])}"
+        return values, shown_before, f"continued from token {index + 1} with {listed(chosen)}"
 
     @staticmethod
     def single(entries: list[dict], adapter: bool, asked: bool, lang: str) -> dict:
