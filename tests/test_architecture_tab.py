@@ -45,6 +45,25 @@ def test_look_inside_draws_both_plots_and_lists_ten_tokens(host):
     assert PickSlider(1, 2, step=1).preprocess(99) == 99 and PickSlider(1, 2, step=1).preprocess(-3) == -3
 
 
+def test_japanese_tokens_are_drawn_in_a_font_that_has_them(host):
+    """Whole-character tokens of Chinese, Japanese or Korean are drawn in a CJK font (.ci/run and a
+    Space's packages.txt install one), not as the empty boxes of matplotlib's own font."""
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from ui.architecture import plot_fonts
+
+    assert plot_fonts()[0] == "DejaVu Sans" and "WenQuanYi Micro Hei" in plot_fonts()
+    *figures, _, _, _, lens, status = look_inside(host)("日本語のテキスト", 2, 1)
+    assert status == "" and "テ" in [t.get_text() for t in lens.axes[0].get_xticklabels()]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for figure in (*figures[:2], lens):
+            FigureCanvasAgg(figure).draw()
+    assert not [str(w.message) for w in caught if "missing from font" in str(w.message)]
+
+
 @pytest.mark.parametrize("adapter", [None, "summarize"])
 def test_the_lens_title_fits_its_figure_for_a_one_token_prompt(adapter):
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -7,7 +7,9 @@ import re
 from pathlib import Path
 
 import gradio as gr
+import matplotlib
 import pandas as pd
+from matplotlib import font_manager
 from matplotlib.figure import Figure  # not pyplot: figures made per request must not pile up in its registry
 from matplotlib.patches import Rectangle
 
@@ -65,6 +67,21 @@ def transformer(ids):
         h = post_ln_block(h)
     # no ln_f: the last block already ends in a LayerNorm
     return h @ wte.T             # logits"""
+
+# The plots label tokens, which may be Chinese, Japanese or Korean; DejaVu Sans, matplotlib's
+# own font, has none of their glyphs (they were drawn as boxes). matplotlib takes a glyph it lacks
+# from the next font of font.family, so any installed font of these joins it (packages.txt
+# installs WenQuanYi Micro Hei on a Space).
+CJK_FONTS = ("Noto Sans CJK SC", "Source Han Sans SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei",
+             "Droid Sans Fallback", "Microsoft YaHei", "PingFang SC", "Hiragino Sans GB", "SimHei")
+
+
+def plot_fonts() -> list[str]:
+    installed = {font.name for font in font_manager.fontManager.ttflist}
+    return ["DejaVu Sans", *(name for name in CJK_FONTS if name in installed)]
+
+
+matplotlib.rcParams["font.family"] = plot_fonts()
 
 EXAMPLE_PROMPT = "Once upon a time, a little fox found a shiny key in the forest. She"
 
