@@ -868,17 +868,25 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     expect(status).to_contain_text("seed ")
     expect(message).to_have_value("")
     assert [u.strip() for u in chat_turns(page)[0]] == ["Hello again"]
-    # The status line goes with the reply it spoke of: on Undo, and when another conversation opens.
+    # The status line, the token view and Compare's texts go with the reply they spoke of: on Undo,
+    # and when another conversation opens.
+    tokens, compared = page.locator("#dialogue-tokens .tok"), page.locator("#dialogue-adapter_on textarea")
+    expect(tokens.first).to_be_visible()
+    expect(compared).not_to_have_value("")
     page.locator("#dialogue-chatbot [data-testid=bot]").last.hover()
     page.locator("#dialogue-chatbot [aria-label=Undo]").click()
     expect(message).to_have_value("Hello again")
     expect(status).to_have_text("")
+    expect(tokens).to_have_count(0)
+    expect(compared).to_have_value("")
     page.locator("#dialogue-run").click()
     expect(status).to_contain_text("seed ")
+    expect(tokens.first).to_be_visible()
     conversation_tool(page, "earlier").locator("input").click()
     page.get_by_role("option", name=re.compile("Good evening")).click()
     expect(page.locator("#dialogue-chatbot [data-testid=user]").first).to_have_text("Good evening")
     expect(status).to_have_text("")
+    expect(tokens).to_have_count(0)
 
 
 TAB_LABELS = ("Generate", "Chat", "Translate", "Summarise", "Architecture")

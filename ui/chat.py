@@ -29,6 +29,7 @@ from .i18n import i18n
 from .messages import language, localized, refused_line
 from .running import MAX_CHARS, MAX_CHAT_TURNS, RANDOM_SEED, Param, TaskAPI, check_count, check_size, checked_text
 from .tab import Tab, TaskView, Widgets, adapter_props, joinable
+from .tokens import Insight
 
 EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations"
 # Every finished turn, undo or clear writes the conversation's export; the newest this many are
@@ -296,11 +297,11 @@ def chat_store() -> gr.BrowserState:
     return gr.BrowserState({"current": None, "earlier": []}, storage_key=STORAGE_KEY, secret=STORAGE_SECRET)
 
 
-def keep_in_browser(tab: Tab, export: dict, forget_replies: dict) -> None:
+def keep_in_browser(tab: Tab, export: dict, forgetting: list[dict]) -> None:
     """The conversation, persona, adapter switch and settings kept in the browser (see the module
     docstring): saved after each change, restored on load, filed by New chat, reopened from the
     list, imported from an exported file; each of those makes the export button's file too, and
-    forgets the replies kept for a retried turn of the conversation it replaces."""
+    forgets what spoke of the conversation it replaces (`forgetting`: the events' arguments)."""
     chatbot, persona = tab.widgets.inputs["history"], tab.widgets.inputs["persona"]
     more, names = tab.widgets.more, list(tab.settings)
     store = tab.page_state
@@ -369,7 +370,9 @@ def keep_in_browser(tab: Tab, export: dict, forget_replies: dict) -> None:
             more["import"].upload(imported, [more["import"], store, *kept],
                                   [*kept, store, more["earlier"], tab.status], queue=False,
                                   api_visibility="private")):
-        replaced.then(**export).then(**forget_replies)
+        replaced.then(**export)
+        for forget in forgetting:
+            replaced.then(**forget)
 
 
 def chat_extras(tab: Tab) -> None:
@@ -384,15 +387,19 @@ def chat_extras(tab: Tab) -> None:
                             [chatbot, replies, tab.status, tab.insight.last_run],
                             [replies, more["switcher"], more["which"], tab.status], queue=False,
                             api_visibility="private")
+    forget_replies = dict(fn=forget_replaced, inputs=[chatbot, replies], outputs=[replies, more["switcher"]],
+                          queue=False, api_visibility="private")
+    # The token view, Compare's texts and a clicked token's alternatives speak of the reply last
+    # drawn: they go when it goes (undo, clear, another conversation) or another reply is shown.
+    forget_shown_run = dict(fn=Insight.forgotten, inputs=None, outputs=tab.insight.of_the_shown_run, queue=False,
+                            api_visibility="private")
     for step, button in ((-1, more["previous"]), (1, more["next"])):
         button.click(switch_reply(step), [chatbot, replies], [chatbot, replies, more["which"], tab.status],
-                     queue=False, api_visibility="private")
+                     queue=False, api_visibility="private").then(**forget_shown_run)
     draft = gr.State("")
     edited = chatbot.edit(branch_at_edit, [chatbot, message, draft], [chatbot, message, draft], queue=False,
                           api_visibility="private")
     tab.add_run([edited])
-    forget_replies = dict(fn=forget_replaced, inputs=[chatbot, replies], outputs=[replies, more["switcher"]],
-                          queue=False, api_visibility="private")
     for new_turn in [*sending, tab.run_events[-1]]:  # a message sent, or an edited one
         new_turn.then(**forget_replies)
         new_turn.then(draft_back, [draft, message], [message, draft], queue=False, api_visibility="private")
@@ -404,6 +411,7 @@ def chat_extras(tab: Tab) -> None:
                             api_visibility="private")
     for other in (undone, cleared):
         other.then(**forget_replies)
+        other.then(**forget_shown_run)
     # Exported when a run, an undo or a clear has finished, not on every change of the chatbot:
     # a streaming reply changes it with every chunk. (Stop lets the run end by itself, so its
     # partial reply is exported too; a run cancelled while queued had changed nothing.)
@@ -412,7 +420,7 @@ def chat_extras(tab: Tab) -> None:
     for finished in [*tab.run_events, undone, cleared]:
         finished.then(**export)
     gr.on([persona.blur, persona.submit], **export)  # once the persona is typed, not per keystroke
-    keep_in_browser(tab, export, forget_replies)
+    keep_in_browser(tab, export, [forget_replies, forget_shown_run])
 
 
 CHAT = TaskView(
