@@ -487,6 +487,15 @@ def test_translate_swap_turns_the_text_and_its_translation_round(page):
     page.wait_for_timeout(500)  # time for the boxes to change, were they to
     expect(text).to_have_value("Le chien dort.")
     expect(output).to_have_value(translation)
+    # Example pairs of the user's own are turned round with the direction, each way.
+    examples = page.locator("#translate-examples textarea")
+    examples.fill("dog = chien\nthe cat=le chat")
+    page.locator("#translate-swap").click()
+    expect(source).to_have_value("French")
+    expect(examples).to_have_value("chien = dog\nle chat = the cat")
+    expect(page.locator("#translate-examples")).not_to_contain_text("your own pairs, kept")
+    page.locator("#translate-swap").click()
+    expect(examples).to_have_value("dog = chien\nthe cat = le chat")
 
 
 def test_ctrl_enter_in_a_box_runs_its_tab(page):

@@ -272,3 +272,15 @@ def test_swap_turns_a_run_round_and_forgets_its_token_view_but_not_an_edit():
         kept = swap_languages("French", "English", text, translation, last_run)
         assert kept[:2] == ("English", "French") and all(value == gr.skip() for value in kept[2:])
     assert len(kept) == len(turned)
+
+
+def test_the_users_example_pairs_turn_round_with_the_direction_only():
+    from ui.views import choose_pair
+
+    own = "dog = chien\nthe cat=le chat\nnot a pair"
+    *_, examples = choose_pair("source", "French", "English", ("English", "French"), own)
+    assert examples == "chien = dog\nle chat = the cat\nnot a pair"
+    *_, examples = choose_pair("target", "English", "English", ("English", "French"), own)  # the source's: a swap
+    assert examples == "chien = dog\nle chat = the cat\nnot a pair"
+    *_, examples = choose_pair("target", "English", "German", ("English", "French"), own)  # another pair: kept
+    assert isinstance(examples, dict) and "value" not in examples

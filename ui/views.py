@@ -97,17 +97,29 @@ def users_own(examples: str) -> bool:
     return bool(examples.strip()) and examples not in BUILT_IN_EXAMPLES
 
 
+def turned_round(lines: str) -> str:
+    """Example pairs for the other direction: each `source = target` line as `target = source`;
+    a line that is not a pair stays as it was."""
+    def turned(line: str) -> str:
+        source, equals, target = line.partition("=")
+        return f"{target.strip()} = {source.strip()}" if equals and source.strip() and target.strip() else line
+    return "\n".join(turned(line) for line in lines.splitlines())
+
+
 def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], examples: str,
                 adapter_on: bool = False, comparing: bool = False):
     """A language picked in one dropdown. Picking the other side's language swaps the two (as
     translation apps do) rather than leaving a pair that cannot run; the example pairs follow
-    the new pair unless the user has written their own, which are kept, and their hint then says
-    so (they may be in the old pair's languages)."""
+    the new pair. Pairs the user wrote are turned round where the direction is (⇄, or the other
+    side's language picked), and kept as they are for another pair, their hint then saying so
+    (they may be in the old pair's languages)."""
     picked = source, target
     if source == target:
         source, target = (source, last[0]) if changed == "source" else (last[1], target)
     pairs = DEFAULT_EXAMPLES.get((source, target))
-    if users_own(examples):  # said where they can be edited; while locked, the hint says why
+    if users_own(examples) and (source, target) == tuple(reversed(last)):
+        examples_update = turned_round(examples)
+    elif users_own(examples):  # said where they can be edited; while locked, the hint says why
         examples_update = gr.update(info=i18n("example_pairs_kept")) if sends_pairs(adapter_on, comparing) \
             else gr.update()
     elif pairs is None or example_lines(pairs) == examples:
