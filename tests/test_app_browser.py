@@ -281,12 +281,20 @@ def test_stop_ends_a_long_generation_and_keeps_its_text(page):
     page.locator("#generate-run").click()
     output = page.locator("#generate-output textarea")
     expect(output).not_to_have_value("")  # text is streaming in
+    # The run buttons wait while it goes: a Continue pressed meanwhile would join a second text.
+    buttons = page.locator("#generate-run"), page.locator("#generate-continue")
+    for button in buttons:
+        expect(button).to_be_disabled()
+    page.keyboard.press("Control+Enter")  # nor does the shortcut run the tab meanwhile
     page.locator("#generate-stop").click()
     line = wait_for_run(page, "generate", 31)
     assert "stopped: Stop pressed" in line
     generated = int(re.search(r"(\d+) generated tokens", line).group(1))
     assert 0 < generated < 500
     assert output.input_value().strip(), "the partial text stays"
+    for button in buttons:
+        expect(button).to_be_enabled()
+    expect(page.locator("#generate-prompt textarea")).to_have_value("Once upon a time")
     screenshot(page, "stopped")
 
 
@@ -496,6 +504,15 @@ def test_translate_swap_turns_the_text_and_its_translation_round(page):
     expect(page.locator("#translate-examples")).not_to_contain_text("your own pairs, kept")
     page.locator("#translate-swap").click()
     expect(examples).to_have_value("dog = chien\nthe cat = le chat")
+    # Picking the other side's language swaps as ⇄ does, the run's text and translation too.
+    text.fill("The cat sleeps.")
+    translation = press(page, "translate", "run", seed=12)
+    assert translation.strip(), "the run wrote nothing to swap"
+    choose(page, "#translate-target", "English")
+    expect(source).to_have_value("French")
+    expect(text).to_have_value(translation)
+    expect(output).to_have_value("The cat sleeps.")
+    expect(page.locator("#translate-status")).to_have_text("")
 
 
 def test_ctrl_enter_in_a_box_runs_its_tab(page):

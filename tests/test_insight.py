@@ -284,3 +284,20 @@ def test_the_users_example_pairs_turn_round_with_the_direction_only():
     assert examples == "chien = dog\nle chat = the cat\nnot a pair"
     *_, examples = choose_pair("target", "English", "German", ("English", "French"), own)  # another pair: kept
     assert isinstance(examples, dict) and "value" not in examples
+
+
+def test_picking_the_other_sides_language_turns_a_run_round_as_swap_does():
+    import gradio as gr
+
+    from ui.tokens import Insight
+    from ui.views import pick_language
+
+    last_run = Insight.kept([], {"text": "My book.", "source": "English", "target": "French"}, "Mon livre.")
+    picked = pick_language("target", "English", "English", ("English", "French"), "", False, False, "My book.",
+                           "Mon livre.", last_run)
+    assert picked[0] == "French" and picked[2] == ("French", "English")
+    assert picked[4:8] == ("Mon livre.", "My book.", "", "") and list(picked[8:]) == Insight.forgotten()
+    another = pick_language("target", "English", "German", ("English", "French"), "", False, False, "My book.",
+                            "Mon livre.", last_run)  # not a swap: the boxes stay
+    assert another[2] == ("English", "German") and all(value == gr.skip() for value in another[4:])
+    assert len(another) == len(picked)

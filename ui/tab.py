@@ -83,7 +83,7 @@ class Tab:
     widgets: Widgets
     settings: dict[str, gr.Component]
     adapter: gr.Checkbox
-    run_button: gr.Button
+    run_buttons: tuple[gr.Button, ...]  # Run, and Continue where the view has it: held while a run goes
     stop_button: gr.Button
     status: gr.Markdown
     prompt_sent: gr.Textbox
@@ -106,10 +106,15 @@ class Tab:
         settings of the run it comes from. `appends`: the run's text joins the notebook (Continue)."""
         view, named_inputs, insight = self.view, self.named_inputs, self.insight
         outputs = [self.widgets.output, self.status, self.prompt_sent, insight.view, insight.compare_texts[0],
-                   insight.compare_texts[1], insight.alternatives, insight.last_run, *self.widgets.cleared]
+                   insight.compare_texts[1], insight.alternatives, insight.last_run, *self.widgets.cleared,
+                   *self.run_buttons]
         reads = {*named_inputs.values(), insight.show_tokens, insight.compare, insight.last_run, insight.selected,
                  insight.alternatives}
         skips = [gr.skip()] * len(self.widgets.cleared)
+        # The tab's run buttons wait while a run goes, as a chat app's Send does: a Continue
+        # pressed meanwhile would join a text to the prompt that the running one joins too.
+        busy, idle, as_they_are = held(self.run_buttons, True), held(self.run_buttons, False), \
+            [gr.skip()] * len(self.run_buttons)
 
         def run_in_tab(data: dict[gr.Component, Any], request: gr.Request):
             lang = language(request)
@@ -122,7 +127,7 @@ class Tab:
                         values, shown_before, continued = insight.continue_from(
                             data[insight.last_run], data[insight.selected], data[insight.alternatives])
                     except ValueError as no_choice:  # the last run and its output stay as they are
-                        yield [gr.skip(), refused_line(str(no_choice), lang), *[gr.skip()] * 6, *skips]
+                        yield [gr.skip(), refused_line(str(no_choice), lang), *[gr.skip()] * 6, *skips, *idle]
                         return
                 if asks_random_seed(values["seed"]):  # drawn here, so that the run keeps it to continue from
                     values["seed"] = resolve_seed(None)
@@ -131,8 +136,10 @@ class Tab:
                 if asked_tokens:
                     values["logprobs"] = TOP_SHOWN
                 comparing = data[insight.compare] and not continuing
-                # The last run's status line goes at once: under a new run it would pass for this one's.
-                yield [gr.skip(), GENERATING, *[gr.skip()] * 6, *skips]
+                # The last run's status line goes at once: under a new run it would pass for this one's;
+                # so do the alternatives it offered.
+                yield [gr.skip(), GENERATING, *[gr.skip()] * 4, insight.hidden_alternatives(), gr.skip(), *skips,
+                       *busy]
                 with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
                     if comparing:
                         for texts, status, comparison in run_compare(view.api, self.host, values, cancel):
@@ -143,7 +150,8 @@ class Tab:
                                    insight.hidden_alternatives(),
                                    gr.skip() if comparison is None
                                    else insight.kept(zip(comparison["entries"], (False, True)), ran_with, texts[1]),
-                                   *(skips if comparison is None else [""] * len(self.widgets.cleared))]
+                                   *(skips if comparison is None else [""] * len(self.widgets.cleared)),
+                                   *(as_they_are if comparison is None else idle)]
                         return
                     for text, status, prompt, logprobs in run(view.api, self.host, values, cancel):
                         final = bool(status)
@@ -155,15 +163,15 @@ class Tab:
                                gr.skip(), gr.skip(), insight.hidden_alternatives() if final else gr.skip(),
                                insight.kept([(entries, values["adapter"])], ran_with, text, appends)
                                if final else gr.skip(),
-                               *[""] * len(self.widgets.cleared)]
+                               *[""] * len(self.widgets.cleared), *(idle if final else as_they_are)]
             except (Refusal, ValueError) as refused:
                 # One message, in the status line, saying which field and why; no component is
                 # left in an error state, and what the user typed and the last result stay (a
                 # typo costs no output; the status line under it says the new input was refused).
                 message = refused.message if isinstance(refused, Refusal) else str(refused)
-                yield [gr.skip(), refused_line(message, lang), *[gr.skip()] * 6, *skips]
+                yield [gr.skip(), refused_line(message, lang), *[gr.skip()] * 6, *skips, *idle]
             except gr.Error as error:  # a fault: the status line says so, and so does a toast
-                yield [gr.skip(), refused_line(error.message, lang), *[gr.skip()] * 6, *skips]
+                yield [gr.skip(), refused_line(error.message, lang), *[gr.skip()] * 6, *skips, *idle]
                 raise gr.Error(localized(error.message, lang), title=word("error", lang),
                                print_exception=False) from None
 
@@ -175,6 +183,11 @@ class Tab:
         for before in triggers:  # a handler that readies the tab first (Chat's edit): run after it
             if isinstance(before, gr.events.Dependency):
                 self.run_events.append(before.then(**handler))
+
+
+def held(buttons: tuple[gr.Button, ...], busy: bool) -> list[gr.Button]:
+    """The run buttons waiting while a run goes (busy), or pressable again."""
+    return [gr.Button(interactive=not busy) for _ in buttons]
 
 
 def both_prompts(prompts: list[str], lang: str) -> str:
@@ -305,7 +318,8 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
         examples.load_input_event.then(without_refusal, status, status, queue=False, api_visibility="private")
         # Wired inside the tab: what the wiring creates (the states of a view's extras) must be the
         # tab's, not a child of gr.Tabs, where Gradio would count it as a tab and show the wrong labels.
-        tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_button, stop_button, status, prompt_sent,
+        run_buttons = (run_button,) if continue_button is None else (run_button, continue_button)
+        tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_buttons, stop_button, status, prompt_sent,
                   insight, page_state)
         tab.add_run([run_button.click] + [box.submit for box in widgets.submit])
         if continue_button is None:
@@ -342,7 +356,9 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
 
     # Stop first asks the run to end, so that it shows its partial text and a status saying
     # "Stop pressed"; only then does Gradio cancel the run's event, which ends a run still waiting
-    # in the queue or one that did not end in time.
+    # in the queue or one that did not end in time. A run cancelled so never says it has ended:
+    # the run buttons come back with Stop.
     stop_button.click(stop, queue=False, api_visibility="private").then(
-        None, cancels=tab.run_events, api_visibility="private")
+        lambda: held(tab.run_buttons, False), None, list(tab.run_buttons), cancels=tab.run_events, queue=False,
+        api_visibility="private")
     return tab

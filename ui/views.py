@@ -114,6 +114,8 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
     side's language picked), and kept as they are for another pair, their hint then saying so
     (they may be in the old pair's languages)."""
     picked = source, target
+    if picked == tuple(last):  # the other dropdown's change, fired by this one's answer: done already
+        return gr.update(), gr.update(), last, gr.update()
     if source == target:
         source, target = (source, last[0]) if changed == "source" else (last[1], target)
     pairs = DEFAULT_EXAMPLES.get((source, target))
@@ -147,6 +149,17 @@ def swap_languages(source: str, target: str, text: str, translation: str, last_r
     return target, source, *[gr.skip()] * (4 + len(Insight.forgotten()))
 
 
+def pick_language(changed: str, source: str, target: str, last: tuple[str, str], examples: str, adapter_on: bool,
+                  comparing: bool, text: str, translation: str, last_run: dict | None):
+    """A language picked in one dropdown (choose_pair); where that was the other side's language,
+    the languages swap as with ⇄, and so do a run's text and translation. Returns choose_pair's
+    values, then swap_languages' for the boxes and what spoke of the run."""
+    languages = choose_pair(changed, source, target, last, examples, adapter_on, comparing)
+    if source == target:
+        return (*languages, *swap_languages(*last, text, translation, last_run)[2:])
+    return (*languages, *[gr.skip()] * (4 + len(Insight.forgotten())))
+
+
 def sends_pairs(adapter_on: bool, comparing: bool) -> bool:
     """Whether a run sends the example pairs: with the adapter off, or to a comparison's off side."""
     return not adapter_on or comparing
@@ -177,14 +190,14 @@ def translate_extras(tab: Tab) -> None:
     # The hint that the user's own pairs were kept goes once the box holds none.
     examples.change(lambda text, *on: gr.skip() if users_own(text) else pairs_sent(*on), [examples, *switches],
                     examples, queue=False, api_visibility="private")
-    tab.widgets.more["swap"].click(swap_languages, [source, target, inputs["text"], tab.widgets.output,
-                                                    tab.insight.last_run],
-                                   [source, target, inputs["text"], tab.widgets.output, tab.status, tab.prompt_sent,
-                                    *tab.insight.of_the_shown_run], queue=False, api_visibility="private")
+    run_shown = [inputs["text"], tab.widgets.output]
+    moved = [*run_shown, tab.status, tab.prompt_sent, *tab.insight.of_the_shown_run]  # when a swap turns a run round
+    tab.widgets.more["swap"].click(swap_languages, [source, target, *run_shown, tab.insight.last_run],
+                                   [source, target, *moved], queue=False, api_visibility="private")
     for changed, dropdown in (("source", source), ("target", target)):
-        dropdown.change(lambda *values, changed=changed: choose_pair(changed, *values),
-                        [source, target, last_pair, examples, *switches], [source, target, last_pair, examples],
-                        queue=False, api_visibility="private")
+        dropdown.change(lambda *values, changed=changed: pick_language(changed, *values),
+                        [source, target, last_pair, examples, *switches, *run_shown, tab.insight.last_run],
+                        [source, target, last_pair, examples, *moved], queue=False, api_visibility="private")
 
 
 # Short everyday sentences like Tatoeba's, one a direction, that the bundled model translates right
