@@ -915,6 +915,22 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     expect(tokens).to_have_count(0)
 
 
+def test_on_a_phone_chats_message_box_starts_on_the_first_screen(browser, studio_url):
+    """An empty conversation stands low, so that on a phone the message box is on the first screen;
+    the conversation grows with its turns."""
+    page = browser.new_context(viewport={"width": 390, "height": 844}).new_page()
+    try:
+        page.goto(studio_url)
+        page.get_by_role("tab", name="Chat").click()
+        message = page.locator("#dialogue-message")
+        expect(message).to_be_visible()
+        assert page.locator("#dialogue-chatbot").bounding_box()["height"] <= 120
+        assert message.bounding_box()["y"] < 844
+        screenshot(page, "chat-phone")
+    finally:
+        page.context.close()
+
+
 TAB_LABELS = ("Generate", "Chat", "Translate", "Summarise", "Architecture")
 
 

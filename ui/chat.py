@@ -95,8 +95,10 @@ def chat_widgets() -> Widgets:
             upload = gr.UploadButton(str(i18n("import_conversation")), file_types=[".json"], size="sm",
                                      elem_id="dialogue-import")
     persona = gr.Textbox(label=i18n("persona"), placeholder=i18n("persona_placeholder"), elem_id="dialogue-persona")
-    chatbot = gr.Chatbot(label=i18n("conversation"), height=360, buttons=["copy", "copy_all"], editable="user",
-                         elem_id="dialogue-chatbot")
+    # As high as the conversation, up to 360 px, then it scrolls: empty, it does not push the
+    # message box below a phone's first screen.
+    chatbot = gr.Chatbot(label=i18n("conversation"), height=None, min_height=100, max_height=360,
+                         buttons=["copy", "copy_all"], editable="user", elem_id="dialogue-chatbot")
     with gr.Row(visible=False) as switcher:  # after Retry: every reply to the last turn stays reachable
         with gr.Column(scale=0, min_width=480), gr.Row():  # ◀ 1 / 2 ▶ side by side, not across the page
             gr.Markdown(i18n("replies_to_last"), scale=0, min_width=260, elem_id="dialogue-replies-label")
