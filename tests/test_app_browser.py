@@ -379,6 +379,8 @@ def test_the_interface_follows_the_browser_language(browser, studio_url):
         expect(page.get_by_role("tab", name="对话")).to_be_visible()
         expect(page.locator("#generate-run")).to_have_text("生成")
         expect(page.locator("#generate-stop")).to_have_text("停止")
+        # an empty box says what to write in it
+        expect(page.locator("#generate-prompt textarea")).to_have_attribute("placeholder", re.compile("^故事的开头"))
         screenshot(page, "chinese")
         # What the server writes follows the browser's language too: the model line, and a refusal
         # in the status line.
@@ -946,10 +948,14 @@ def test_each_tab_label_shows_once_at_every_width_and_the_console_stays_clean(br
     try:
         page.goto(studio_url)
         page.wait_for_selector("#generate-run")
+        first_boxes = {"Generate": "generate-prompt", "Chat": "dialogue-message", "Translate": "translate-text",
+                       "Summarise": "summarize-article"}
         for name in (*TAB_LABELS[1:], TAB_LABELS[0]):
             page.get_by_role("tab", name=name).click()
             page.wait_for_timeout(300)
             assert page.get_by_role("tab").all_inner_texts() == list(TAB_LABELS), name
+            if name in first_boxes:  # an empty box says what to write in it
+                assert page.locator(f"#{first_boxes[name]} textarea").get_attribute("placeholder"), name
         example = "Tom and his dog went to the park. They"  # on a fresh page: before any run
         page.get_by_text(example).click()
         expect(page.locator("#generate-prompt textarea")).to_have_value(example)

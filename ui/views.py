@@ -26,7 +26,8 @@ def output_box(label: str, lines: int, task_name: str) -> gr.Textbox:
 # --- Generate ---------------------------------------------------------------------------------
 
 def generate_widgets() -> Widgets:
-    prompt = gr.Textbox(label=i18n("prompt"), lines=4, elem_id="generate-prompt")
+    prompt = gr.Textbox(label=i18n("prompt"), placeholder=i18n("prompt_placeholder"), lines=4,
+                        elem_id="generate-prompt")
     return Widgets({"prompt": prompt}, output_box("continuation", 8, "generate"))
 
 
@@ -73,7 +74,8 @@ def example_pairs(lines: str | None) -> list[tuple[str, str]] | None:
 
 
 def translate_widgets() -> Widgets:
-    source_text = gr.Textbox(label=i18n("source_text"), lines=2, elem_id="translate-text")
+    source_text = gr.Textbox(label=i18n("source_text"), placeholder=i18n("source_text_placeholder"), lines=2,
+                             elem_id="translate-text")
     languages = [(i18n(language), language) for language in LANGUAGES]
     with gr.Row(equal_height=True):
         # Narrow enough that the three stay on one line on a phone: ⇄ between the two it swaps.
@@ -231,7 +233,8 @@ TRANSLATE = TaskView(
 # --- Summarise --------------------------------------------------------------------------------
 
 def summarize_widgets() -> Widgets:
-    article = gr.Textbox(label=i18n("article"), lines=10, max_lines=20, elem_id="summarize-article")
+    article = gr.Textbox(label=i18n("article"), placeholder=i18n("article_placeholder"), lines=10, max_lines=20,
+                         elem_id="summarize-article")
     length = gr.Markdown(elem_id="summarize-length")
     return Widgets({"article": article}, output_box("summary", 3, "summarize"), more={"length": length})
 
