@@ -335,8 +335,9 @@ def test_the_reply_switcher_follows_the_last_turn():
                                     "same reply each time"] * 2
     other = line.format(1, 70.0) + " · changed settings: top_p 0.9"
     assert replies_after_retry(first, kept, other, ran(0.8, 40), None)[3] == other
-    refused = "⚠️ persona is too long: 1,001 characters; the limit is 1,000"
-    assert replies_after_retry(first, replies_before_retry(first, {}, refused), refused, ran(0.8, 40), None)[3] == refused
+    refused = "⚠️ persona is too long: 1,001 characters; the limit is 1,000"  # no new reply: none kept
+    before = replies_before_retry(first, {}, line.format(1, 80.0))
+    assert replies_after_retry(first, before, refused, ran(0.8, 40), None) == (before, *[gr.skip()] * 3)
     # after ◀ to the first reply, a retry replaces that one: the same reply again is noted
     _, back, _, _ = switch_reply(-1)(second, replies)
     third = replies_after_retry(first, replies_before_retry(first, back, line.format(1, 80.0)), line.format(1, 60.0),
@@ -344,10 +345,14 @@ def test_the_reply_switcher_follows_the_last_turn():
     assert third[2] == "3 / 3" and "the same seed gives the same reply" in third[3]
     shown, replies, which, status = switch_reply(-1)(second, replies)
     assert (shown, which, status) == (first, "1 / 2", line.format(1, 80.0))
-    assert forget_replaced(shown, replies) == (gr.skip(), gr.skip())  # still this turn: kept
-    for other in ([], messages_from_pairs([["Hi", "Hello!"], ["Bye", "Bye!"]]), messages_from_pairs([["Yo", "Hey"]])):
-        forgotten, hidden = forget_replaced(other, replies)
-        assert forgotten == {} and not hidden.visible
+    assert forget_replaced(shown, replies, status) == (gr.skip(), gr.skip())  # still this turn: kept
+    # Another last turn: its reply is the one kept, for a reply continued from a chosen token to join.
+    assert forget_replaced([], replies, "")[0] == {}
+    for other in (messages_from_pairs([["Hi", "Hello!"], ["Bye", "Bye!"]]), messages_from_pairs([["Yo", "Hey"]])):
+        forgotten, hidden = forget_replaced(other, replies, "seed 3 · ...")
+        last = len(other) // 2 - 1
+        assert forgotten == {"turn": last, "replies": [[other[-1]["content"], "seed 3 · ..."]], "at": 0}
+        assert not hidden.visible
 
 
 def test_an_edits_draft_comes_back_once_the_message_box_is_empty_again():

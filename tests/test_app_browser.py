@@ -833,6 +833,30 @@ def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(p
     screenshot(page, "chat-imported")
 
 
+def test_a_reply_continued_from_a_chosen_token_keeps_the_one_it_replaces(page):
+    """As a retry does: ◀ goes back to the reply as it was drawn first, with its status line."""
+    page.get_by_role("tab", name="Chat").click()
+    page.locator("#dialogue-insight").get_by_text("Why this output").click()
+    page.locator("#dialogue-show-tokens input").check()
+    set_setting(page, "dialogue", "seed", 44)
+    set_setting(page, "dialogue", "max_new_tokens", 12)
+    page.locator("#dialogue-message textarea").fill("Hello there")
+    page.locator("#dialogue-run").click()
+    first_line = wait_for_run(page, "dialogue", 44)
+    first = chat_turns(page)[1][-1]
+    page.locator("#dialogue-tokens .tok").nth(1).click()
+    page.locator("#dialogue-alternatives label").nth(1).click()
+    expect(page.locator("#dialogue-status")).to_contain_text("continued from token 2 with ")
+    which = page.locator("#dialogue-which-reply")
+    expect(which).to_contain_text("2 / 2")
+    continued = chat_turns(page)[1][-1]
+    assert continued != first
+    page.locator("#dialogue-previous-reply").click()
+    expect(which).to_contain_text("1 / 2")
+    expect(page.locator("#dialogue-chatbot [data-testid=bot]").last).to_have_text(first)
+    expect(page.locator("#dialogue-status")).to_have_text(first_line)
+
+
 def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     page.get_by_role("tab", name="Chat").click()
     message = page.locator("#dialogue-message textarea")

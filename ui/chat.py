@@ -167,6 +167,8 @@ def replies_after_retry(messages: list[dict], replies: dict, status: str, last_r
     pairs = pairs_from_messages(messages)
     if not pairs or replies.get("turn") != len(pairs) - 1:
         return {}, gr.Row(visible=False), "", gr.skip()
+    if not joinable(status):  # refused: the reply shown is still the one kept
+        return replies, gr.skip(), gr.skip(), gr.skip()
     replaced, replaced_status = replies["replies"][replies["at"]]
     lang = language(request)
     if pairs[-1][1] == replaced and joinable(status) and run_record(status, lang) == run_record(replaced_status, lang):
@@ -204,15 +206,18 @@ def switch_reply(step: int):
     return switch
 
 
-def forget_replaced(messages: list[dict], replies: dict):
+def forget_replaced(messages: list[dict], replies: dict, status: str):
     """The kept replies and the switcher stay while the conversation's last turn is still the one
     they belong to, showing one of them; a new turn, an undo, a clear or another conversation
-    takes them away (a refused import, which changes nothing, does not)."""
+    takes them away (a refused import, which changes nothing, does not), keeping the last turn's
+    reply as shown, with the status line, for a reply continued from a chosen token to join (its
+    run changes the conversation before anything could keep it)."""
     pairs = pairs_from_messages(messages)
     kept = replies.get("replies", [])
     if kept and pairs and replies.get("turn") == len(pairs) - 1 and pairs[-1][1] == kept[replies["at"]][0]:
         return gr.skip(), gr.skip()
-    return {}, gr.Row(visible=False)
+    started = {"turn": len(pairs) - 1, "replies": [[pairs[-1][1], status]], "at": 0} if pairs else {}
+    return started, gr.Row(visible=False)
 
 
 def undo(messages: list[dict]) -> tuple[list[dict[str, str]], str, str, str]:
@@ -380,17 +385,18 @@ def keep_in_browser(tab: Tab, export: dict, forgetting: list[dict]) -> None:
 def chat_extras(tab: Tab) -> None:
     chatbot, message, persona = (tab.widgets.inputs[name] for name in ("history", "message", "persona"))
     more = tab.widgets.more
-    sending = list(tab.run_events)  # Send and Enter
+    sending = [event for event in tab.run_events if event not in tab.continuing_runs]  # Send and Enter
     replies = gr.State({})
+    # A retry, or a reply continued from a chosen token (forget_replaced kept the reply it
+    # replaces), keeps the reply it replaces to switch back to.
     chatbot.retry(replies_before_retry, [chatbot, replies, tab.status], replies, queue=False,
                   api_visibility="private")
     tab.add_run([chatbot.retry], prepare=take_back_last_turn)
-    tab.run_events[-1].then(replies_after_retry,
-                            [chatbot, replies, tab.status, tab.insight.last_run],
-                            [replies, more["switcher"], more["which"], tab.status], queue=False,
-                            api_visibility="private")
-    forget_replies = dict(fn=forget_replaced, inputs=[chatbot, replies], outputs=[replies, more["switcher"]],
-                          queue=False, api_visibility="private")
+    for replaced in (tab.run_events[-1], *tab.continuing_runs):
+        replaced.then(replies_after_retry, [chatbot, replies, tab.status, tab.insight.last_run],
+                      [replies, more["switcher"], more["which"], tab.status], queue=False, api_visibility="private")
+    forget_replies = dict(fn=forget_replaced, inputs=[chatbot, replies, tab.status],
+                          outputs=[replies, more["switcher"]], queue=False, api_visibility="private")
     # The token view, Compare's texts and a clicked token's alternatives speak of the reply last
     # drawn: they go when it goes (undo, clear, another conversation) or another reply is shown.
     forget_shown_run = dict(fn=Insight.forgotten, inputs=None, outputs=tab.insight.of_the_shown_run, queue=False,

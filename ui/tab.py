@@ -90,6 +90,7 @@ class Tab:
     insight: "Insight"
     page_state: gr.Component | None = None  # the view's state kept at the page's top level (Chat's)
     run_events: list = field(default_factory=list)
+    continuing_runs: list = field(default_factory=list)  # those of run_events that continue from a chosen token
 
     @property
     def named_inputs(self) -> dict[str, gr.Component]:
@@ -178,11 +179,14 @@ class Tab:
         listeners = [trigger for trigger in triggers if not isinstance(trigger, gr.events.Dependency)]
         handler = dict(fn=run_in_tab, inputs=reads, outputs=outputs, show_progress="minimal",
                        api_visibility="private", concurrency_id=GENERATION)
+        added = len(self.run_events)
         if listeners:
             self.run_events.append(gr.on(listeners, **handler))
         for before in triggers:  # a handler that readies the tab first (Chat's edit): run after it
             if isinstance(before, gr.events.Dependency):
                 self.run_events.append(before.then(**handler))
+        if continuing:
+            self.continuing_runs += self.run_events[added:]
 
 
 def held(buttons: tuple[gr.Button, ...], busy: bool) -> list[gr.Button]:
