@@ -141,8 +141,9 @@ class Result:
     # The tokens the text is made of: a stop string's own tokens, drawn (generated_tokens counts
     # them) but cut from the text, are not among them, nor in logprobs.
     token_ids: list[int] = field(default_factory=list)
-    # With SamplingParams.logprobs: per generated token {"token", "logprob", "id", "top": [{"token", "logprob",
-    # "id"}, ...]}, the log-probabilities the token was drawn from, after the decoding settings.
+    # With SamplingParams.logprobs: per generated token {"token", "bytes", "logprob", "id", "top": [{"token",
+    # "bytes", "logprob", "id"}, ...]} (token_logprobs), the log-probabilities the token was drawn from,
+    # after the decoding settings.
     logprobs: list[dict] = field(default_factory=list)
 
     def summary(self) -> str:

@@ -15,7 +15,7 @@ from tasks import Task
 from .i18n import i18n
 from .messages import REFUSED, language, localized, refused_line, word
 from .model_host import LoadedModel, ModelHost
-from .running import (RANDOM_SEED, SETTING_RANGES, SETTINGS, Refusal, StopSwitches, TaskAPI, asks_random_seed, run,
+from .running import (RANDOM_SEED, SETTING_RANGES, SETTINGS, Refusal, StopSwitches, TaskAPI, asks_random_seed, fault, run,
                       run_compare)
 from .tokens import TOP_SHOWN, Insight
 
@@ -137,10 +137,8 @@ class Tab:
                 if asked_tokens:
                     values["logprobs"] = TOP_SHOWN
                 comparing = data[insight.compare] and not continuing
-                # The last run's status line goes at once: under a new run it would pass for this one's;
-                # so do the alternatives it offered.
-                yield [gr.skip(), GENERATING, *[gr.skip()] * 4, insight.hidden_alternatives(), gr.skip(), *skips,
-                       *busy]
+                # The last run's status line goes at once: under a new run it would pass for this one's.
+                yield [gr.skip(), GENERATING, *[gr.skip()] * 6, *skips, *busy]
                 with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
                     if comparing:
                         for texts, status, comparison in run_compare(view.api, self.host, values, cancel):
@@ -165,13 +163,18 @@ class Tab:
                                insight.kept([(entries, values["adapter"])], ran_with, text, appends)
                                if final else gr.skip(),
                                *[""] * len(self.widgets.cleared), *(idle if final else as_they_are)]
-            except (Refusal, ValueError) as refused:
-                # One message, in the status line, saying which field and why; no component is
-                # left in an error state, and what the user typed and the last result stay (a
-                # typo costs no output; the status line under it says the new input was refused).
-                message = refused.message if isinstance(refused, Refusal) else str(refused)
-                yield [gr.skip(), refused_line(message, lang), *[gr.skip()] * 6, *skips, *idle]
-            except gr.Error as error:  # a fault: the status line says so, and so does a toast
+            except Exception as error:
+                if isinstance(error, Refusal) or (isinstance(error, ValueError) and not isinstance(error, gr.Error)):
+                    # One message, in the status line, saying which field and why; no component is
+                    # left in an error state, and what the user typed and the last result stay (a
+                    # typo costs no output; the status line under it says the new input was refused).
+                    message = error.message if isinstance(error, Refusal) else str(error)
+                    yield [gr.skip(), refused_line(message, lang), *[gr.skip()] * 6, *skips, *idle]
+                    return
+                # A fault: the status line says so, and so does a notice. (gr.Error is a ValueError
+                # too: caught as a refusal, a fault's line was its message quoted, with no notice.)
+                if not isinstance(error, gr.Error):  # one outside the generation itself, logged as one
+                    error = fault(view.api, self.host.current, error)
                 yield [gr.skip(), refused_line(error.message, lang), *[gr.skip()] * 6, *skips, *idle]
                 raise gr.Error(localized(error.message, lang), title=word("error", lang),
                                print_exception=False) from None
@@ -190,7 +193,9 @@ class Tab:
 
 
 def held(buttons: tuple[gr.Button, ...], busy: bool) -> list[gr.Button]:
-    """The run buttons waiting while a run goes (busy), or pressable again."""
+    """The run buttons waiting while a run goes (busy), or pressable again. (A handler whose only
+    output is one button returns them by component: Gradio would take a one-item list for the
+    button's label.)"""
     return [gr.Button(interactive=not busy) for _ in buttons]
 
 
@@ -363,6 +368,7 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
     # in the queue or one that did not end in time. A run cancelled so never says it has ended:
     # the run buttons come back with Stop.
     stop_button.click(stop, queue=False, api_visibility="private").then(
-        lambda: held(tab.run_buttons, False), None, list(tab.run_buttons), cancels=tab.run_events, queue=False,
+        lambda: dict(zip(tab.run_buttons, held(tab.run_buttons, False))), None, list(tab.run_buttons),
+        cancels=tab.run_events, queue=False,
         api_visibility="private")
     return tab
