@@ -293,8 +293,9 @@ def test_every_interface_text_is_in_english_and_chinese(app_models):
     # Shown only as things happen: "generating" while a run streams, "not_measured" where a lab plot
     # is missing, "example_pairs_kept" after a change of languages, "no_adapter_model" for a model
     # without a task's adapter (this one has them all), "example_pairs_unsent" with the translate
-    # adapter on (this one starts it off).
-    shown_later = {"generating", "not_measured", "example_pairs_kept", "no_adapter_model", "example_pairs_unsent"}
+    # adapter on (this one starts it off), "example_pairs_through_english" for French <-> German.
+    shown_later = {"generating", "not_measured", "example_pairs_kept", "no_adapter_model", "example_pairs_unsent",
+                   "example_pairs_through_english"}
     assert used | shown_later == ENGLISH.keys()
 
 

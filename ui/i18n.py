@@ -62,6 +62,9 @@ ENGLISH = {
     "example_pairs": "Example pairs",
     "example_pairs_info": "one per line: source = target. Sent only with the adapter off, for the model to continue "
                           "their pattern; the adapter learned the task, so with it on the prompt holds none",
+    "example_pairs_through_english": "French <-> German goes through English, each step with its own built-in "
+                                     "pairs, so these are not sent; pairs of your own here ask for the direct "
+                                     "translation (sent only with the adapter off)",
     "example_pairs_unsent": "not sent while the adapter is on (it learnt the task without them): switch it off, "
                             "or compare, to use and edit them",
     "example_pairs_kept": "your own pairs, kept when the languages changed: check that they suit the new pair "
@@ -200,6 +203,8 @@ CHINESE = {
     "target_language": "目标语言",
     "example_pairs": "示例句对",
     "example_pairs_info": "每行一对：源文 = 译文。仅在适配器关闭时发送，供模型沿用其模式；适配器已学会此任务，开启时提示词中不含示例",
+    "example_pairs_through_english": "法语与德语互译经由英语进行，每一步使用各自的内置示例，因此不发送这些示例；"
+                                     "在此写入您自己的示例对，即可请求直接翻译（仅在适配器关闭时发送）",
     "example_pairs_unsent": "适配器开启时不发送这些示例（它已学会此任务，无需示例）：关闭适配器或进行对比，即可使用和编辑它们",
     "example_pairs_kept": "这是您自己的示例对，更换语言时保留：请确认它们适合新的语言对（先清空此框再选择语言，即可换回内置示例）",
     "translation": "译文",

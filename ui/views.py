@@ -8,6 +8,7 @@ import gradio as gr
 
 from engine.generate import brief, new_token_budget
 from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeInputs, TranslateInputs
+from tasks.translation import PIVOT
 
 from .i18n import i18n
 from .messages import language, localized
@@ -167,12 +168,16 @@ def sends_pairs(adapter_on: bool, comparing: bool) -> bool:
     return not adapter_on or comparing
 
 
-def pairs_sent(adapter_on: bool, comparing: bool) -> dict:
+def pairs_sent(adapter_on: bool, comparing: bool, source: str = "", target: str = "") -> dict:
     """The example pairs box, editable only where a run sends the pairs, its hint saying which;
     where they are not sent it is two lines high, so that on a phone it does not stand a screen's
-    half between the text and the Translate button."""
+    half between the text and the Translate button. For French <-> German the hint says that the
+    built-in pairs shown are not the ones sent (tasks.translation.through_english)."""
     sent = sends_pairs(adapter_on, comparing)
-    return gr.update(interactive=sent, info=i18n("example_pairs_info" if sent else "example_pairs_unsent"),
+    through_english = PIVOT not in (source, target) and (source, target) in DEFAULT_EXAMPLES
+    hint = ("example_pairs_through_english" if through_english else "example_pairs_info") if sent \
+        else "example_pairs_unsent"
+    return gr.update(interactive=sent, info=i18n(hint),
                      lines=EXAMPLE_LINES if sent else UNSENT_LINES,
                      max_lines=EXAMPLE_MAX_LINES if sent else UNSENT_LINES)
 
@@ -187,11 +192,11 @@ def translate_extras(tab: Tab) -> None:
     for name in ("interactive", "info", "lines", "max_lines"):
         setattr(examples, name, starting[name])
     switches = [tab.adapter, tab.insight.compare]
-    gr.on([tab.adapter.change, tab.insight.compare.change], pairs_sent, switches, examples, queue=False,
-          api_visibility="private")
+    gr.on([tab.adapter.change, tab.insight.compare.change], pairs_sent, [*switches, source, target], examples,
+          queue=False, api_visibility="private")
     # The hint that the user's own pairs were kept goes once the box holds none.
-    examples.change(lambda text, *on: gr.skip() if users_own(text) else pairs_sent(*on), [examples, *switches],
-                    examples, queue=False, api_visibility="private")
+    examples.change(lambda text, *on: gr.skip() if users_own(text) else pairs_sent(*on),
+                    [examples, *switches, source, target], examples, queue=False, api_visibility="private")
     run_shown = [inputs["text"], tab.widgets.output]
     moved = [*run_shown, tab.status, tab.prompt_sent, *tab.insight.of_the_shown_run]  # when a swap turns a run round
     tab.widgets.more["swap"].click(swap_languages, [source, target, *run_shown, tab.insight.last_run],
