@@ -62,6 +62,11 @@ def build_prompt(inputs: TranslateInputs, tokenizer: Tokenizer, max_prompt_token
 PIVOT = "English"  # the language every translation the bundled model learnt starts or ends in
 
 
+def goes_through_english(source: str, target: str) -> bool:
+    """Whether the pair is French <-> German, which the bundled model translates in two steps."""
+    return PIVOT not in (source, target) and (source, target) in DEFAULT_EXAMPLES
+
+
 def through_english(inputs: TranslateInputs, adapter_on: bool):
     """French <-> German in two steps, through English (Task.two_steps): the adapter learnt only
     English <-> French and English <-> German, and the base model's direct French = German lines
@@ -69,8 +74,7 @@ def through_english(inputs: TranslateInputs, adapter_on: bool):
     user's way to ask for the direct translation."""
     own_examples = inputs.examples is not None and [tuple(pair) for pair in inputs.examples] != \
         DEFAULT_EXAMPLES.get((inputs.source, inputs.target))
-    pair = (inputs.source, inputs.target)
-    if pair not in DEFAULT_EXAMPLES or PIVOT in pair or (own_examples and not adapter_on):
+    if not goes_through_english(inputs.source, inputs.target) or (own_examples and not adapter_on):
         return None  # one step; a pair that is no translation is refused there, as asked
     return (TranslateInputs(inputs.text, inputs.source, PIVOT),
             lambda english: TranslateInputs(english, PIVOT, inputs.target),

@@ -123,9 +123,12 @@ def test_the_live_view_shows_the_plots_and_the_top_tokens(page):
     assert page.get_by_test_id("toast-body").count() == 0
     # One below the first: Gradio's slider puts its box back to the first as it loses focus, and
     # the run draws head 1, as the box says.
+    assert last != "1"  # so that head 1's map is another picture
+    drawn = page.locator("#architecture-attention img").get_attribute("src")
     head.fill("-3")
     page.locator("#architecture-run").click()
     expect(head).to_have_value("1")
+    expect(page.locator("#architecture-attention img")).not_to_have_attribute("src", drawn)  # drawn, not refused
     expect(page.locator("#architecture-status")).to_have_text("")
     assert page.get_by_test_id("toast-body").count() == 0
 

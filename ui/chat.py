@@ -216,8 +216,7 @@ def forget_replaced(messages: list[dict], replies: dict, status: str):
     kept = replies.get("replies", [])
     if kept and pairs and replies.get("turn") == len(pairs) - 1 and pairs[-1][1] == kept[replies["at"]][0]:
         return gr.skip(), gr.skip()
-    started = {"turn": len(pairs) - 1, "replies": [[pairs[-1][1], status]], "at": 0} if pairs else {}
-    return started, gr.Row(visible=False)
+    return replies_before_retry(messages, {}, status), gr.Row(visible=False)  # the new last turn's reply
 
 
 def undo(messages: list[dict]) -> tuple[list[dict[str, str]], str, str, str]:

@@ -114,8 +114,8 @@ class Tab:
         skips = [gr.skip()] * len(self.widgets.cleared)
         # The tab's run buttons wait while a run goes, as a chat app's Send does: a Continue
         # pressed meanwhile would join a text to the prompt that the running one joins too.
-        busy, idle, as_they_are = held(self.run_buttons, True), held(self.run_buttons, False), \
-            [gr.skip()] * len(self.run_buttons)
+        busy, idle = held(self.run_buttons, True), held(self.run_buttons, False)
+        as_they_are = [gr.skip()] * len(self.run_buttons)
 
         def run_in_tab(data: dict[gr.Component, Any], request: gr.Request):
             lang = language(request)
@@ -193,9 +193,7 @@ class Tab:
 
 
 def held(buttons: tuple[gr.Button, ...], busy: bool) -> list[gr.Button]:
-    """The run buttons waiting while a run goes (busy), or pressable again. (A handler whose only
-    output is one button returns them by component: Gradio would take a one-item list for the
-    button's label.)"""
+    """The run buttons waiting while a run goes (busy), or pressable again."""
     return [gr.Button(interactive=not busy) for _ in buttons]
 
 
@@ -366,7 +364,8 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
     # Stop first asks the run to end, so that it shows its partial text and a status saying
     # "Stop pressed"; only then does Gradio cancel the run's event, which ends a run still waiting
     # in the queue or one that did not end in time. A run cancelled so never says it has ended:
-    # the run buttons come back with Stop.
+    # the run buttons come back with Stop (by component: where a tab's only output here is one
+    # button, Gradio would take a one-item list for the button's label).
     stop_button.click(stop, queue=False, api_visibility="private").then(
         lambda: dict(zip(tab.run_buttons, held(tab.run_buttons, False))), None, list(tab.run_buttons),
         cancels=tab.run_events, queue=False,

@@ -8,7 +8,7 @@ import gradio as gr
 
 from engine.generate import brief, new_token_budget
 from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeInputs, TranslateInputs
-from tasks.translation import PIVOT
+from tasks.translation import goes_through_english
 
 from .i18n import i18n
 from .messages import language, localized
@@ -149,7 +149,12 @@ def swap_languages(source: str, target: str, text: str, translation: str, last_r
     shown = (ran.get("text"), ran.get("source"), ran.get("target"), (last_run or {}).get("output"))
     if translation.strip() and shown in ((text, source, target, translation), (translation, target, source, text)):
         return target, source, translation, text, "", "", *Insight.forgotten()
-    return target, source, *[gr.skip()] * (4 + len(Insight.forgotten()))
+    return target, source, *nothing_moved()
+
+
+def nothing_moved() -> list:
+    """swap_languages' values after the languages when the boxes stay as they are."""
+    return [gr.skip()] * (4 + len(Insight.forgotten()))
 
 
 def pick_language(changed: str, source: str, target: str, last: tuple[str, str], examples: str, adapter_on: bool,
@@ -158,9 +163,8 @@ def pick_language(changed: str, source: str, target: str, last: tuple[str, str],
     the languages swap as with ⇄, and so do a run's text and translation. Returns choose_pair's
     values, then swap_languages' for the boxes and what spoke of the run."""
     languages = choose_pair(changed, source, target, last, examples, adapter_on, comparing)
-    if source == target:
-        return (*languages, *swap_languages(*last, text, translation, last_run)[2:])
-    return (*languages, *[gr.skip()] * (4 + len(Insight.forgotten())))
+    moved = swap_languages(*last, text, translation, last_run)[2:] if source == target else nothing_moved()
+    return (*languages, *moved)
 
 
 def sends_pairs(adapter_on: bool, comparing: bool) -> bool:
@@ -174,9 +178,8 @@ def pairs_sent(adapter_on: bool, comparing: bool, source: str = "", target: str 
     half between the text and the Translate button. For French <-> German the hint says that the
     built-in pairs shown are not the ones sent (tasks.translation.through_english)."""
     sent = sends_pairs(adapter_on, comparing)
-    through_english = PIVOT not in (source, target) and (source, target) in DEFAULT_EXAMPLES
-    hint = ("example_pairs_through_english" if through_english else "example_pairs_info") if sent \
-        else "example_pairs_unsent"
+    hint = ("example_pairs_through_english" if goes_through_english(source, target) else "example_pairs_info") \
+        if sent else "example_pairs_unsent"
     return gr.update(interactive=sent, info=i18n(hint),
                      lines=EXAMPLE_LINES if sent else UNSENT_LINES,
                      max_lines=EXAMPLE_MAX_LINES if sent else UNSENT_LINES)
