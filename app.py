@@ -24,14 +24,15 @@ from engine.quantize import QUANTIZATIONS
 from engine.scheduler import MAX_BATCH
 from tasks import TASKS
 from ui.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
-from ui.chat import CHAT
+from ui.chat import CHAT, CHAT_CSS
 from ui.i18n import i18n
 from ui.messages import language, localized, word
 from ui.model_host import BUNDLED, ModelHost, ModelLoadError
 from ui.running import StopSwitches, api_endpoint
-from ui.tab import GENERATION, RUN_SHORTCUT_JS, Tab, TaskView, adapter_props, compare_props, task_tab
-from ui.views import GENERATE, SUMMARIZE, TRANSLATE
+from ui.tab import GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, compare_props, task_tab
+from ui.views import GENERATE, SUMMARIZE, TRANSLATE, TRANSLATE_CSS
 
+PAGE_CSS = TAB_CSS + CHAT_CSS + TRANSLATE_CSS + ARCHITECTURE_CSS
 VIEWS: dict[str, TaskView] = {view.task.name: view for view in (GENERATE, CHAT, TRANSLATE, SUMMARIZE)}
 
 # Generations running at once share one batched decode step (engine/scheduler.py), so as many as
@@ -58,7 +59,7 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
         page_states = {name: VIEWS[name].page_state() for name in TASKS if VIEWS[name].page_state}
         with gr.Tabs(overflow_behavior="wrap"):
             tabs = [task_tab(VIEWS[name], host, stop_switches, page_states.get(name)) for name in TASKS]
-            lens_adapter = architecture_tab(host)
+            lens_adapter, architecture_buttons = architecture_tab(host)
 
         for tab in tabs:
             gr.api(api_endpoint(tab.view.api, host), api_name=tab.view.api.name, concurrency_id=GENERATION)
@@ -71,6 +72,9 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
         # While the decode kernels build, the model line is refreshed until it says which path stays.
         refresh = gr.Timer(5, active=not kernels.settled())
         refresh.tick(refresh_model_line(host), None, [model_info, refresh], queue=False, api_visibility="private")
+    # Every button each tab lays out, by the tab's elem_id: the page holds no other (tests/test_page.py).
+    demo.buttons_by_tab = {**{f"tab-{tab.view.task.name}": [button.elem_id for button in tab.buttons] for tab in tabs},
+                           "tab-architecture": [button.elem_id for button in architecture_buttons]}
     # The default limit applies to every event that names none: all generations share it (GENERATION).
     return demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
 
@@ -89,7 +93,7 @@ def launch(demo: gr.Blocks, models: Sequence[str] = (), **options):
     local = [Path(name).expanduser() for name in models]  # as model.checkpoint resolves a name
     blocked = [str(APP_DIR), HF_HUB_CACHE, *(str(path.resolve()) for path in local if path.is_dir()),
                *(path.strip() for path in os.environ.get("GRADIO_BLOCKED_PATHS", "").split(",") if path.strip())]
-    return demo.launch(i18n=i18n, css=ARCHITECTURE_CSS, js=RUN_SHORTCUT_JS, blocked_paths=blocked, max_file_size=MAX_UPLOAD, **options)
+    return demo.launch(i18n=i18n, css=PAGE_CSS, js=RUN_SHORTCUT_JS, blocked_paths=blocked, max_file_size=MAX_UPLOAD, **options)
 
 
 def show_model(host: ModelHost, tabs: list[Tab]):
@@ -103,7 +107,7 @@ def show_model(host: ModelHost, tabs: list[Tab]):
 
 def refresh_model_line(host: ModelHost):
     def model_line(request: gr.Request):
-        return host.current.describe(language(request)), gr.Timer(active=not kernels.settled())
+        return host.current.describe(language(request)), gr.update(active=not kernels.settled())
     return model_line
 
 

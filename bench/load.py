@@ -124,7 +124,7 @@ OUT_OF_RANGE = [  # settings: the message names the range and what came, cut sho
      "repetition_penalty must be a number, got 'xxxx"),
     ("/generate", dict(prompt="Hello", seed=MAX_SEED + 1),
      f"seed must be between 0 and {MAX_SEED:,}, got {MAX_SEED + 1}"),
-    ("/generate", dict(prompt="Hello", adapter="yes"), "adapter must be true or false, got 'yes'"),
+    ("/summarize", dict(article="Hello.", adapter="yes"), "adapter must be true or false, got 'yes'"),
     ("/chat", dict(message="Hi", top_k="many"), "top_k must be an integer, got 'many'"),
     ("/summarize", dict(article="A story.", seed=-5), f"seed must be between 0 and {MAX_SEED:,}, got -5"),
     ("/summarize", dict(article="A story.", no_repeat_ngram_size=2.5),

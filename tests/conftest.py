@@ -27,18 +27,40 @@ def fresh_clone_startup() -> Iterator[Future]:
         yield pool.submit(startup.seconds_to_first_answer, REPO, keep_build_cache=False)
 
 
+def pytest_collection_modifyitems(items):
+    """A browser test is a slow one too: `-m "not slow"` leaves it out."""
+    for item in items:
+        if item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def decode_kernels_built(request):
     """The decode kernels built before any test runs (the app builds them in the background): a
     test that compares a request alone with it in a crowd must not see them arrive in between.
     Where they cannot be built the tests run on PyTorch's path. A fresh clone that a test asks
     for starts first: its own build then runs beside this one (each compiler takes a core)
-    rather than adding a minute after it."""
+    rather than adding a minute after it. The fast tier (no slow test selected) decodes on
+    PyTorch's path alone, with no build taking a core from it."""
     from engine import kernels
 
+    if not any(item.get_closest_marker("slow") for item in request.session.items):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("STUDIO_DECODE_KERNELS", "0")
+            yield
+        return
     if any("fresh_clone_startup" in item.fixturenames for item in request.session.items):
         request.getfixturevalue("fresh_clone_startup")
     kernels.wait_until_built()
+    yield
+
+
+def need_data(path: Path) -> Path:
+    """`path` in the project's data (../shared/data); the test is skipped, saying so, where it is
+    not there (a clone without the data beside it; CI has it)."""
+    if not path.exists():
+        pytest.skip(f"needs the project's data: {path} is not there")
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +68,7 @@ def task_splits() -> dict[str, dict[str, list[dict]]]:
     """Every task's real splits (tasks.data.BUILDERS), built once: each takes seconds. Read only."""
     from tasks import data
 
+    need_data(DATA_DIR)
     return {task: build() for task, build in data.BUILDERS.items()}
 
 
@@ -68,7 +91,7 @@ def copy_of(model):
 
 def copy_gpt2_tokenizer(directory: Path) -> None:
     """The real GPT-2 vocabulary, under the names HF checkpoints give it."""
-    shutil.copy(GPT2_BPE / "encoder.json", directory / "vocab.json")
+    shutil.copy(need_data(GPT2_BPE) / "encoder.json", directory / "vocab.json")
     shutil.copy(GPT2_BPE / "vocab.bpe", directory / "merges.txt")
 
 
@@ -147,10 +170,10 @@ def wait_until(condition, timeout_s: float = 10.0) -> bool:
 
 
 @contextmanager
-def serve_studio(models, **launch_options) -> Iterator[str]:
+def studio_app(models, **launch_options) -> Iterator[tuple]:
     """The app, as app.py builds and launches it, served on a free loopback port in this process;
-    yields its URL. `models`: the names to start it with, or a ModelHost the test keeps to look
-    inside."""
+    yields (its gr.Blocks, its URL). `models`: the names to start it with, or a ModelHost the test
+    keeps to look inside."""
     import app  # here, not at the top: only the app tests pay for importing Gradio
     from bench.load import free_port
     from ui.model_host import ModelHost
@@ -161,9 +184,16 @@ def serve_studio(models, **launch_options) -> Iterator[str]:
                            server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
                            **launch_options)
     try:
-        yield url
+        yield demo, url
     finally:
         demo.close()
+
+
+@contextmanager
+def serve_studio(models, **launch_options) -> Iterator[str]:
+    """studio_app's URL."""
+    with studio_app(models, **launch_options) as (_, url):
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,8 @@ from ui.views import GENERATE
 
 from .conftest import REPO, wait_until
 
+pytestmark = pytest.mark.slow  # the app served, driven through gradio_client
+
 # One request per endpoint; a few tokens keep them fast on a CPU.
 REQUESTS = {
     "/generate": dict(prompt="Once upon a time"),
@@ -45,11 +47,16 @@ def client(studio_url) -> Client:
 def test_the_api_names_its_endpoints_and_parameters(client):
     endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
     settings = ["temperature", "top_k", "top_p", "repetition_penalty", "no_repeat_ngram_size", "max_new_tokens",
-                "seed", "adapter", "adapter_scale", "logprobs"]
-    own = {"/generate": ["prompt"], "/chat": ["message", "history", "persona"],
-           "/translate": ["text", "source", "target", "examples"], "/summarize": ["article"]}
+                "seed"]
+    adapter = ["adapter", "adapter_scale"]  # only where the task has an adapter: Generate has none
+    own = {"/generate": ["prompt"], "/chat": ["message", "history", "persona", *adapter],
+           "/translate": ["text", "source", "target", "examples", *adapter], "/summarize": ["article", *adapter]}
     assert {name: [p["parameter_name"] for p in endpoint["parameters"]] for name, endpoint in endpoints.items()} == {
-        name: params + settings for name, params in own.items()}
+        name: [*params[:len(params) - len(adapter) * (name != "/generate")], *settings,
+               *(adapter if name != "/generate" else []), "logprobs"] for name, params in own.items()}
+    # Each endpoint's description says what it returns: four things, the logprobs last.
+    for endpoint in endpoints.values():
+        assert "Returns (text, status line, prompt sent, logprobs" in endpoint["description"]
     # Settings default to the task's own decoding defaults: the GPT-2 paper's top-k 2 for summaries.
     summarize = {p["parameter_name"]: p["parameter_default"] for p in endpoints["/summarize"]["parameters"]}
     assert summarize["top_k"] == 2 and summarize["max_new_tokens"] == 100 and summarize["seed"] is None
@@ -160,7 +167,6 @@ def test_a_random_seed_is_reported_and_reproduces_the_run(client):
 BAD_REQUESTS = [
     *MALFORMED,
     ("/translate", dict(text="a" + " a" * 999), "the text to translate: 1,001 tokens, but only 960 fit"),
-    ("/generate", dict(prompt="Hello", adapter=True), "the generate task has no adapter"),
     ("/chat", dict(message=""), "message is empty"),
 ]
 
@@ -315,45 +321,49 @@ def test_translate_greys_out_its_example_pairs_where_its_adapter_starts_on(app_m
 
 
 def test_the_reply_switcher_follows_the_last_turn():
-    """After Retry, ◀ ▶ switch between the kept replies, each with its status line; the switcher
+    """After Retry, ◀ ▶ switch between the kept replies, each with its outcome; the switcher
     goes once the conversation's last turn is another (sent, undone, cleared, another chat)."""
-    from ui.chat import forget_replaced, messages_from_pairs, replies_after_retry, replies_before_retry, switch_reply
+    from engine.generate import Result
+    from ui.chat import after_retry, forget_replaced, messages_from_pairs, replies_before_retry, switched
+    from ui.outcome import GREEDY_SAME, SAME_SEED, Outcome
+
     first = messages_from_pairs([["Hi", "Hello!"]])
 
     def ran(temperature, top_k):  # the last run's settings, as Insight.kept keeps them
         return {"values": {"temperature": temperature, "top_k": top_k, "seed": 1}}
-    line = "seed {} · 5 prompt + 3 generated tokens · {} tokens/s · stopped: stop string · adapter on"
-    kept = replies_before_retry(first, {}, line.format(1, 80.0))
+
+    def outcome(seed, speed, changed=()):
+        return Outcome.done(Result("", seed, 5, 3, speed, "stop_string"), "adapter on", list(changed), [])
+
+    kept = replies_before_retry(first, {}, outcome(1, 80.0))
     second = messages_from_pairs([["Hi", "Good day."]])
-    replies, switcher, which, status = replies_after_retry(second, kept, line.format(2, 90.0), ran(0.8, 40), None)
-    assert which == "2 / 2" and switcher.visible and status == line.format(2, 90.0)
-    # The same reply from the same run record (the speed aside) says why: a fixed seed, or greedy
+    replies, shown = after_retry(second, kept, outcome(2, 90.0), ran(0.8, 40))
+    assert replies["at"] == 1 and len(replies["replies"]) == 2 and shown == outcome(2, 90.0)
+    # The same reply from the same run (the speed aside) says why: a fixed seed, or greedy
     # decoding; a refusal, or a reply from other settings, does not.
-    same = [replies_after_retry(first, kept, line.format(1, 70.0), ran(*settings), None)[3]
+    same = [after_retry(first, kept, outcome(1, 70.0), ran(*settings))[1].notes[-1].english
             for settings in ((0.8, 40), (0, 40), (0.8, 1))]
-    assert same == [line.format(1, 70.0) + " · the same seed gives the same reply: a seed of -1 draws a new one "
-                    "each time"] + [line.format(1, 70.0) + " · greedy decoding (temperature 0 or top_k 1) gives the "
-                                    "same reply each time"] * 2
-    other = line.format(1, 70.0) + " · changed settings: top_p 0.9"
-    assert replies_after_retry(first, kept, other, ran(0.8, 40), None)[3] == other
-    refused = "⚠️ persona is too long: 1,001 characters; the limit is 1,000"  # no new reply: none kept
-    before = replies_before_retry(first, {}, line.format(1, 80.0))
-    assert replies_after_retry(first, before, refused, ran(0.8, 40), None) == (before, *[gr.skip()] * 3)
+    assert same == [SAME_SEED, GREEDY_SAME, GREEDY_SAME]
+    other = outcome(1, 70.0, [("top_p", 0.9)])
+    assert after_retry(first, kept, other, ran(0.8, 40))[1] == other
+    refused = Outcome.refused("persona is too long: 1,001 characters; the limit is 1,000")  # no new reply: none kept
+    before = replies_before_retry(first, {}, outcome(1, 80.0))
+    assert after_retry(first, before, refused, ran(0.8, 40)) == (before, None)
     # after ◀ to the first reply, a retry replaces that one: the same reply again is noted
-    _, back, _, _ = switch_reply(-1)(second, replies)
-    third = replies_after_retry(first, replies_before_retry(first, back, line.format(1, 80.0)), line.format(1, 60.0),
-                                ran(0.8, 40), None)
-    assert third[2] == "3 / 3" and "the same seed gives the same reply" in third[3]
-    shown, replies, which, status = switch_reply(-1)(second, replies)
-    assert (shown, which, status) == (first, "1 / 2", line.format(1, 80.0))
-    assert forget_replaced(shown, replies, status) == (gr.skip(), gr.skip())  # still this turn: kept
+    _, back, _ = switched(second, replies, -1)
+    replies_third, third = after_retry(first, replies_before_retry(first, back, outcome(1, 80.0)), outcome(1, 60.0),
+                                       ran(0.8, 40))
+    assert len(replies_third["replies"]) == 3 and third.notes[-1].english == SAME_SEED
+    shown, replies, was = switched(second, replies, -1)
+    assert (shown, replies["at"], was) == (first, 0, outcome(1, 80.0))
+    assert forget_replaced(shown, replies, was) == (gr.skip(), gr.skip())  # still this turn: kept
     # Another last turn: its reply is the one kept, for a reply continued from a chosen token to join.
-    assert forget_replaced([], replies, "")[0] == {}
+    assert forget_replaced([], replies, None)[0] == {}
     for other in (messages_from_pairs([["Hi", "Hello!"], ["Bye", "Bye!"]]), messages_from_pairs([["Yo", "Hey"]])):
-        forgotten, hidden = forget_replaced(other, replies, "seed 3 · ...")
+        forgotten, hidden = forget_replaced(other, replies, outcome(3, 50.0))
         last = len(other) // 2 - 1
-        assert forgotten == {"turn": last, "replies": [[other[-1]["content"], "seed 3 · ..."]], "at": 0}
-        assert not hidden.visible
+        assert forgotten == {"turn": last, "replies": [(other[-1]["content"], outcome(3, 50.0))], "at": 0}
+        assert hidden["visible"] is False
 
 
 def test_an_edits_draft_comes_back_once_the_message_box_is_empty_again():

@@ -1020,3 +1020,66 @@ def test_each_tab_label_shows_once_at_every_width_and_the_console_stays_clean(br
         assert errors == []
     finally:
         page.context.close()
+
+
+def test_the_reply_chosen_with_the_arrows_is_the_one_exported_and_kept_over_a_reload(page):
+    """After Retry and ◀ back to the first reply, the export and a reload both give that reply,
+    with the status line of the run that wrote it."""
+    page.get_by_role("tab", name="Chat").click()
+    set_setting(page, "dialogue", "seed", 51)
+    page.locator("#dialogue-message textarea").fill("Hello there")
+    page.locator("#dialogue-run").click()
+    wait_for_run(page, "dialogue", 51)
+    first = chat_turns(page)[1][-1]
+    set_setting(page, "dialogue", "seed", 52)
+    page.locator("#dialogue-chatbot [aria-label=Retry]").click()
+    wait_for_run(page, "dialogue", 52)
+    assert chat_turns(page)[1][-1] != first
+    page.locator("#dialogue-previous-reply").click()
+    expect(page.locator("#dialogue-which-reply")).to_contain_text("1 / 2")
+    expect(page.locator("#dialogue-status")).to_contain_text("seed 51 · ")
+    for _ in range(20):  # the export button gets its file a moment after the switch
+        if download_export(page, 1)["history"][0][1] == first.strip():
+            break
+    assert download_export(page, 1)["history"][0][1] == first.strip()
+    page.wait_for_timeout(500)  # the browser's storage is written after the switch
+    page.reload()
+    page.get_by_role("tab", name="Chat").click()
+    expect(page.locator("#dialogue-chatbot [data-testid=bot]")).to_have_count(1)
+    assert chat_turns(page)[1][-1] == first
+
+
+@pytest.mark.parametrize("content", ['{"hello": 1}', "[1, 2]", "not json"])
+def test_a_file_that_is_no_conversation_is_refused_and_the_conversation_stays(page, tmp_path, content):
+    page.get_by_role("tab", name="Chat").click()
+    persona = page.locator("#dialogue-persona textarea")
+    persona.fill("Bot is a friendly sailor.")
+    persona.press("Enter")
+    set_setting(page, "dialogue", "seed", 53)
+    page.locator("#dialogue-message textarea").fill("Hello there")
+    page.locator("#dialogue-run").click()
+    wait_for_run(page, "dialogue", 53)
+    before = chat_turns(page)
+    wrong = tmp_path / "conversation.json"
+    wrong.write_text(content, encoding="utf-8")
+    with page.expect_file_chooser() as chooser:
+        conversation_tool(page, "import").click()
+    chooser.value.set_files(str(wrong))
+    expect(page.locator("#dialogue-status")).to_contain_text("⚠️ the file is not an exported conversation")
+    assert chat_turns(page) == before
+    expect(persona).to_have_value("Bot is a friendly sailor.")
+
+
+def test_the_api_page_lists_each_endpoints_own_parameters_and_its_four_outputs(page, studio_url):
+    """Use via API: /generate takes no adapter (its task has none), /translate does; each endpoint
+    says it returns four things."""
+    page.locator("button.show-api").click()  # the footer's "Use via API"
+    docs = page.locator("body")
+    expect(docs).to_contain_text("/summarize")
+    expect(docs).to_contain_text("Returns (text, status line, prompt sent, logprobs")
+    expect(docs).not_to_contain_text("Returns (continuation, status line, prompt sent)")
+    screenshot(page, "api-page")
+    text = docs.inner_text()
+    generate = text[text.index("/generate"):text.index("/chat")] if text.index("/generate") < text.index("/chat") \
+        else text[text.index("/generate"):]
+    assert "adapter" not in generate

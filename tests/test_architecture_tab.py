@@ -1,8 +1,6 @@
 """The Architecture tab's live view: its handler on a real model, and the tab in a real browser."""
 from __future__ import annotations
 
-import re
-
 import gradio as gr
 import pytest
 import torch
@@ -13,6 +11,8 @@ from ui.architecture import look_inside
 from ui.model_host import ModelHost
 
 from .conftest import TIMEOUT_MS, make_hf_checkpoint, screenshot
+
+pytestmark = pytest.mark.slow  # the app served, its Architecture tab
 
 
 @pytest.fixture(scope="module")

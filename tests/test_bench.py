@@ -3,6 +3,7 @@ the decode table's rows, and the start-up benchmark end to end. How fast anythin
 benchmarks' to say (docs/performance.md), never a test's."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bench.decode import BUNDLED_KEYS, CLIENTS, KEYS, scheduler_clients, table, without_kernels
@@ -10,6 +11,8 @@ from engine import kernels
 from model import load_pretrained
 
 from .conftest import serving
+
+pytestmark = pytest.mark.slow  # fresh clones and benchmarks
 
 
 def test_without_kernels_runs_on_pytorch_and_switches_them_back_after():

@@ -24,6 +24,8 @@ from tasks import TASKS, data, eval as task_eval, finetune
 
 from .conftest import REPO, make_hf_checkpoint, make_lora_adapter
 
+pytestmark = pytest.mark.slow  # fine-tuning and evaluation on the real splits
+
 TEXT = "Once upon a time, a little fox found a shiny stone. She showed it to her friend, the owl, who smiled."
 
 

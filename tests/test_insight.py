@@ -102,6 +102,7 @@ def test_a_stop_strings_own_tokens_are_not_listed_as_written(loaded):
     assert cut.token_ids == free.token_ids[:len(cut.token_ids)]
 
 
+@pytest.mark.slow  # the decode kernels, whose rows do not depend on their batch (built first)
 @torch.inference_mode()
 def test_the_scheduler_reports_the_same_logprobs_as_a_request_alone(loaded):
     model, tokenizer = loaded
@@ -172,11 +173,15 @@ def compared(host, **settings):
     return updates[-1]
 
 
+@pytest.mark.slow  # the decode kernels, whose rows do not depend on their batch (built first)
 def test_compare_with_the_adapter_at_zero_gives_the_same_text_twice(host):
+    from ui.outcome import english_status
+
     """Adapter off against adapter on at strength 0 (the base model exactly), one seed: the two
     sides draw the same random numbers, so the texts are the same, and nothing is marked."""
-    texts, status, comparison = compared(host, article="The sun rose. A bird sang.", temperature=1.0, top_k=40,
-                                         seed=4, max_new_tokens=16, adapter_scale=0.0)
+    texts, outcome, comparison = compared(host, article="The sun rose. A bird sang.", temperature=1.0, top_k=40,
+                                          seed=4, max_new_tokens=16, adapter_scale=0.0)
+    status = english_status(outcome)
     assert texts[0] == texts[1] and texts[0]
     assert comparison["diverges_at"] is None and status.startswith("seed 4 · ")
     assert " · adapter off vs on at strength 0: the output and counts are the on side's" in status
@@ -264,8 +269,8 @@ def test_swap_turns_a_run_round_and_forgets_its_token_view_but_not_an_edit():
 
     last_run = Insight.kept([], {"text": "Le chat dort.", "source": "French", "target": "English"}, "The cat sleeps.")
     turned = swap_languages("French", "English", "Le chat dort.", "The cat sleeps.", last_run)
-    assert turned[:6] == ("English", "French", "The cat sleeps.", "Le chat dort.", "", "")
-    assert list(turned[6:]) == Insight.forgotten() and turned[6] == EMPTY  # no continuing from a moved output
+    assert turned[:7] == ("English", "French", "The cat sleeps.", "Le chat dort.", "", None, "")  # line, outcome, prompt
+    assert list(turned[7:]) == Insight.forgotten() and turned[7] == EMPTY  # no continuing from a moved output
     back = swap_languages("English", "French", "The cat sleeps.", "Le chat dort.", last_run)
     assert back[:4] == ("French", "English", "Le chat dort.", "The cat sleeps.")
     for text, translation in (("Le chien dort.", "The cat sleeps."), ("Le chat dort.", "")):  # edited; none yet
@@ -296,7 +301,7 @@ def test_picking_the_other_sides_language_turns_a_run_round_as_swap_does():
     picked = pick_language("target", "English", "English", ("English", "French"), "", False, False, "My book.",
                            "Mon livre.", last_run)
     assert picked[0] == "French" and picked[2] == ("French", "English")
-    assert picked[4:8] == ("Mon livre.", "My book.", "", "") and list(picked[8:]) == Insight.forgotten()
+    assert picked[4:9] == ("Mon livre.", "My book.", "", None, "") and list(picked[9:]) == Insight.forgotten()
     another = pick_language("target", "English", "German", ("English", "French"), "", False, False, "My book.",
                             "Mon livre.", last_run)  # not a swap: the boxes stay
     assert another[2] == ("English", "German") and all(value == gr.skip() for value in another[4:])

@@ -20,6 +20,8 @@ from model import GPT2, GPT2Config, gpt2
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.slow  # the decode kernels, built first
+
 # in_features 100 and 120 leave tails after the last full step (16 or 32 wide: fp32 or int8,
 # AVX2 or AVX-512), and 37 outputs a part of a block of weight rows; 768 is GPT-2's width.
 SHAPES = [(100, 37), (120, 37), (768, 300)]

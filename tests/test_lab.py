@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from model.config import GPT2Config
 from train.lab import VARIANTS, build, main, mlp_out_grad_norms, residual_sq_norms
 
+pytestmark = pytest.mark.slow  # training runs (the Pre-LN experiments)
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_MODEL = ["--n-embd", "32", "--n-head", "2", "--block-size", "16", "--batch-size", "4"]
 

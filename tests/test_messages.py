@@ -15,6 +15,7 @@ from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, Transl
 from train.inspect import inspect_prompt
 from ui import chat
 from ui.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, language, localized, translate_one, word
+from ui.outcome import GREEDY_SAME, SAME_SEED, Outcome, status_line
 from ui.model_host import ModelHost, ModelLoadError
 from ui.running import (RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text, compared_state, sampling_params,
                         setting_params)
@@ -65,7 +66,7 @@ def refusal(call) -> str:
 
 def api_defaults(task: str) -> dict:
     """A task's settings as an API call that names none of them sends them."""
-    return {p.name: p.default for p in setting_params(TASKS[task].defaults)}
+    return {p.name: p.default for p in setting_params(TASKS[task])}
 
 
 def made_messages() -> list[str]:
@@ -115,9 +116,8 @@ def made_messages() -> list[str]:
         *(Result("", 7, 4, 16, 633.3, reason).summary() for reason in STOP_REASON_WORDS),
         *(adapter_state(on, scale) for on, scale in ((False, 1.0), (True, 1.0), (True, 0.5))),
         *(compared_state(scale) for scale in (1.0, 0.5)),
-        chat.SAME_SEED, chat.GREEDY_SAME,
+        SAME_SEED, GREEDY_SAME,
         Result("", 7, 4, 16, 0.0, "max_tokens").summary(),  # no token drawn: no speed
-        *changed_settings(replace(TASKS["summarize"].defaults, temperature=0.7, top_k=40), TASKS["summarize"].defaults),
     ]
     return messages
 
@@ -132,11 +132,13 @@ def test_every_message_the_app_makes_has_its_chinese():
 def test_the_changed_settings_are_named_and_translated_each():
     defaults = TASKS["summarize"].defaults
     assert changed_settings(defaults, defaults) == []  # the defaults: nothing to add
-    part, = changed_settings(replace(defaults, temperature=0.7, top_k=40, seed=5, adapter_scale=0.5), defaults)
-    assert part == "changed settings: temperature 0.7, top_k 40"  # the seed and strength have their own parts
-    zh = localized(part, "zh")
+    changed = changed_settings(replace(defaults, temperature=0.7, top_k=40, seed=5, adapter_scale=0.5), defaults)
+    assert changed == [("temperature", 0.7), ("top_k", 40)]  # the seed and strength have their own parts
+    outcome = Outcome.done(Result("", 5, 4, 16, 20.0, "max_tokens"), adapter_state(True, 0.5), changed, [])
+    assert status_line(outcome, "en").endswith(" · adapter on at strength 0.5 · changed settings: temperature 0.7, top_k 40")
+    zh = status_line(outcome, "zh")
     assert NAMES_ZH["temperature"] in zh and NAMES_ZH["top_k"] in zh and "0.7" in zh and "40" in zh
-    assert "temperature" not in zh and "top_k" not in zh
+    assert "temperature" not in zh and "top_k" not in zh and "changed" not in zh, zh
 
 
 def test_a_list_in_a_message_is_translated_item_by_item():

@@ -9,12 +9,6 @@ from engine.generate import Sampler, SamplingParams, pick_tokens
 from engine import generate as generate_module
 
 
-from .conftest import DATA_DIR
-
-TINYSTORIES_VAL = DATA_DIR / "pretrain" / "tinystories" / "yuninxia_tinystories_val.txt"
-
-
-
 def test_sampler_draws_from_the_processed_distribution():
     """Token frequencies follow softmax(logits / temperature), and a token top-k removed never comes."""
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))

@@ -68,6 +68,7 @@ def test_each_row_runs_its_own_adapter(loaded):
     assert not torch.allclose(batch[0], model(ids[:1])[0], atol=1e-3)  # the adapter did change row 0
 
 
+@pytest.mark.slow  # the decode kernels, whose rows do not depend on their batch (built first)
 @torch.inference_mode()
 def test_a_decode_step_gives_each_row_its_adapters_bits_alone_or_beside_rows_with_the_same_adapter(loaded):
     """A decode step's rows, some sharing an adapter, get the very bits each gets alone: the

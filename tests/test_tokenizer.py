@@ -8,8 +8,7 @@ import pytest
 from model.tokenizer import (END_OF_TEXT, GPT2BPETokenizer, SentencePieceTokenizer, load_tokenizer,
                              train_sentencepiece)
 
-DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-GPT2_DIR = DATA_DIR / "gpt2-bpe"
+from .conftest import GPT2_BPE, need_data
 
 TEXTS = [
     "Hello world",
@@ -33,15 +32,15 @@ STREAM_TEXT = "日本🙂é"
 
 @pytest.fixture(scope="module")
 def gpt2():
-    return GPT2BPETokenizer.from_files(GPT2_DIR / "encoder.json", GPT2_DIR / "vocab.bpe")
+    return GPT2BPETokenizer.from_files(need_data(GPT2_BPE / "encoder.json"), need_data(GPT2_BPE / "vocab.bpe"))
 
 
 @pytest.fixture(scope="module")
 def hf_gpt2(tmp_path_factory):
     import transformers
     directory = tmp_path_factory.mktemp("hf_gpt2")  # HF's file names, as in a GPT-2 checkpoint
-    shutil.copy(GPT2_DIR / "encoder.json", directory / "vocab.json")
-    shutil.copy(GPT2_DIR / "vocab.bpe", directory / "merges.txt")
+    shutil.copy(need_data(GPT2_BPE / "encoder.json"), directory / "vocab.json")
+    shutil.copy(need_data(GPT2_BPE / "vocab.bpe"), directory / "merges.txt")
     return transformers.GPT2TokenizerFast.from_pretrained(directory)
 
 
@@ -101,11 +100,11 @@ def test_gpt2_save_and_load(gpt2, tmp_path):
 
 
 def test_gpt2_rejects_merges_out_of_id_order(tmp_path):
-    lines = (GPT2_DIR / "vocab.bpe").read_text(encoding="utf-8").splitlines()
+    lines = (need_data(GPT2_BPE / "vocab.bpe")).read_text(encoding="utf-8").splitlines()
     lines[1], lines[2] = lines[2], lines[1]
     (tmp_path / "merges.txt").write_text("\n".join(lines), encoding="utf-8")
     with pytest.raises(ValueError, match="merges.txt"):
-        GPT2BPETokenizer.from_files(GPT2_DIR / "encoder.json", tmp_path / "merges.txt")
+        GPT2BPETokenizer.from_files(need_data(GPT2_BPE / "encoder.json"), tmp_path / "merges.txt")
 
 
 @pytest.mark.parametrize("text", TEXTS + ["a literal ▁ (U+2581) and ▁▁", "\x00\x7f\u200b"])

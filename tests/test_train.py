@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
 import torch
 
 from model import GPT2, GPT2Config, load_pretrained
@@ -12,6 +13,8 @@ from tasks import TASKS
 from tasks.data import example_from_record, pretraining_documents
 from train.corpus import pretrain_documents, tinystories_validation_text
 from train.pretrain import (DEFAULT_MIX, TrainSettings, learning_rate, main, mixed_batches, rows_per_source, train)
+
+pytestmark = pytest.mark.slow  # training runs
 
 TINY = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--block-size", "32", "--batch-size", "8",
         "--warmup-steps", "5", "--lr", "3e-3", "--eval-every", "10", "--save-every", "10", "--device", "cpu"]

@@ -21,6 +21,7 @@ from engine.scheduler import in_thread_of_its_own
 from . import messages
 from .i18n import i18n
 from .model_host import ModelHost
+from .outcome import Outcome, status_line
 from .pick_slider import PickSlider
 from .running import checked_text
 
@@ -166,8 +167,9 @@ NO_ADAPTER = "none"
 # a phone's width, a grid of one token per column had text too small to read.
 ARCHITECTURE_CSS = """
 @media (max-width: 768px) {
-  #architecture-lens .matplotlib { display: block; overflow-x: auto; }
+  #architecture-lens .matplotlib, .measurement .image-frame { display: block; overflow-x: auto; }
   #architecture-lens .matplotlib img { max-width: none; width: auto; margin: 0; }
+  .measurement .image-frame img { max-width: none; width: 760px; height: auto; }
 }
 """
 
@@ -188,7 +190,7 @@ def look_inside(host: ModelHost):
                                                                head - 1))
             lens = in_thread_of_its_own(lambda: logit_lens(loaded.model, loaded.tokenizer, prompt, adapter))
         except ValueError as error:  # said in the tab's status line, as the task tabs say a refusal
-            return (*[gr.skip()] * 6, messages.refused_line(str(error), messages.language(request)))
+            return (*[gr.skip()] * 6, status_line(Outcome.refused(str(error)), messages.language(request)))
         top = pd.DataFrame([[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens],  # a random model's are tiny
                            columns=messages.TOP_HEADERS[messages.language(request)])
         return (residual_norm_figure(seen, loaded.name), attention_figure(seen), top,
@@ -201,7 +203,10 @@ def measurement(image: str, caption: str) -> None:
     path = IMAGES / image
     gr.Markdown(i18n(caption))  # above the figure: as the image's label it covered the plot's title
     if path.is_file():
-        gr.Image(str(path), label=i18n(caption), show_label=False, interactive=False, buttons=["fullscreen"])
+        # On a phone at its drawn size, scrolling sideways (ARCHITECTURE_CSS): shrunk to the screen its
+        # text could not be read.
+        gr.Image(str(path), label=i18n(caption), show_label=False, interactive=False, buttons=["fullscreen"],
+                 elem_classes="measurement")
     else:
         gr.Markdown(i18n("not_measured"))
 
@@ -218,15 +223,16 @@ def lens_choices(loaded, lang: str) -> dict:
                      value=NO_ADAPTER)
 
 
-def architecture_tab(host: ModelHost) -> gr.Dropdown:
+def architecture_tab(host: ModelHost) -> tuple[gr.Dropdown, list[gr.Button]]:
     """Build the tab; call inside gr.Tabs(). Returns the lens's adapter menu, which follows the
-    model being served (lens_choices)."""
+    model being served (lens_choices), and the tab's buttons."""
     config = host.current.model.config
     with gr.Tab(i18n("tab_architecture"), id="architecture", elem_id="tab-architecture") as tab:
         gr.Markdown(i18n("architecture_intro"))
         with gr.Row():
-            gr.Code(PRE_LN, language="python", label=i18n("pre_ln"), interactive=False)
-            gr.Code(POST_LN, language="python", label=i18n("post_ln"), interactive=False)
+            # Wrapped: on a phone a long line was cut at the screen's edge.
+            gr.Code(PRE_LN, language="python", label=i18n("pre_ln"), interactive=False, wrap_lines=True)
+            gr.Code(POST_LN, language="python", label=i18n("post_ln"), interactive=False, wrap_lines=True)
         gr.Markdown(i18n("seed_corrections"))
 
         gr.Markdown(i18n("measurements"))
@@ -268,4 +274,4 @@ def architecture_tab(host: ModelHost) -> gr.Dropdown:
                 return *[gr.skip()] * len(outputs), True
             return *run(prompt_text, layer_value, head_value, adapter, request), True
         tab.select(first_look, [drawn, prompt, layer, head, lens_adapter], [*outputs, drawn], **one_at_a_time)
-    return lens_adapter
+    return lens_adapter, [run_button]

@@ -26,11 +26,18 @@ from tasks import TASKS, DialogueInputs
 from tasks.dialogue import PERSONAS
 
 from .i18n import i18n
-from .messages import language, localized, refused_line
+from .messages import language
+from .outcome import GREEDY_SAME, SAME_SEED, Outcome
 from .running import MAX_CHARS, MAX_CHAT_TURNS, RANDOM_SEED, Param, TaskAPI, check_count, check_size, checked_text
-from .tab import Tab, TaskView, Widgets, adapter_props, joinable
+from .tab import NOTHING, Tab, TaskView, Widgets, adapter_props
 from .tokens import Insight
 
+# The conversation's height is capped on the messages' own scrolling box, not on the Chatbot's
+# (its max_height): Gradio follows the newest reply by scrolling that inner box, and with the cap
+# on the outer one the inner never scrolled, and a new reply stayed below the fold.
+CHAT_CSS = """
+#dialogue-chatbot .bubble-wrap { max-height: 360px; }
+"""
 EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations"
 # Every finished turn, undo or clear writes the conversation's export; the newest this many are
 # kept. (Gradio serves its own copy of each, which it deletes after an hour: see delete_cache in app.py.)
@@ -95,10 +102,10 @@ def chat_widgets() -> Widgets:
             upload = gr.UploadButton(str(i18n("import_conversation")), file_types=[".json"], size="sm",
                                      elem_id="dialogue-import")
     persona = gr.Textbox(label=i18n("persona"), placeholder=i18n("persona_placeholder"), elem_id="dialogue-persona")
-    # As high as the conversation, up to 360 px, then it scrolls: empty, it does not push the
-    # message box below a phone's first screen.
-    chatbot = gr.Chatbot(label=i18n("conversation"), height=None, min_height=100, max_height=360,
-                         buttons=["copy", "copy_all"], editable="user", elem_id="dialogue-chatbot")
+    # As high as the conversation, up to CHAT_CSS's height, then it scrolls: empty, it does not push
+    # the message box below a phone's first screen.
+    chatbot = gr.Chatbot(label=i18n("conversation"), height=None, min_height=100, buttons=["copy", "copy_all"],
+                         editable="user", elem_id="dialogue-chatbot")
     with gr.Row(visible=False) as switcher:  # after Retry: every reply to the last turn stays reachable
         with gr.Column(scale=0, min_width=480), gr.Row():  # ◀ 1 / 2 ▶ side by side, not across the page
             gr.Markdown(i18n("replies_to_last"), scale=0, min_width=260, elem_id="dialogue-replies-label")
@@ -148,8 +155,8 @@ def draft_back(draft: str, box: str):
     return draft, ""
 
 
-def replies_before_retry(messages: list[dict], replies: dict, status: str) -> dict:
-    """Retry: the last turn's reply and its status line, kept (with any kept before for this turn)
+def replies_before_retry(messages: list[dict], replies: dict, outcome: Outcome | None) -> dict:
+    """Retry: the last turn's reply and its outcome, kept (with any kept before for this turn)
     to switch back to; "at" is the one shown, which the retry replaces."""
     pairs = pairs_from_messages(messages)
     if not pairs:
@@ -157,73 +164,63 @@ def replies_before_retry(messages: list[dict], replies: dict, status: str) -> di
     turn = len(pairs) - 1
     if replies.get("turn") == turn:
         return replies
-    return {"turn": turn, "replies": [[pairs[-1][1], status]], "at": 0}
+    return {"turn": turn, "replies": [(pairs[-1][1], outcome)], "at": 0}
 
 
-def replies_after_retry(messages: list[dict], replies: dict, status: str, last_run: dict, request: gr.Request):
-    """The new reply joins the kept ones; the switcher shows which of them is shown. A reply that
-    repeats the one it replaced, from the same run record (seed, settings, counts), says why in its
-    status line: greedy decoding (the run's own settings, `last_run`: Insight.kept), or a fixed seed."""
+def after_retry(messages: list[dict], replies: dict, outcome: Outcome | None, last_run: dict) -> tuple[dict, Outcome]:
+    """The kept replies with the new one joined, and its outcome. A reply that repeats the one it
+    replaced, from the same run (seed, settings, counts), says why in a note: greedy decoding (the
+    run's own settings, `last_run`: Insight.kept), or a fixed seed. ({}, None): the conversation's
+    last turn is no longer the one retried; (replies, None): refused, the reply shown is still the
+    one kept."""
     pairs = pairs_from_messages(messages)
     if not pairs or replies.get("turn") != len(pairs) - 1:
-        return {}, gr.Row(visible=False), "", gr.skip()
-    if not joinable(status):  # refused: the reply shown is still the one kept
-        return replies, gr.skip(), gr.skip(), gr.skip()
-    replaced, replaced_status = replies["replies"][replies["at"]]
-    lang = language(request)
-    if pairs[-1][1] == replaced and joinable(status) and run_record(status, lang) == run_record(replaced_status, lang):
+        return {}, None
+    if outcome is None or not outcome.ran:
+        return replies, None
+    replaced, replaced_outcome = replies["replies"][replies["at"]]
+    if pairs[-1][1] == replaced and outcome.reproduces(replaced_outcome):
         settings = last_run.get("values", {})
-        why = GREEDY_SAME if settings.get("temperature") == 0 or settings.get("top_k") == 1 else SAME_SEED
-        status = " · ".join([status, localized(why, lang)])
-    kept = [*replies["replies"], [pairs[-1][1], status]]
-    replies = {"turn": replies["turn"], "replies": kept, "at": len(kept) - 1}
-    return replies, gr.Row(visible=True), f"{len(kept)} / {len(kept)}", status
+        outcome = outcome.noted(GREEDY_SAME if settings.get("temperature") == 0 or settings.get("top_k") == 1
+                                else SAME_SEED)
+    kept = [*replies["replies"], (pairs[-1][1], outcome)]
+    return {"turn": replies["turn"], "replies": kept, "at": len(kept) - 1}, outcome
 
 
-SAME_SEED = "the same seed gives the same reply: a seed of -1 draws a new one each time"
-GREEDY_SAME = "greedy decoding (temperature 0 or top_k 1) gives the same reply each time"
-
-
-def run_record(status: str, lang: str) -> list[str] | None:
-    """What a run's status line says that makes its reply (all but its speed and these notes), in
-    the line's language; None for a refusal's line."""
-    if not joinable(status):
+def switched(messages: list[dict], replies: dict, step: int) -> tuple[list[dict], dict, Outcome | None] | None:
+    """◀ (step -1) or ▶ (+1): the conversation with the previous or next kept reply, the replies
+    saying which is shown, and the outcome of the run that wrote it (its seed); None where there
+    is none to switch to."""
+    pairs = pairs_from_messages(messages)
+    kept = replies.get("replies", [])
+    if not kept or replies.get("turn") != len(pairs) - 1:
         return None
-    notes = {localized(note, lang) for note in (SAME_SEED, GREEDY_SAME)}
-    return [part for i, part in enumerate(status.split(" · ")) if i != 2 and part not in notes]
+    at = (replies["at"] + step) % len(kept)
+    pairs[-1][1], outcome = kept[at]
+    return messages_from_pairs(pairs), {**replies, "at": at}, outcome
 
 
-def switch_reply(step: int):
-    """◀ or ▶: the previous or next kept reply, with the status line of the run that wrote it (its seed)."""
-    def switch(messages: list[dict], replies: dict):
-        pairs = pairs_from_messages(messages)
-        kept = replies.get("replies", [])
-        if not kept or replies.get("turn") != len(pairs) - 1:
-            return gr.skip(), replies, gr.skip(), gr.skip()
-        at = (replies["at"] + step) % len(kept)
-        pairs[-1][1], status = kept[at]
-        return messages_from_pairs(pairs), {**replies, "at": at}, f"{at + 1} / {len(kept)}", status
-    return switch
+def which_reply(replies: dict) -> str:
+    return f"{replies['at'] + 1} / {len(replies['replies'])}"
 
 
-def forget_replaced(messages: list[dict], replies: dict, status: str):
+def forget_replaced(messages: list[dict], replies: dict, outcome: Outcome | None):
     """The kept replies and the switcher stay while the conversation's last turn is still the one
     they belong to, showing one of them; a new turn, an undo, a clear or another conversation
     takes them away (a refused import, which changes nothing, does not), keeping the last turn's
-    reply as shown, with the status line, for a reply continued from a chosen token to join (its
+    reply as shown, with its outcome, for a reply continued from a chosen token to join (its
     run changes the conversation before anything could keep it)."""
     pairs = pairs_from_messages(messages)
     kept = replies.get("replies", [])
     if kept and pairs and replies.get("turn") == len(pairs) - 1 and pairs[-1][1] == kept[replies["at"]][0]:
         return gr.skip(), gr.skip()
-    return replies_before_retry(messages, {}, status), gr.Row(visible=False)  # the new last turn's reply
+    return replies_before_retry(messages, {}, outcome), gr.update(visible=False)  # the new last turn's reply
 
 
-def undo(messages: list[dict]) -> tuple[list[dict[str, str]], str, str, str]:
-    """The conversation without its last turn, whose message goes back into the message box; no
-    status line or prompt sent (they were that turn's)."""
+def undo(messages: list[dict]) -> tuple[list[dict[str, str]], str]:
+    """The conversation without its last turn, whose message goes back into the message box."""
     *history, (message, _) = pairs_from_messages(messages) or [("", "")]
-    return messages_from_pairs(history), message, "", ""
+    return messages_from_pairs(history), message
 
 
 def export_conversation(messages: list[dict], persona: str) -> str | None:
@@ -266,9 +263,9 @@ def conversation_title(conversation: dict) -> str:
     return f"{first[:40]}{'…' if len(first) > 40 else ''} ({len(conversation['history'])})"
 
 
-def earlier_choices(store: dict) -> gr.Dropdown:
-    return gr.Dropdown(choices=[(conversation_title(c), i) for i, c in enumerate(store.get("earlier", []))],
-                       value=None)
+def earlier_choices(store: dict) -> dict:
+    return gr.update(choices=[(conversation_title(c), i) for i, c in enumerate(store.get("earlier", []))],
+                     value=None)
 
 
 def filed(store: dict, current: dict | None) -> dict:
@@ -290,6 +287,8 @@ def read_import(path: str | None) -> dict:
         raise ValueError("the file is not an exported conversation (not JSON)") from None
     if not isinstance(data, dict):
         raise ValueError("the file is not an exported conversation (not a JSON object)")
+    if "history" not in data:  # {"hello": 1} is JSON, but no conversation to replace the one shown
+        raise ValueError("the file is not an exported conversation (no history)")
     try:
         return {"history": [list(pair) for pair in history_pairs(data.get("history", []))],
                 "persona": checked_text("persona", data.get("persona", ""))}
@@ -303,9 +302,10 @@ def chat_store() -> gr.BrowserState:
     return gr.BrowserState({"current": None, "earlier": []}, storage_key=STORAGE_KEY, secret=STORAGE_SECRET)
 
 
-def keep_in_browser(tab: Tab, export: dict, forgetting: list[dict]) -> None:
+def keep_in_browser(tab: Tab, export: dict, changed: list, forgetting: list[dict]) -> None:
     """The conversation, persona, adapter switch and settings kept in the browser (see the module
-    docstring): saved after each change, restored on load, filed by New chat, reopened from the
+    docstring): saved after each change (`changed`: the events that change the conversation,
+    besides the edits of its boxes), restored on load, filed by New chat, reopened from the
     list, imported from an exported file; each of those makes the export button's file too, and
     forgets what spoke of the conversation it replaces (`forgetting`: the events' arguments)."""
     chatbot, persona = tab.widgets.inputs["history"], tab.widgets.inputs["persona"]
@@ -319,62 +319,63 @@ def keep_in_browser(tab: Tab, export: dict, forgetting: list[dict]) -> None:
         return {"history": pairs_from_messages(messages or []), "persona": persona_text or "",
                 "adapter": bool(adapter), "settings": dict(zip(names, values))}
 
-    def shown(conversation: dict | None) -> list:
+    def shown(conversation: dict | None) -> dict:
         """The components' values for a kept conversation; what it does not keep takes the tab's
         defaults (the adapter as the model serving now starts it)."""
         conversation = conversation or {}
         settings = {**defaults, **conversation.get("settings", {})}
         adapter = conversation.get("adapter", adapter_props(tab.view.task, tab.host.current)["value"])
-        return [messages_from_pairs(conversation.get("history", [])), conversation.get("persona", ""),
-                adapter, *(settings[name] for name in names)]
+        return dict(zip(kept, [messages_from_pairs(conversation.get("history", [])), conversation.get("persona", ""),
+                               adapter, *(settings[name] for name in names)]))
+
+    def replaced_by(saved: dict, values: dict) -> dict:
+        """Another conversation shown: kept, listed, and the last run's line and prompt gone."""
+        return {**values, store: saved, more["earlier"]: earlier_choices(saved), **tab.shown(None, "en"),
+                tab.prompt_sent: ""}
 
     def save(saved: dict, *values) -> dict:
         return {**saved, "current": current(*values)}
 
-    def restore(saved: dict):
+    def restore(saved: dict) -> dict:
         conversation = (saved or {}).get("current")
-        values = shown(conversation) if conversation else [gr.skip()] * len(kept)
-        return [*values, earlier_choices(saved or {})]
+        return {**(shown(conversation) if conversation else {}), more["earlier"]: earlier_choices(saved or {})}
 
-    def new_chat(saved: dict, *values):
+    def new_chat(saved: dict, *values) -> dict:
         saved = filed(saved or {}, current(*values))
         saved["current"] = {**current(*values), "history": []}  # the persona and settings go on
-        values = [[] if component is chatbot else gr.skip() for component in kept]
-        return [*values, saved, earlier_choices(saved), ""]
+        return replaced_by(saved, {chatbot: []})
 
-    def reopen(index, saved: dict, *values):
+    def reopen(index, saved: dict, *values) -> dict:
         earlier = (saved or {}).get("earlier", [])
         if not isinstance(index, int) or not 0 <= index < len(earlier):
-            return [*[gr.skip()] * len(kept), gr.skip(), gr.skip(), gr.skip(), gr.skip()]
+            return NOTHING
         chosen = earlier[index]
         saved = filed({"earlier": earlier[:index] + earlier[index + 1:]}, current(*values))
         saved["current"] = chosen
-        return [*shown(chosen), saved, earlier_choices(saved), "", ""]
+        return replaced_by(saved, shown(chosen))
 
-    def imported(request: gr.Request, path, saved: dict, *values):  # Gradio puts the request first
+    def imported(request: gr.Request, path, saved: dict, *values) -> dict:  # Gradio puts the request first
         try:
             conversation = read_import(path)
-        except ValueError as error:
-            return [*[gr.skip()] * len(kept), gr.skip(), gr.skip(), refused_line(str(error), language(request))]
+        except ValueError as error:  # the conversation shown stays, and the line says why
+            return tab.shown(Outcome.refused(str(error)), language(request))
         saved = filed(saved or {}, current(*values))
         saved["current"] = {**current(*values), **conversation}
-        return [*shown(saved["current"]), saved, earlier_choices(saved), ""]
+        return replaced_by(saved, shown(saved["current"]))
 
-    root.load(restore, store, [*kept, more["earlier"]], queue=False, api_visibility="private").then(**export)
+    root.load(restore, store, {*kept, more["earlier"]}, queue=False, api_visibility="private").then(**export)
     saving = dict(fn=save, inputs=[store, *kept], outputs=store, queue=False, api_visibility="private")
-    for finished in tab.run_events:
-        finished.then(**saving)
+    for change in changed:
+        change.then(**saving)
     gr.on([persona.blur, persona.submit, tab.adapter.input, chatbot.undo, chatbot.clear,
            *(slider.release if hasattr(slider, "release") else slider.blur for slider in tab.settings.values())],
           **saving)
+    replacing = {*kept, store, more["earlier"], tab.status, tab.outcome, tab.prompt_sent}
     for replaced in (
-            more["new"].click(new_chat, [store, *kept], [*kept, store, more["earlier"], tab.status], queue=False,
-                              api_visibility="private"),
-            more["earlier"].input(reopen, [more["earlier"], store, *kept],
-                                  [*kept, store, more["earlier"], tab.status, tab.prompt_sent], queue=False,
+            more["new"].click(new_chat, [store, *kept], replacing, queue=False, api_visibility="private"),
+            more["earlier"].input(reopen, [more["earlier"], store, *kept], replacing, queue=False,
                                   api_visibility="private"),
-            more["import"].upload(imported, [more["import"], store, *kept],
-                                  [*kept, store, more["earlier"], tab.status], queue=False,
+            more["import"].upload(imported, [more["import"], store, *kept], replacing, queue=False,
                                   api_visibility="private")):
         replaced.then(**export)
         for forget in forgetting:
@@ -384,25 +385,50 @@ def keep_in_browser(tab: Tab, export: dict, forgetting: list[dict]) -> None:
 def chat_extras(tab: Tab) -> None:
     chatbot, message, persona = (tab.widgets.inputs[name] for name in ("history", "message", "persona"))
     more = tab.widgets.more
+    switcher = more["switcher"]
     sending = [event for event in tab.run_events if event not in tab.continuing_runs]  # Send and Enter
     replies = gr.State({})
     # A retry, or a reply continued from a chosen token (forget_replaced kept the reply it
     # replaces), keeps the reply it replaces to switch back to.
-    chatbot.retry(replies_before_retry, [chatbot, replies, tab.status], replies, queue=False,
+    chatbot.retry(replies_before_retry, [chatbot, replies, tab.outcome], replies, queue=False,
                   api_visibility="private")
     tab.add_run([chatbot.retry], prepare=take_back_last_turn)
+
+    def retried(messages: list[dict], kept: dict, outcome: Outcome | None, last_run: dict, request: gr.Request):
+        kept, outcome = after_retry(messages, kept, outcome, last_run)
+        if not kept:
+            return {replies: {}, switcher: gr.update(visible=False), more["which"]: ""}
+        if outcome is None:
+            return NOTHING
+        return {replies: kept, switcher: gr.update(visible=True), more["which"]: which_reply(kept),
+                **tab.shown(outcome, language(request))}
+
     for replaced in (tab.run_events[-1], *tab.continuing_runs):
-        replaced.then(replies_after_retry, [chatbot, replies, tab.status, tab.insight.last_run],
-                      [replies, more["switcher"], more["which"], tab.status], queue=False, api_visibility="private")
-    forget_replies = dict(fn=forget_replaced, inputs=[chatbot, replies, tab.status],
+        replaced.then(retried, [chatbot, replies, tab.outcome, tab.insight.last_run],
+                      {replies, switcher, more["which"], tab.status, tab.outcome}, queue=False,
+                      api_visibility="private")
+    forget_replies = dict(fn=forget_replaced, inputs=[chatbot, replies, tab.outcome],
                           outputs=[replies, more["switcher"]], queue=False, api_visibility="private")
     # The token view, Compare's texts and a clicked token's alternatives speak of the reply last
     # drawn: they go when it goes (undo, clear, another conversation) or another reply is shown.
     forget_shown_run = dict(fn=Insight.forgotten, inputs=None, outputs=tab.insight.of_the_shown_run, queue=False,
                             api_visibility="private")
-    for step, button in ((-1, more["previous"]), (1, more["next"])):
-        button.click(switch_reply(step), [chatbot, replies], [chatbot, replies, more["which"], tab.status],
-                     queue=False, api_visibility="private").then(**forget_shown_run)
+
+    def switch(step: int):
+        def to_reply(messages: list[dict], kept: dict, request: gr.Request):
+            found = switched(messages, kept, step)
+            if found is None:
+                return NOTHING
+            messages, kept, outcome = found
+            return {chatbot: messages, replies: kept, more["which"]: which_reply(kept),
+                    **tab.shown(outcome, language(request))}
+        return to_reply
+
+    switches = [button.click(switch(step), [chatbot, replies], {chatbot, replies, more["which"], tab.status,
+                                                                 tab.outcome}, queue=False, api_visibility="private")
+                for step, button in ((-1, more["previous"]), (1, more["next"]))]
+    for switched_reply in switches:
+        switched_reply.then(**forget_shown_run)
     draft = gr.State("")
     edited = chatbot.edit(branch_at_edit, [chatbot, message, draft], [chatbot, message, draft], queue=False,
                           api_visibility="private")
@@ -412,22 +438,24 @@ def chat_extras(tab: Tab) -> None:
         new_turn.then(draft_back, [draft, message], [message, draft], queue=False, api_visibility="private")
     # The status line and the prompt sent go with the reply they spoke of, as on a clear or in
     # another conversation.
-    undone = chatbot.undo(undo, chatbot, [chatbot, message, tab.status, tab.prompt_sent], queue=False,
-                          api_visibility="private")
-    cleared = chatbot.clear(lambda: ([], "", ""), None, [chatbot, tab.status, tab.prompt_sent], queue=False,
+    gone = {**tab.shown(None, "en"), tab.prompt_sent: ""}
+    undone = chatbot.undo(lambda messages: {**dict(zip((chatbot, message), undo(messages))), **gone}, chatbot,
+                          {chatbot, message, *gone}, queue=False, api_visibility="private")
+    cleared = chatbot.clear(lambda: {chatbot: [], **gone}, None, {chatbot, *gone}, queue=False,
                             api_visibility="private")
     for other in (undone, cleared):
         other.then(**forget_replies)
         other.then(**forget_shown_run)
-    # Exported when a run, an undo or a clear has finished, not on every change of the chatbot:
-    # a streaming reply changes it with every chunk. (Stop lets the run end by itself, so its
-    # partial reply is exported too; a run cancelled while queued had changed nothing.)
+    # Exported when a run, an undo, a clear or a switch to another kept reply has finished, not on
+    # every change of the chatbot: a streaming reply changes it with every chunk. (Stop lets the
+    # run end by itself, so its partial reply is exported too; a run cancelled while queued had
+    # changed nothing.)
     export = dict(fn=export_conversation, inputs=[chatbot, persona], outputs=tab.widgets.more["export"],
                   queue=False, api_visibility="private")
-    for finished in [*tab.run_events, undone, cleared]:
+    for finished in [*tab.run_events, undone, cleared, *switches]:
         finished.then(**export)
     gr.on([persona.blur, persona.submit], **export)  # once the persona is typed, not per keystroke
-    keep_in_browser(tab, export, [forget_replies, forget_shown_run])
+    keep_in_browser(tab, export, [*tab.run_events, *switches], [forget_replies, forget_shown_run])
 
 
 CHAT = TaskView(
@@ -436,7 +464,7 @@ CHAT = TaskView(
                 make_inputs=lambda message, history, persona: DialogueInputs(
                     checked_text("message", message), history_pairs(history), checked_text("persona", persona)),
                 description="The bot's reply to message, after history ([user, bot] pairs, oldest first) and a "
-                            "persona line. Returns (reply, status line, prompt sent); streams."),
+                            "persona line."),
     label="tab_dialogue", run_label="send", intro="intro_dialogue", build=chat_widgets,
     # Requests of the kinds the bundled model learned, each with the persona line of its source.
     examples=[["Hi, I'd like to order a coffee, please.", PERSONAS["taskmaster"]],

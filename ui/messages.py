@@ -10,6 +10,7 @@ it is; tests/test_messages.py makes every message the app makes match one.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 
 import gradio as gr
@@ -135,7 +136,8 @@ NAMES_ZH: dict[str, str] = {
     "none": "无", "(nothing)": "（无）", "layer": "层", "head": "注意力头",
     "decode kernels building": "解码内核构建中", "kernels switched off": "内核已关闭", "no kernels": "无内核",
     "no C++ compiler": "没有 C++ 编译器",
-    "not JSON": "不是 JSON", "not a JSON object": "不是 JSON 对象",  # an import that is no conversation
+    "STUDIO_DECODE_KERNELS=0": "已由 STUDIO_DECODE_KERNELS=0 关闭",
+    "not JSON": "不是 JSON", "not a JSON object": "不是 JSON 对象", "no history": "没有对话历史",  # an import that is no conversation
     "adapter on": "适配器开", "adapter off": "适配器关", "output": "输出",
 }
 WORDS_ZH = {"error": "错误", "warning": "警告"}
@@ -167,26 +169,46 @@ def _pattern(template: str) -> re.Pattern:
                       + r"\Z", re.DOTALL)
 
 
+@dataclass(frozen=True)
+class Message:
+    """A message as a key of TEMPLATES with its fields, so that it can be said in any language
+    without reading a line back; key "" holds a text no template matches (a name the app uses, or
+    anything else), under the field "text"."""
+    key: str
+    fields: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, english: str) -> "Message":
+        """The message the code wrote in English, as its template's key and fields."""
+        if english not in NAMES_ZH:
+            for key, (template, _) in TEMPLATES.items():
+                found = _pattern(template).match(english)
+                if found:
+                    return cls(key, tuple(found.groupdict().items()))
+        return cls("", (("text", english),))
+
+    @property
+    def english(self) -> str:
+        return self.render("en")
+
+    def render(self, lang: str) -> str:
+        fields = dict(self.fields)
+        if not self.key:
+            return fields["text"] if lang != "zh" else NAMES_ZH.get(fields["text"], fields["text"])
+        english, chinese = TEMPLATES[self.key]
+        if lang != "zh":
+            return english.format(**fields)
+        return chinese.format(**{key: translate_field(key, value) for key, value in fields.items()})
+
+
 def localized(message: str, lang: str) -> str:
     """`message` in `lang`: itself in English; in Chinese the first template it matches, its
-    fields translated where they are names the app uses. A status line's notes (joined by " · ")
-    are translated one by one."""
-    if lang != "zh":
-        return message
-    if " · stopped: " in message:  # a status line (Result.summary: four parts), then its notes
-        parts = message.split(" · ")
-        return " · ".join([translate_one(" · ".join(parts[:4])), *map(translate_one, parts[4:])])
-    return translate_one(message)
+    fields translated where they are names the app uses."""
+    return Message.of(message).render(lang)
 
 
 def translate_one(message: str) -> str:
-    if message in NAMES_ZH:
-        return NAMES_ZH[message]
-    for english, chinese in TEMPLATES.values():
-        found = _pattern(english).match(message)
-        if found:
-            return chinese.format(**{key: translate_field(key, value) for key, value in found.groupdict().items()})
-    return message
+    return localized(message, "zh")
 
 
 def translate_field(key: str, value: str) -> str:
@@ -209,14 +231,6 @@ def translate_item(item: str) -> str:
     if item not in NAMES_ZH and name in NAMES_ZH and re.fullmatch(r"-?[\d.]+", number):
         return f"{NAMES_ZH[name]} {number}"
     return NAMES_ZH.get(item, item)
-
-
-REFUSED = "⚠️ "  # how a status line that reports a refusal or a fault starts
-
-
-def refused_line(message: str, lang: str) -> str:
-    """A status line that says why a request was refused (or failed), in `lang`."""
-    return REFUSED + localized(message, lang)
 
 
 def word(key: str, lang: str) -> str:

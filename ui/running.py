@@ -1,10 +1,11 @@
 """Running a task for the UI and the API: decoding settings, limits, one streaming loop, and Stop.
 
 Both the browser and `gradio_client` end up in `run`, which takes plain values and yields
-(text so far, status line, prompt sent), at most MAX_UPDATES_PER_SECOND times a second. Bad
-input of any kind becomes a `gr.Error` carrying the message that names the field and the limit,
-so the caller sees why and the app keeps serving; a generation that fails, or is cancelled, or
-whose client leaves, frees its decoding row and is logged in one line.
+(text so far, outcome, prompt sent, logprobs), at most MAX_UPDATES_PER_SECOND times a second,
+ending with the run's outcome record (ui/outcome.py). Bad input of any kind ends it refused, with
+the message that names the field and the limit, so the caller sees why and the app keeps
+serving (the API answers it as a `gr.Error`); a generation that fails, or is cancelled, or whose
+client leaves, frees its decoding row and is logged in one line.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from engine.scheduler import in_thread_of_its_own
 from tasks import Task, TaskDone, run_task
 
 from .model_host import LoadedModel, ModelHost
+from .outcome import Outcome, english_status
 from .tokens import TOP_SHOWN, first_difference
 
 REQUIRED = inspect.Parameter.empty
@@ -83,16 +85,14 @@ def asks_random_seed(seed: Any) -> bool:
     return seed is None or seed == RANDOM_SEED
 
 
-class Refusal(gr.Error):
-    """An input the app does not take: the message names the field and why. The API answers it as
-    an error; a tab shows it in its status line (ui/tab.py)."""
-
-
-def setting_params(defaults: SamplingParams) -> list[Param]:
-    """The settings, seed and adapter switch as API parameters, defaulting to the task's own."""
+def setting_params(task: Task) -> list[Param]:
+    """The settings, seed and (for a task that has an adapter) the adapter switch as API
+    parameters, defaulting to the task's own."""
+    defaults = task.defaults
+    adapter = [] if task.adapter is None else [Param("adapter", bool, False),
+                                               Param("adapter_scale", float, defaults.adapter_scale)]
     return ([Param(name, kind, getattr(defaults, name)) for name, kind in SETTINGS]
-            + [Param("seed", int | None, None), Param("adapter", bool, False),
-               Param("adapter_scale", float, defaults.adapter_scale), Param("logprobs", int, defaults.logprobs)])
+            + [Param("seed", int | None, None), *adapter, Param("logprobs", int, defaults.logprobs)])
 
 
 def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
@@ -134,21 +134,18 @@ def check_count(what: str, count: int, limit: int) -> None:
         raise ValueError(f"too many {what}: {count:,}; the limit is {limit:,}")
 
 
-def status_line(done: TaskDone, task: Task, params: SamplingParams, adapter: str) -> str:
+def outcome_of(done: TaskDone, task: Task, params: SamplingParams, adapter: str) -> Outcome:
     """How to reproduce the run (seed, token counts, speed, why it stopped; `adapter`, where the
     task has one: adapter_state, or compared_state for a comparison, since the prompt and output
     differ with it; the settings changed from the task's defaults, which the seed alone does not
     give back) and what was cut."""
-    adapter = [] if task.adapter is None else [adapter]
-    return " · ".join([done.result.summary(), *adapter, *changed_settings(params, task.defaults),
-                       *done.prompt.notes])
+    return Outcome.done(done.result, None if task.adapter is None else adapter,
+                        changed_settings(params, task.defaults), done.prompt.notes)
 
 
-def changed_settings(params: SamplingParams, defaults: SamplingParams) -> list[str]:
-    """The status line's part naming each decoding setting that differs from the task's default."""
-    changed = [f"{name} {getattr(params, name):g}" for name, _ in SETTINGS
-               if getattr(params, name) != getattr(defaults, name)]
-    return [f"changed settings: {', '.join(changed)}"] if changed else []
+def changed_settings(params: SamplingParams, defaults: SamplingParams) -> list[tuple[str, float]]:
+    """Each decoding setting that differs from the task's default, with its value."""
+    return [(name, getattr(params, name)) for name, _ in SETTINGS if getattr(params, name) != getattr(defaults, name)]
 
 
 def adapter_state(adapter_on: bool, adapter_scale: float) -> str:
@@ -174,24 +171,25 @@ class TaskAPI:
 
     @property
     def signature(self) -> inspect.Signature:
-        params = [*self.params, *setting_params(self.task.defaults)]
+        params = [*self.params, *setting_params(self.task)]
         return inspect.Signature([inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                                     default=p.default, annotation=p.type) for p in params],
                                  return_annotation=tuple[str, str, str, list])
 
 
 def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
-        cancel: threading.Event | None = None) -> Iterator[tuple[str, str, str, list]]:
-    """Stream (text so far, status, prompt sent, logprobs) for one request, as often as a Pacer of
-    MAX_UPDATES_PER_SECOND lets it; status, prompt and logprobs (with the logprobs setting: each
-    generated token's, see engine.generate.Result) come with the last update, which always goes,
-    and each update holds all the text so far."""
+        cancel: threading.Event | None = None) -> Iterator[tuple[str, Outcome | None, str, list]]:
+    """Stream (text so far, outcome, prompt sent, logprobs) for one request, as often as a Pacer of
+    MAX_UPDATES_PER_SECOND lets it; the outcome (None until then), prompt and logprobs (with the
+    logprobs setting: each generated token's, see engine.generate.Result) come with the last
+    update, which always goes, and each update holds all the text so far. Bad input ends it with a
+    refused outcome, a failure with a fault's, after the text made before it."""
     loaded = host.current  # once: a model switch does not reach a running request
     sent, held_back, pacer = 0, None, Pacer(MAX_UPDATES_PER_SECOND)
     try:
         params = sampling_params(api.task, values)
         inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
-        adapter = values["adapter"]
+        adapter = values.get("adapter", False)
         if not isinstance(adapter, bool):
             raise ValueError(f"adapter must be true or false, got {brief(adapter)}")
         # Through the model's scheduler: concurrent requests are decoded in one batch. Closing the
@@ -203,37 +201,30 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                     if event.result.stop_reason == "cancelled":
                         log.info("/%s: stopped by its user after %d tokens", api.name, event.result.generated_tokens)
                     sent += 1
-                    line = status_line(event, api.task, params, adapter_state(adapter, params.adapter_scale))
-                    yield event.text, line, event.prompt.text, event.result.logprobs
+                    outcome = outcome_of(event, api.task, params, adapter_state(adapter, params.adapter_scale))
+                    yield event.text, outcome, event.prompt.text, event.result.logprobs
                 elif pacer.due(time.monotonic()):
                     sent, held_back = sent + 1, None
-                    yield event.text, "", "", []
+                    yield event.text, None, "", []
                 else:
                     held_back = event.text
-    except ValueError as error:
-        raise Refusal(str(error), print_exception=False) from error
+    except ValueError as error:  # the input's: the message names the field and why
+        yield "", Outcome.refused(str(error)), "", []
     except GeneratorExit:  # Gradio closes the run when its client cancels or goes away
         log.info("/%s: cancelled, or its client left, after %d updates; its decoding row is freed", api.name, sent)
         raise
     except Exception as error:  # a fault in the app, not in the input: say so, and keep serving
         if held_back is not None:  # the text made before the fault, which the user would not see otherwise
-            yield held_back, "", "", []
-        raise fault(api, loaded, error) from error
-
-
-def fault(api: TaskAPI, loaded: LoadedModel, error: Exception) -> gr.Error:
-    """A generation's fault (not its input's), logged, as the error its user gets."""
-    log.error("/%s: generation failed on %s: %s: %s", api.name, loaded.name, type(error).__name__, error)
-    return gr.Error(f"the generation failed ({type(error).__name__}); the app is still serving, please try again",
-                    print_exception=False)
+            yield held_back, None, "", []
+        yield "", Outcome.fault(f"/{api.name} on {loaded.name}", error), "", []
 
 
 def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
-                cancel: threading.Event | None = None) -> Iterator[tuple[list[str], str, dict | None]]:
+                cancel: threading.Event | None = None) -> Iterator[tuple[list[str], Outcome | None, dict | None]]:
     """The request twice at once, adapter off and on, under one seed, so both draw the same random
-    numbers at every step: (both texts so far, status, None) as often as the Pacer lets, then the
-    texts, the adapter-on side's status and the comparison (compare_sides). Stop (cancel) ends
-    both; refusals and faults as in `run`."""
+    numbers at every step: (both texts so far, None, None) as often as the Pacer lets, then the
+    texts, the adapter-on side's outcome and the comparison (compare_sides). Stop (cancel) ends
+    both; refusals and faults end it with their outcome, as in `run`."""
     loaded = host.current
     try:
         params = sampling_params(api.task, values)
@@ -251,17 +242,17 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                         if isinstance(event, TaskDone):
                             done[side] = event
                 if None in done and pacer.due(time.monotonic()):
-                    yield list(texts), "", None
+                    yield list(texts), None, None
         comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params))
-        line = status_line(done[1], api.task, params, compared_state(params.adapter_scale))
-        yield [d.text for d in done], line, comparison
+        outcome = outcome_of(done[1], api.task, params, compared_state(params.adapter_scale))
+        yield [d.text for d in done], outcome, comparison
     except ValueError as error:
-        raise Refusal(str(error), print_exception=False) from error
+        yield ["", ""], Outcome.refused(str(error)), None
     except GeneratorExit:
         log.info("/%s: a comparison was cancelled, or its client left; its decoding rows are freed", api.name)
         raise
     except Exception as error:
-        raise fault(api, loaded, error) from error
+        yield ["", ""], Outcome.fault(f"/{api.name} compare on {loaded.name}", error), None
 
 
 def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], params: SamplingParams) -> dict:
@@ -276,6 +267,10 @@ def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], param
             "prompts": [off.prompt.text, on.prompt.text], "diverges_at": first_difference(*tokens)}
 
 
+RETURNS = ("Returns (text, status line, prompt sent, logprobs: each generated token's {token, bytes, logprob, top} "
+           "when logprobs > 0); streams.")
+
+
 def api_endpoint(api: TaskAPI, host: ModelHost) -> Callable[..., Iterator[tuple[str, str, str, list]]]:
     """`run` as a function with the task's named, typed parameters, for `gr.api`, which
     documents an endpoint from its function's signature."""
@@ -284,11 +279,13 @@ def api_endpoint(api: TaskAPI, host: ModelHost) -> Callable[..., Iterator[tuple[
     def endpoint(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        for text, status, prompt, logprobs in run(api, host, bound.arguments):
-            yield text, status, prompt, public_logprobs(logprobs)
+        for text, outcome, prompt, logprobs in run(api, host, bound.arguments):
+            if outcome is not None and not outcome.ran:  # the API answers a refusal or a fault as an error
+                raise gr.Error(outcome.message.english, print_exception=False)
+            yield text, english_status(outcome), prompt, public_logprobs(logprobs)
 
     endpoint.__name__ = endpoint.__qualname__ = api.name
-    endpoint.__doc__ = api.description
+    endpoint.__doc__ = f"{api.description} {RETURNS}"
     endpoint.__signature__ = signature
     endpoint.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
     endpoint.__annotations__["return"] = signature.return_annotation

@@ -13,12 +13,22 @@ from engine.generate import resolve_seed
 from tasks import Task
 
 from .i18n import i18n
-from .messages import REFUSED, language, localized, refused_line, word
+from .messages import language, localized, word
 from .model_host import LoadedModel, ModelHost
-from .running import (RANDOM_SEED, SETTING_RANGES, SETTINGS, Refusal, StopSwitches, TaskAPI, asks_random_seed, fault, run,
-                      run_compare)
+from .outcome import FAULT, Outcome, status_line
+from .running import RANDOM_SEED, SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI, asks_random_seed, run, run_compare
 from .tokens import TOP_SHOWN, Insight
 
+# A folded section's title that wraps (a phone's "Why this output" one) reads from the left, and its
+# arrow keeps its own size beside it: stretched to the title's two lines and turned, it stood on
+# the section's border.
+TAB_CSS = """
+button.label-wrap { text-align: left; align-items: center; gap: 0.75em; }
+button.label-wrap > .icon { flex: none; }
+"""
+# What a handler that changes nothing returns: Gradio takes an empty {component: value} dict for
+# one value, and a lone skip leaves every output as it is.
+NOTHING = gr.skip()
 GENERATION = "generation"  # the concurrency group of every request that runs the model
 STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
 GENERATING = str(i18n("generating"))  # a status the browser translates
@@ -85,7 +95,8 @@ class Tab:
     adapter: gr.Checkbox
     run_buttons: tuple[gr.Button, ...]  # Run, and Continue where the view has it: held while a run goes
     stop_button: gr.Button
-    status: gr.Markdown
+    status: gr.Markdown  # the outcome's line (ui/outcome.status_line)
+    outcome: gr.State  # the last run's Outcome, or None before any
     prompt_sent: gr.Textbox
     insight: "Insight"
     page_state: gr.Component | None = None  # the view's state kept at the page's top level (Chat's)
@@ -98,6 +109,21 @@ class Tab:
         return {**self.widgets.inputs, **self.settings, "adapter": self.adapter,
                 "adapter_scale": self.insight.adapter_scale}
 
+    @property
+    def buttons(self) -> list[gr.Button]:
+        """Every button the tab lays out (the page test holds the page to this list)."""
+        return [*self.run_buttons, self.stop_button,
+                *(c for c in self.widgets.more.values() if isinstance(c, (gr.Button, gr.DownloadButton,
+                                                                          gr.UploadButton)))]
+
+    def held(self, busy: bool) -> dict:
+        """The run buttons waiting while a run goes (busy), or pressable again."""
+        return {button: gr.update(interactive=not busy) for button in self.run_buttons}
+
+    def shown(self, outcome: Outcome | None, lang: str) -> dict:
+        """The outcome kept and its status line."""
+        return {self.outcome: outcome, self.status: status_line(outcome, lang)}
+
     def add_run(self, triggers: list, prepare: Callable[[dict[str, Any]], dict[str, Any]] = lambda values: values,
                 continuing: bool = False, appends: bool = False):
         """Run the task when any of `triggers` fires (or, for an event's dependency, once it has
@@ -106,78 +132,85 @@ class Tab:
         chosen in the token view, with the alternative chosen there (Insight), on the inputs and
         settings of the run it comes from. `appends`: the run's text joins the notebook (Continue)."""
         view, named_inputs, insight = self.view, self.named_inputs, self.insight
-        outputs = [self.widgets.output, self.status, self.prompt_sent, insight.view, insight.compare_texts[0],
-                   insight.compare_texts[1], insight.alternatives, insight.last_run, *self.widgets.cleared,
-                   *self.run_buttons]
+        output = self.widgets.output
+        outputs = {output, self.status, self.outcome, self.prompt_sent, insight.view, *insight.compare_texts,
+                   insight.alternatives, insight.last_run, *self.widgets.cleared, *self.run_buttons}
         reads = {*named_inputs.values(), insight.show_tokens, insight.compare, insight.last_run, insight.selected,
                  insight.alternatives}
-        skips = [gr.skip()] * len(self.widgets.cleared)
         # The tab's run buttons wait while a run goes, as a chat app's Send does: a Continue
         # pressed meanwhile would join a text to the prompt that the running one joins too.
-        busy, idle = held(self.run_buttons, True), held(self.run_buttons, False)
-        as_they_are = [gr.skip()] * len(self.run_buttons)
+        cleared = {box: "" for box in self.widgets.cleared}
+
+        def ended(outcome: Outcome, lang: str) -> dict:
+            """A run that did not run (refused, or failed): its line, and the run buttons back; what
+            the user typed and the last result stay (a typo costs no output)."""
+            return {**self.shown(outcome, lang), **self.held(False)}
 
         def run_in_tab(data: dict[gr.Component, Any], request: gr.Request):
             lang = language(request)
             try:
                 values = prepare(view.from_ui({name: data[component] for name, component in named_inputs.items()}))
                 shown_before: list[dict] = []
-                continued = ""
+                continued = None
                 if continuing:
-                    try:
-                        values, shown_before, continued = insight.continue_from(
-                            data[insight.last_run], data[insight.selected], data[insight.alternatives])
-                    except ValueError as no_choice:  # the last run and its output stay as they are
-                        yield [gr.skip(), refused_line(str(no_choice), lang), *[gr.skip()] * 6, *skips, *idle]
-                        return
-                if asks_random_seed(values["seed"]):  # drawn here, so that the run keeps it to continue from
-                    values["seed"] = resolve_seed(None)
-                ran_with = dict(values)
-                asked_tokens = data[insight.show_tokens] or continuing
-                if asked_tokens:
-                    values["logprobs"] = TOP_SHOWN
-                comparing = data[insight.compare] and not continuing
-                # The last run's status line goes at once: under a new run it would pass for this one's.
-                yield [gr.skip(), GENERATING, *[gr.skip()] * 6, *skips, *busy]
+                    values, shown_before, continued = insight.continue_from(
+                        data[insight.last_run], data[insight.selected], data[insight.alternatives])
+            except ValueError as refused:  # the inputs as made ready: the last run and its output stay
+                yield ended(Outcome.refused(str(refused)), lang)
+                return
+            if asks_random_seed(values["seed"]):  # drawn here, so that the run keeps it to continue from
+                values["seed"] = resolve_seed(None)
+            ran_with = dict(values)
+            asked_tokens = data[insight.show_tokens] or continuing
+            if asked_tokens:
+                values["logprobs"] = TOP_SHOWN
+            comparing = data[insight.compare] and not continuing
+            # The last run's status line goes at once: under a new run it would pass for this one's.
+            yield {self.status: GENERATING, **self.held(True)}
+            try:
                 with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
                     if comparing:
-                        for texts, status, comparison in run_compare(view.api, self.host, values, cancel):
-                            view_value = gr.skip() if comparison is None else insight.compared(comparison, lang, texts)
-                            shown = gr.skip() if comparison is None else view.present(values, texts[1])  # adapter on
-                            prompts = gr.skip() if comparison is None else both_prompts(comparison["prompts"], lang)
-                            yield [shown, localized(status, lang) or GENERATING, prompts, view_value, *texts,
-                                   insight.hidden_alternatives(),
-                                   gr.skip() if comparison is None
-                                   else insight.kept(zip(comparison["entries"], (False, True)), ran_with, texts[1]),
-                                   *(skips if comparison is None else [""] * len(self.widgets.cleared)),
-                                   *(as_they_are if comparison is None else idle)]
+                        for texts, outcome, comparison in run_compare(view.api, self.host, values, cancel):
+                            if outcome is None:
+                                yield dict(zip(insight.compare_texts, texts))
+                            elif not outcome.ran:
+                                yield ended(outcome, lang)
+                                if outcome.kind == FAULT:
+                                    raise notice(outcome, lang)
+                            else:
+                                yield {output: view.present(values, texts[1]), **self.shown(outcome, lang),  # the on side
+                                       self.prompt_sent: both_prompts(comparison["prompts"], lang),
+                                       insight.view: insight.compared(comparison, lang, texts),
+                                       **dict(zip(insight.compare_texts, texts)),
+                                       insight.alternatives: insight.hidden_alternatives(),
+                                       insight.last_run: insight.kept(zip(comparison["entries"], (False, True)),
+                                                                      ran_with, texts[1]),
+                                       **cleared, **self.held(False)}
                         return
-                    for text, status, prompt, logprobs in run(view.api, self.host, values, cancel):
-                        final = bool(status)
-                        entries = shown_before + logprobs
-                        if final and continued:
-                            status += f" · {continued}"
-                        yield [view.present(values, text), localized(status, lang) or GENERATING, prompt,
-                               insight.single(entries, values["adapter"], asked_tokens, lang) if final else gr.skip(),
-                               gr.skip(), gr.skip(), insight.hidden_alternatives() if final else gr.skip(),
-                               insight.kept([(entries, values["adapter"])], ran_with, text, appends)
-                               if final else gr.skip(),
-                               *[""] * len(self.widgets.cleared), *(idle if final else as_they_are)]
-            except Exception as error:
-                if isinstance(error, Refusal) or (isinstance(error, ValueError) and not isinstance(error, gr.Error)):
-                    # One message, in the status line, saying which field and why; no component is
-                    # left in an error state, and what the user typed and the last result stay (a
-                    # typo costs no output; the status line under it says the new input was refused).
-                    message = error.message if isinstance(error, Refusal) else str(error)
-                    yield [gr.skip(), refused_line(message, lang), *[gr.skip()] * 6, *skips, *idle]
-                    return
-                # A fault: the status line says so, and so does a notice. (gr.Error is a ValueError
-                # too: caught as a refusal, a fault's line was its message quoted, with no notice.)
-                if not isinstance(error, gr.Error):  # one outside the generation itself, logged as one
-                    error = fault(view.api, self.host.current, error)
-                yield [gr.skip(), refused_line(error.message, lang), *[gr.skip()] * 6, *skips, *idle]
-                raise gr.Error(localized(error.message, lang), title=word("error", lang),
-                               print_exception=False) from None
+                    for text, outcome, prompt, logprobs in run(view.api, self.host, values, cancel):
+                        if outcome is None:
+                            yield {output: view.present(values, text), **cleared}
+                        elif not outcome.ran:
+                            yield ended(outcome, lang)
+                            if outcome.kind == FAULT:
+                                raise notice(outcome, lang)
+                        else:
+                            if continued:
+                                outcome = outcome.noted(continued)
+                            entries = shown_before + logprobs
+                            yield {output: view.present(values, text), **self.shown(outcome, lang),
+                                   self.prompt_sent: prompt,
+                                   insight.view: insight.single(entries, values["adapter"], asked_tokens, lang),
+                                   insight.alternatives: insight.hidden_alternatives(),
+                                   insight.last_run: insight.kept([(entries, values["adapter"])], ran_with, text,
+                                                                  appends),
+                                   **cleared, **self.held(False)}
+            except gr.Error:
+                raise
+            except Exception as error:  # one outside the generation itself: said as a fault
+                outcome = Outcome.fault(f"the {view.task.name} tab", error)
+                yield ended(outcome, lang)
+                raise notice(outcome, lang) from None
 
         listeners = [trigger for trigger in triggers if not isinstance(trigger, gr.events.Dependency)]
         handler = dict(fn=run_in_tab, inputs=reads, outputs=outputs, show_progress="minimal",
@@ -192,20 +225,15 @@ class Tab:
             self.continuing_runs += self.run_events[added:]
 
 
-def held(buttons: tuple[gr.Button, ...], busy: bool) -> list[gr.Button]:
-    """The run buttons waiting while a run goes (busy), or pressable again."""
-    return [gr.Button(interactive=not busy) for _ in buttons]
+def notice(outcome: Outcome, lang: str) -> gr.Error:
+    """A fault's notice, beside its status line."""
+    return gr.Error(outcome.message.render(lang), title=word("error", lang), print_exception=False)
 
 
 def both_prompts(prompts: list[str], lang: str) -> str:
     """What Compare sent, side by side in one box: each side's prompt under its name."""
     return "\n\n".join(f"[{localized(side, lang)}]\n{prompt}" for side, prompt in zip(("adapter off", "adapter on"),
                                                                                         prompts))
-
-
-def joinable(status: str) -> bool:
-    """Whether a run's output may join the notebook: it ran (not a refusal's line)."""
-    return bool(status) and not status.startswith(REFUSED)
 
 
 def given_to(last_run: dict, name: str) -> str | None:
@@ -222,11 +250,11 @@ def rewind(name: str, text: str, last_run: dict):
     return gr.skip()
 
 
-def pending_of(name: str, last_run: dict, line: str) -> tuple[str, str] | None:
+def pending_of(name: str, last_run: dict, outcome: Outcome | None) -> tuple[str, str] | None:
     """A run's text waiting to join the notebook (a Generate run's, or one continued from a chosen
     token): the input it continued and its output, taken from the run itself, so that an edit made
     while it streamed does not pass for that input; join_pending decides where it goes."""
-    return (given_to(last_run, name), last_run.get("output", "")) if joinable(line) else None
+    return (given_to(last_run, name), last_run.get("output", "")) if outcome and outcome.ran else None
 
 
 def join_pending(text: str, pending: tuple[str, str] | None) -> tuple[str, None]:
@@ -239,16 +267,17 @@ def join_pending(text: str, pending: tuple[str, str] | None) -> tuple[str, None]
     return given + output + text[len(given):], None
 
 
-def without_refusal(status: str | None):
-    """The status line once an example is picked: a refusal's goes (most speak of an input the
-    example replaces; any other is said again by the next run), a run's stays with its seed
-    (None: no line yet, before a first run)."""
-    return "" if status and not joinable(status) else gr.skip()
+def without_refusal(tab: Tab):
+    """The outcome once an example is picked: a refusal's goes (most speak of an input the example
+    replaces; any other is said again by the next run), a run's stays with its seed."""
+    def forget(outcome: Outcome | None):
+        return tab.shown(None, "en") if outcome is not None and not outcome.ran else NOTHING
+    return forget
 
 
-def append_run(text: str, output: str, status: str) -> str:
-    """`text` with the run's `output` after it, once a run has reported its seed."""
-    return text + output if joinable(status) and output else text
+def append_run(text: str, output: str, outcome: Outcome | None) -> str:
+    """`text` with the run's `output` after it, once the run has ended done."""
+    return text + output if outcome is not None and outcome.ran and output else text
 
 
 def adapter_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
@@ -272,8 +301,8 @@ def compare_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
     return dict(value=False, interactive=False, info=switch["info"])
 
 
-def strength_live(adapter_on: bool, comparing: bool) -> gr.Slider:
-    return gr.Slider(interactive=adapter_on or comparing)
+def strength_live(adapter_on: bool, comparing: bool) -> dict:
+    return gr.update(interactive=adapter_on or comparing)
 
 
 def settings_widgets(task: Task) -> dict[str, gr.Component]:
@@ -308,7 +337,7 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
             stop_button = gr.Button(i18n("stop"), variant="stop", elem_id=f"{task.name}-stop")
         if not widgets.output.is_rendered:  # input, run, output: the button in reach on a phone's first screen
             widgets.output.render()
-        status = gr.Markdown(elem_id=f"{task.name}-status")
+        status, outcome = gr.Markdown(elem_id=f"{task.name}-status"), gr.State(None)
         adapter_now = adapter_props(task, host.current)
         adapter = gr.Checkbox(label=i18n("adapter"), **adapter_now, visible=task.adapter is not None,
                               elem_id=f"{task.name}-adapter")
@@ -321,13 +350,14 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
         examples = gr.Examples(view.examples, [widgets.inputs[name] for name in view.example_inputs],
                                label=i18n("examples"), example_labels=view.example_labels, cache_examples=False,
                                api_visibility="private")
-        # A refusal spoke of the input an example has just replaced; a run's line stays (its seed).
-        examples.load_input_event.then(without_refusal, status, status, queue=False, api_visibility="private")
         # Wired inside the tab: what the wiring creates (the states of a view's extras) must be the
         # tab's, not a child of gr.Tabs, where Gradio would count it as a tab and show the wrong labels.
         run_buttons = (run_button,) if continue_button is None else (run_button, continue_button)
-        tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_buttons, stop_button, status, prompt_sent,
-                  insight, page_state)
+        tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_buttons, stop_button, status, outcome,
+                  prompt_sent, insight, page_state)
+        # A refusal spoke of the input an example has just replaced; a run's line stays (its seed).
+        examples.load_input_event.then(without_refusal(tab), outcome, {status, outcome}, queue=False,
+                                       api_visibility="private")
         tab.add_run([run_button.click] + [box.submit for box in widgets.submit])
         if continue_button is None:
             tab.add_run([insight.alternatives.input], continuing=True)
@@ -341,7 +371,7 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
             # join it as a Generate run's does.
             notebook, unjoined = widgets.inputs[view.notebook], gr.State(None)  # (input, its run's text)
             private = dict(queue=False, api_visibility="private")
-            waiting = dict(fn=partial(pending_of, view.notebook), inputs=[insight.last_run, status], outputs=unjoined,
+            waiting = dict(fn=partial(pending_of, view.notebook), inputs=[insight.last_run, outcome], outputs=unjoined,
                            **private)
             tab.run_events[0].then(**waiting)
             rewound = insight.alternatives.input(partial(rewind, view.notebook), [notebook, insight.last_run],
@@ -350,7 +380,7 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
             tab.run_events[-1].then(**waiting)
             joined = continue_button.click(join_pending, [notebook, unjoined], [notebook, unjoined], **private)
             tab.add_run([joined], appends=True)
-            tab.run_events[-1].then(append_run, [notebook, widgets.output, status], notebook, **private)
+            tab.run_events[-1].then(append_run, [notebook, widgets.output, outcome], notebook, **private)
         insight.wire(host)
         # The strength acts only on an adapter that runs: switched on, or the on side of a comparison.
         gr.on([adapter.change, insight.compare.change], strength_live, [adapter, insight.compare],
@@ -364,10 +394,8 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
     # Stop first asks the run to end, so that it shows its partial text and a status saying
     # "Stop pressed"; only then does Gradio cancel the run's event, which ends a run still waiting
     # in the queue or one that did not end in time. A run cancelled so never says it has ended:
-    # the run buttons come back with Stop (by component: where a tab's only output here is one
-    # button, Gradio would take a one-item list for the button's label).
+    # the run buttons come back with Stop.
     stop_button.click(stop, queue=False, api_visibility="private").then(
-        lambda: dict(zip(tab.run_buttons, held(tab.run_buttons, False))), None, list(tab.run_buttons),
-        cancels=tab.run_events, queue=False,
+        lambda: tab.held(False), None, set(tab.run_buttons), cancels=tab.run_events, queue=False,
         api_visibility="private")
     return tab

@@ -148,7 +148,7 @@ class Insight:
                    gr.State({}))
 
     def wire(self, host) -> None:
-        self.compare.change(lambda on: gr.Row(visible=on), self.compare, self.compare_row, queue=False,
+        self.compare.change(lambda on: gr.update(visible=on), self.compare, self.compare_row, queue=False,
                             api_visibility="private")
         self.view.click(self.offer_alternatives, self.last_run, [self.selected, self.alternatives], queue=False,
                         api_visibility="private")

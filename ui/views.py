@@ -35,7 +35,7 @@ def generate_widgets() -> Widgets:
 GENERATE = TaskView(
     api=TaskAPI(TASKS["generate"], "generate", (Param("prompt", str),),
                 make_inputs=lambda prompt: GenerateInputs(checked_text("prompt", prompt)),
-                description="Continue the prompt. Returns (continuation, status line, prompt sent); streams."),
+                description="Continue the prompt."),
     label="tab_generate", run_label="generate", intro="intro_generate", build=generate_widgets,
     # Examples are chosen by trying them on the bundled model with the tab's defaults and several seeds:
     # it learned from children's stories, so story openings are what it continues best.
@@ -49,6 +49,11 @@ GENERATE = TaskView(
 # --- Translate --------------------------------------------------------------------------------
 
 EXAMPLE_LINES, EXAMPLE_MAX_LINES = 4, 12  # the pairs box's height where a run sends them
+# The pairs box's space under its text is a border rather than padding, so that the lines it holds
+# past its height stay out of sight instead of showing half a line there.
+TRANSLATE_CSS = """
+#translate-examples textarea { padding-bottom: 0; border-bottom: 10px solid transparent; }
+"""
 UNSENT_LINES = 2  # and where it does not
 
 
@@ -144,17 +149,18 @@ def swap_languages(source: str, target: str, text: str, translation: str, last_r
     is cleared: the status line, the prompt sent, and the token view with its alternatives (a
     continuation from them would write over the text now in the output box). A text edited since,
     a refused one, or an example picked since keeps its place: only the languages change.
-    Returns the languages, the two boxes, the status line, the prompt sent and Insight.forgotten()."""
+    Returns the languages, the two boxes, the status line, the outcome, the prompt sent and
+    Insight.forgotten()."""
     ran = (last_run or {}).get("values", {})
     shown = (ran.get("text"), ran.get("source"), ran.get("target"), (last_run or {}).get("output"))
     if translation.strip() and shown in ((text, source, target, translation), (translation, target, source, text)):
-        return target, source, translation, text, "", "", *Insight.forgotten()
+        return target, source, translation, text, "", None, "", *Insight.forgotten()
     return target, source, *nothing_moved()
 
 
 def nothing_moved() -> list:
     """swap_languages' values after the languages when the boxes stay as they are."""
-    return [gr.skip()] * (4 + len(Insight.forgotten()))
+    return [gr.skip()] * (5 + len(Insight.forgotten()))
 
 
 def pick_language(changed: str, source: str, target: str, last: tuple[str, str], examples: str, adapter_on: bool,
@@ -201,7 +207,7 @@ def translate_extras(tab: Tab) -> None:
     examples.change(lambda text, *on: gr.skip() if users_own(text) else pairs_sent(*on),
                     [examples, *switches, source, target], examples, queue=False, api_visibility="private")
     run_shown = [inputs["text"], tab.widgets.output]
-    moved = [*run_shown, tab.status, tab.prompt_sent, *tab.insight.of_the_shown_run]  # when a swap turns a run round
+    moved = [*run_shown, tab.status, tab.outcome, tab.prompt_sent, *tab.insight.of_the_shown_run]  # when a swap turns a run round
     tab.widgets.more["swap"].click(swap_languages, [source, target, *run_shown, tab.insight.last_run],
                                    [source, target, *moved], queue=False, api_visibility="private")
     for changed, dropdown in (("source", source), ("target", target)):
@@ -228,8 +234,8 @@ TRANSLATE = TaskView(
                     example_pairs(examples)),
                 description="Translate text by example pairs (GPT-2 paper style). examples: one `source = target` "
                             "a line; None for the built-in pairs. French <-> German goes through English (the "
-                            "status line gives the English), unless the adapter is off and examples are your own. "
-                            "Returns (translation, status line, prompt sent)."),
+                            "status line gives the English), unless the adapter is off and examples are your own."),
+
     label="tab_translate", run_label="run_translate", intro="intro_translate", build=translate_widgets,
     examples=[list(example) for example in TRANSLATE_EXAMPLES],
     example_inputs=("text", "source", "target"),
@@ -298,7 +304,7 @@ SUMMARIZE = TaskView(
     api=TaskAPI(TASKS["summarize"], "summarize", (Param("article", str),),
                 make_inputs=lambda article: SummarizeInputs(checked_text("article", article)),
                 description="Summarise an article with `TL;DR:` (GPT-2 paper style): the first 3 sentences of "
-                            "what follows. Returns (summary, status line, prompt sent)."),
+                            "what follows."),
     label="tab_summarize", run_label="run_summarize", intro="intro_summarize", build=summarize_widgets,
     examples=[[FOX_AND_CROW], [ANT_AND_DOVE], [DINNER_BOOKING]],
     example_inputs=("article",),

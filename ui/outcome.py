@@ -1,0 +1,100 @@
+"""A run's outcome as a record: what ended it (done, refused or fault), the message that says why
+it was refused or failed, and what reproduces it (seed, settings that differ, adapter state) with
+its counts and notes. Each tab keeps its last outcome in a gr.State; `status_line` renders it, in
+the page's language, as the line under the output. Nothing reads the line back: whatever needs to
+know how a run ended reads the record.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from engine.generate import STOP_REASON_WORDS, Result
+
+from .messages import Message
+
+log = logging.getLogger(__name__)
+
+DONE, REFUSED, FAULT = "done", "refused", "fault"
+REFUSED_MARK = "⚠️ "  # how the line of a refusal or a fault starts
+FAULT_MESSAGE = "the generation failed ({kind}); the app is still serving, please try again"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # DONE, REFUSED or FAULT
+    message: Message | None = None  # a refusal's or fault's: which field and why
+    seed: int | None = None
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    tokens_per_second: float | None = None
+    stop_reason: str = ""  # engine.generate.STOP_REASON_WORDS's key
+    adapter: Message | None = None  # adapter off / on / at a strength / compared; None: the task has none
+    changed: tuple[tuple[str, float], ...] = ()  # the decoding settings that differ from the task's defaults
+    notes: tuple[Message, ...] = ()  # what the prompt had to drop, what a run was continued from, ...
+
+    @classmethod
+    def done(cls, result: Result, adapter: str | None, changed: list[tuple[str, float]],
+             notes: list[str]) -> "Outcome":
+        return cls(DONE, seed=result.seed, prompt_tokens=result.prompt_tokens,
+                   generated_tokens=result.generated_tokens, tokens_per_second=result.tokens_per_second,
+                   stop_reason=result.stop_reason, adapter=None if adapter is None else Message.of(adapter),
+                   changed=tuple(changed), notes=tuple(map(Message.of, notes)))
+
+    @classmethod
+    def refused(cls, message: str) -> "Outcome":
+        """An input the app does not take; `message` names the field and why."""
+        return cls(REFUSED, Message.of(message))
+
+    @classmethod
+    def fault(cls, where: str, error: BaseException) -> "Outcome":
+        """A failure of the app, not of the input: logged, and said without the app's internals."""
+        log.error("%s: generation failed: %s: %s", where, type(error).__name__, error)
+        return cls(FAULT, Message.of(FAULT_MESSAGE.format(kind=type(error).__name__)))
+
+    @property
+    def ran(self) -> bool:
+        return self.kind == DONE
+
+    def noted(self, note: str) -> "Outcome":
+        return replace(self, notes=(*self.notes, Message.of(note)))
+
+    def reproduces(self, other: "Outcome | None") -> bool:
+        """Whether both are runs of the same request (seed, settings, counts, why they stopped),
+        whatever their speed and the notes a retry adds (RETRY_NOTES)."""
+        if other is None or not (self.ran and other.ran):
+            return False
+        def run_of(outcome: Outcome) -> tuple:
+            notes = tuple(note for note in outcome.notes if note.english not in RETRY_NOTES)
+            return (outcome.seed, outcome.prompt_tokens, outcome.generated_tokens, outcome.stop_reason,
+                    outcome.adapter, outcome.changed, notes)
+        return run_of(self) == run_of(other)
+
+
+SAME_SEED = "the same seed gives the same reply: a seed of -1 draws a new one each time"
+GREEDY_SAME = "greedy decoding (temperature 0 or top_k 1) gives the same reply each time"
+RETRY_NOTES = {SAME_SEED, GREEDY_SAME}
+
+
+def status_line(outcome: Outcome | None, lang: str) -> str:
+    """The line under a tab's output for `outcome` (None: no run yet), in `lang`: how to reproduce
+    the run (seed, counts, speed, why it stopped, the adapter, the settings changed) and its notes;
+    or, marked, why it was refused or failed."""
+    if outcome is None:
+        return ""
+    if not outcome.ran:
+        return REFUSED_MARK + outcome.message.render(lang)
+    speed = f"{outcome.tokens_per_second:.1f}" if outcome.tokens_per_second else "—"  # none drawn: no speed
+    summary = Message("status", (("seed", str(outcome.seed)), ("prompt", str(outcome.prompt_tokens)),
+                                 ("generated", str(outcome.generated_tokens)), ("speed", speed),
+                                 ("reason", STOP_REASON_WORDS[outcome.stop_reason])))
+    changed = [Message("changed_settings", (("settings", ", ".join(f"{name} {value:g}"
+                                                                   for name, value in outcome.changed)),))]
+    parts = [summary, *([outcome.adapter] if outcome.adapter else []), *(changed if outcome.changed else []),
+             *outcome.notes]
+    return " · ".join(part.render(lang) for part in parts)
+
+
+def english_status(outcome: Outcome | None) -> str:
+    """The status line as the API gives it."""
+    return status_line(outcome, "en")
