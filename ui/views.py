@@ -49,10 +49,15 @@ GENERATE = TaskView(
 # --- Translate --------------------------------------------------------------------------------
 
 EXAMPLE_LINES, EXAMPLE_MAX_LINES = 4, 12  # the pairs box's height where a run sends them
-# The pairs box's space under its text is a border rather than padding, so that the lines it holds
-# past its height stay out of sight instead of showing half a line there.
+# Gradio sizes a text box to its text once, in an inline height it keeps when the box's lines
+# change: let go of it, so that the box takes the height its new lines give it.
+FIT_PAIRS_BOX_JS = "() => { const box = document.querySelector('#translate-examples textarea'); " \
+                   "if (box) box.style.height = ''; }"
+# Where the pairs are not sent, the box is UNSENT_LINES high and its space under the text is a
+# border rather than padding, so that the lines past its height stay out of sight instead of
+# showing half a line there. (Where they are sent the box grows with them, by Gradio's own measure.)
 TRANSLATE_CSS = """
-#translate-examples textarea { padding-bottom: 0; border-bottom: 10px solid transparent; }
+#translate-examples.pairs-unsent textarea { padding-bottom: 0; border-bottom: 10px solid transparent; }
 """
 UNSENT_LINES = 2  # and where it does not
 
@@ -188,7 +193,8 @@ def pairs_sent(adapter_on: bool, comparing: bool, source: str = "", target: str 
         if sent else "example_pairs_unsent"
     return gr.update(interactive=sent, info=i18n(hint),
                      lines=EXAMPLE_LINES if sent else UNSENT_LINES,
-                     max_lines=EXAMPLE_MAX_LINES if sent else UNSENT_LINES)
+                     max_lines=EXAMPLE_MAX_LINES if sent else UNSENT_LINES,
+                     elem_classes=[] if sent else ["pairs-unsent"])
 
 
 def translate_extras(tab: Tab) -> None:
@@ -198,11 +204,11 @@ def translate_extras(tab: Tab) -> None:
     # The pairs are sent only with the adapter off (or on the off side of a comparison): locked
     # otherwise, and the hint says why, so that editing them does not look as if it changed anything.
     starting = pairs_sent(tab.adapter.value, False)
-    for name in ("interactive", "info", "lines", "max_lines"):
+    for name in ("interactive", "info", "lines", "max_lines", "elem_classes"):
         setattr(examples, name, starting[name])
     switches = [tab.adapter, tab.insight.compare]
     gr.on([tab.adapter.change, tab.insight.compare.change], pairs_sent, [*switches, source, target], examples,
-          queue=False, api_visibility="private")
+          queue=False, api_visibility="private").then(None, js=FIT_PAIRS_BOX_JS)
     # The hint that the user's own pairs were kept goes once the box holds none.
     examples.change(lambda text, *on: gr.skip() if users_own(text) else pairs_sent(*on),
                     [examples, *switches, source, target], examples, queue=False, api_visibility="private")
