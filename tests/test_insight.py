@@ -261,48 +261,37 @@ def test_continuing_from_a_chosen_token_keeps_the_runs_length_and_counts(loaded)
     assert " · — tokens/s · " in at_end.result.summary() and "0.0" not in at_end.result.summary()
 
 
-def test_swap_turns_a_run_round_and_forgets_its_token_view_but_not_an_edit():
-    import gradio as gr
-
-    from ui.tokens import EMPTY, Insight
-    from ui.views import swap_languages
+def test_swap_turns_a_run_round_but_not_an_edit():
+    from ui.tokens import Insight
+    from ui.views import turned_boxes
 
     last_run = Insight.kept([], {"text": "Le chat dort.", "source": "French", "target": "English"}, "The cat sleeps.")
-    turned = swap_languages("French", "English", "Le chat dort.", "The cat sleeps.", last_run)
-    assert turned[:7] == ("English", "French", "The cat sleeps.", "Le chat dort.", "", None, "")  # line, outcome, prompt
-    assert list(turned[7:]) == Insight.forgotten() and turned[7] == EMPTY  # no continuing from a moved output
-    back = swap_languages("English", "French", "The cat sleeps.", "Le chat dort.", last_run)
-    assert back[:4] == ("French", "English", "Le chat dort.", "The cat sleeps.")
+    assert turned_boxes("French", "English", "Le chat dort.", "The cat sleeps.", last_run) == \
+        ("The cat sleeps.", "Le chat dort.")
+    # and back again, from the boxes as the first swap left them
+    assert turned_boxes("English", "French", "The cat sleeps.", "Le chat dort.", last_run) == \
+        ("Le chat dort.", "The cat sleeps.")
     for text, translation in (("Le chien dort.", "The cat sleeps."), ("Le chat dort.", "")):  # edited; none yet
-        kept = swap_languages("French", "English", text, translation, last_run)
-        assert kept[:2] == ("English", "French") and all(value == gr.skip() for value in kept[2:])
-    assert len(kept) == len(turned)
+        assert turned_boxes("French", "English", text, translation, last_run) is None
 
 
 def test_the_users_example_pairs_turn_round_with_the_direction_only():
     from ui.views import choose_pair
 
     own = "dog = chien\nthe cat=le chat\nnot a pair"
-    *_, examples = choose_pair("source", "French", "English", ("English", "French"), own)
+    examples = choose_pair("source", "French", "English", ("English", "French"), own)["examples"]
     assert examples == "chien = dog\nle chat = the cat\nnot a pair"
-    *_, examples = choose_pair("target", "English", "English", ("English", "French"), own)  # the source's: a swap
+    examples = choose_pair("target", "English", "English", ("English", "French"), own)["examples"]  # a swap
     assert examples == "chien = dog\nle chat = the cat\nnot a pair"
-    *_, examples = choose_pair("target", "English", "German", ("English", "French"), own)  # another pair: kept
+    examples = choose_pair("target", "English", "German", ("English", "French"), own)["examples"]  # another: kept
     assert isinstance(examples, dict) and "value" not in examples
 
 
-def test_picking_the_other_sides_language_turns_a_run_round_as_swap_does():
-    import gradio as gr
+def test_picking_the_other_sides_language_swaps_the_two():
+    from ui.views import choose_pair
 
-    from ui.tokens import Insight
-    from ui.views import pick_language
-
-    last_run = Insight.kept([], {"text": "My book.", "source": "English", "target": "French"}, "Mon livre.")
-    picked = pick_language("target", "English", "English", ("English", "French"), "", False, False, "My book.",
-                           "Mon livre.", last_run)
-    assert picked[0] == "French" and picked[2] == ("French", "English")
-    assert picked[4:9] == ("Mon livre.", "My book.", "", None, "") and list(picked[9:]) == Insight.forgotten()
-    another = pick_language("target", "English", "German", ("English", "French"), "", False, False, "My book.",
-                            "Mon livre.", last_run)  # not a swap: the boxes stay
-    assert another[2] == ("English", "German") and all(value == gr.skip() for value in another[4:])
-    assert len(another) == len(picked)
+    picked = choose_pair("target", "English", "English", ("English", "French"), "")
+    assert picked["source"] == "French" and picked["last"] == ("French", "English")
+    assert picked["target"] == {"__type__": "update"}  # already English: left as it is
+    another = choose_pair("target", "English", "German", ("English", "French"), "")  # not a swap
+    assert another["last"] == ("English", "German") and another["source"] == {"__type__": "update"}

@@ -128,7 +128,7 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
     (they may be in the old pair's languages)."""
     picked = source, target
     if picked == tuple(last):  # the other dropdown's change, fired by this one's answer: done already
-        return gr.update(), gr.update(), last, gr.update()
+        return {"source": gr.update(), "target": gr.update(), "last": last, "examples": gr.update()}
     if source == target:
         source, target = (source, last[0]) if changed == "source" else (last[1], target)
     pairs = DEFAULT_EXAMPLES.get((source, target))
@@ -143,39 +143,23 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
         examples_update = example_lines(pairs)
     # Only what changes goes back: the swapped dropdown fires its own change, and an answer that
     # repeated every value could arrive after the user typed into a box, and undo it.
-    return (*(gr.update() if new == old else new for new, old in zip((source, target), picked)), (source, target),
-            examples_update)
+    return {"source": gr.update() if source == picked[0] else source,
+            "target": gr.update() if target == picked[1] else target,
+            "last": (source, target), "examples": examples_update}
 
 
-def swap_languages(source: str, target: str, text: str, translation: str, last_run: dict | None):
-    """⇄, as translation apps have it: the languages change places, and where the two boxes hold a
-    run's text and its translation (either way round, in those languages) so do the two, setting
-    up the way back in one click, with nothing written lost. What spoke of the run as it was shown
-    is cleared: the status line, the prompt sent, and the token view with its alternatives (a
-    continuation from them would write over the text now in the output box). A text edited since,
-    a refused one, or an example picked since keeps its place: only the languages change.
-    Returns the languages, the two boxes, the status line, the outcome, the prompt sent and
-    Insight.forgotten()."""
+def turned_boxes(source: str, target: str, text: str, translation: str,
+                 last_run: dict | None) -> tuple[str, str] | None:
+    """⇄, as translation apps have it: where the two boxes hold a run's text and its translation
+    (either way round, in the languages `source` and `target` as they were), the two change places,
+    setting up the way back in one click, with nothing written lost: the new (text, translation).
+    A text edited since, a refused one, or an example picked since keeps its place (None): only
+    the languages change."""
     ran = (last_run or {}).get("values", {})
     shown = (ran.get("text"), ran.get("source"), ran.get("target"), (last_run or {}).get("output"))
     if translation.strip() and shown in ((text, source, target, translation), (translation, target, source, text)):
-        return target, source, translation, text, "", None, "", *Insight.forgotten()
-    return target, source, *nothing_moved()
-
-
-def nothing_moved() -> list:
-    """swap_languages' values after the languages when the boxes stay as they are."""
-    return [gr.skip()] * (5 + len(Insight.forgotten()))
-
-
-def pick_language(changed: str, source: str, target: str, last: tuple[str, str], examples: str, adapter_on: bool,
-                  comparing: bool, text: str, translation: str, last_run: dict | None):
-    """A language picked in one dropdown (choose_pair); where that was the other side's language,
-    the languages swap as with ⇄, and so do a run's text and translation. Returns choose_pair's
-    values, then swap_languages' for the boxes and what spoke of the run."""
-    languages = choose_pair(changed, source, target, last, examples, adapter_on, comparing)
-    moved = swap_languages(*last, text, translation, last_run)[2:] if source == target else nothing_moved()
-    return (*languages, *moved)
+        return translation, text
+    return None
 
 
 def sends_pairs(adapter_on: bool, comparing: bool) -> bool:
@@ -212,14 +196,41 @@ def translate_extras(tab: Tab) -> None:
     # The hint that the user's own pairs were kept goes once the box holds none.
     examples.change(lambda text, *on: gr.skip() if users_own(text) else pairs_sent(*on),
                     [examples, *switches, source, target], examples, queue=False, api_visibility="private")
-    run_shown = [inputs["text"], tab.widgets.output]
-    moved = [*run_shown, tab.status, tab.outcome, tab.prompt_sent, *tab.insight.of_the_shown_run]  # when a swap turns a run round
-    tab.widgets.more["swap"].click(swap_languages, [source, target, *run_shown, tab.insight.last_run],
-                                   [source, target, *moved], queue=False, api_visibility="private")
+    text, output = inputs["text"], tab.widgets.output
+
+    def moved(source_value: str, target_value: str, text_value: str, translation: str, last_run: dict | None) -> dict:
+        """The boxes turned round where they hold a run (turned_boxes), and what spoke of that run
+        as it was shown cleared: the status line, the prompt sent, and the token view with its
+        alternatives (a continuation from them would write over the text now in the output box)."""
+        turned = turned_boxes(source_value, target_value, text_value, translation, last_run)
+        if turned is None:
+            return {}
+        return {text: turned[0], output: turned[1], **tab.shown(None, "en"), tab.prompt_sent: "",
+                **dict(zip(tab.insight.of_the_shown_run, Insight.forgotten()))}
+
+    def swap(source_value: str, target_value: str, text_value: str, translation: str, last_run: dict | None):
+        return {source: target_value, target: source_value,
+                **moved(source_value, target_value, text_value, translation, last_run)}
+
+    def pick(changed: str):
+        """A language picked in one dropdown (choose_pair); where that was the other side's
+        language, the languages swap as with ⇄, and so do a run's text and translation."""
+        def picked(source_value, target_value, last, examples_value, adapter_on, comparing, text_value, translation,
+                   last_run):
+            chosen = choose_pair(changed, source_value, target_value, last, examples_value, adapter_on, comparing)
+            boxes = moved(*last, text_value, translation, last_run) if source_value == target_value else {}
+            return {source: chosen["source"], target: chosen["target"], last_pair: chosen["last"],
+                    examples: chosen["examples"], **boxes}
+        return picked
+
+    run_shown = [text, output]
+    changes = {text, output, *tab.shown(None, "en"), tab.prompt_sent, *tab.insight.of_the_shown_run}
+    tab.widgets.more["swap"].click(swap, [source, target, *run_shown, tab.insight.last_run], {source, target, *changes},
+                                   queue=False, api_visibility="private")
     for changed, dropdown in (("source", source), ("target", target)):
-        dropdown.change(lambda *values, changed=changed: pick_language(changed, *values),
-                        [source, target, last_pair, examples, *switches, *run_shown, tab.insight.last_run],
-                        [source, target, last_pair, examples, *moved], queue=False, api_visibility="private")
+        dropdown.change(pick(changed), [source, target, last_pair, examples, *switches, *run_shown,
+                                        tab.insight.last_run],
+                        {source, target, last_pair, examples, *changes}, queue=False, api_visibility="private")
 
 
 # Short everyday sentences like Tatoeba's, one a direction, that the bundled model translates right
