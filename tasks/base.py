@@ -265,6 +265,8 @@ def run_in_two_steps(task: Task, model: GPT2, tokenizer: Tokenizer, steps, param
         return
     for event in run_task(task, model, tokenizer, second_inputs(first.text), params, adapter_on, cancel, forced):
         if isinstance(event, TaskDone):
+            # a note both steps make (no example pairs sent) is said once
+            later = [n for n in event.prompt.notes if n not in first.prompt.notes]
             event.prompt = Prompt(f"{first.prompt.text}\n\n{event.prompt.text}", event.prompt.ids,
-                                  [*first.prompt.notes, note.format(text=first.text, **counts), *event.prompt.notes])
+                                  [*first.prompt.notes, note.format(text=first.text, **counts), *later])
         yield event

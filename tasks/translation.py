@@ -1,5 +1,11 @@
 """Translation prompting as in the GPT-2 paper: example pairs `source = target`, one per line, then
-`text =`, decoded greedily; the first sentence is the translation.
+`text =`, decoded greedily (with a mild repetition penalty, which stops loops); the first sentence is
+the translation.
+
+The pairs are all that tells the model which languages it is translating between. The built-in
+ones do; no pairs, or a few of the user's own (`dog = Hund`), mostly did not: the bundled model
+answered English -> German in French. So such a prompt starts with a line that names the two
+languages, each in itself, in the pairs' own format (`English = Deutsch`, languages_line).
 
 The adapter was trained zero-shot with language tags instead: `English: {text}\nFrench:`.
 """
@@ -22,6 +28,10 @@ PHRASES = [
      "Mein Bruder wohnt in einer kleinen Stadt."),
     ("We are reading a book in the garden.", "Nous lisons un livre dans le jardin.", "Wir lesen ein Buch im Garten."),
 ]
+# Each language's name in itself, for the line that names a prompt's two languages. A line in the
+# pairs' own format, since the base model learnt translation from pairs alone: the adapter's tags
+# or an instruction ("Translate English to German:") did not move it (docs/translation.md).
+NATIVE_NAMES = {"English": "English", "French": "français", "German": "Deutsch"}
 DEFAULT_EXAMPLES = {
     (source, target): [(row[i], row[j]) for row in PHRASES]
     for i, source in enumerate(LANGUAGES) for j, target in enumerate(LANGUAGES) if i != j
@@ -36,26 +46,46 @@ class TranslateInputs:
     examples: Sequence[tuple[str, str]] | None = None  # (source, target) pairs; None: DEFAULT_EXAMPLES
 
 
-def prompt_parts(inputs: TranslateInputs, adapter_on: bool) -> tuple[list[str], str]:
-    """The example lines and the final line that asks for the translation."""
+def own_examples(inputs: TranslateInputs) -> bool:
+    """Whether the inputs send example pairs other than the built-in ones: none at all included."""
+    return inputs.examples is not None and \
+        [tuple(pair) for pair in inputs.examples] != DEFAULT_EXAMPLES.get((inputs.source, inputs.target))
+
+
+def languages_line(source: str, target: str) -> str:
+    """`English = Deutsch`: a first line that tells the model which way to translate, in the one
+    format it learnt translation in."""
+    return f"{NATIVE_NAMES[source]} = {NATIVE_NAMES[target]}\n"
+
+
+def prompt_parts(inputs: TranslateInputs, adapter_on: bool) -> tuple[str, list[str], str]:
+    """The line that names the two languages (where the pairs may not show them: no pairs or the
+    user's own; otherwise empty), the example lines, and the final line that asks for the translation."""
     require_text(inputs.text, "text to translate is empty")
     if (inputs.source, inputs.target) not in DEFAULT_EXAMPLES:
         raise ValueError(f"cannot translate {inputs.source} to {inputs.target}: source and target must be two "
                          f"different languages of {', '.join(LANGUAGES)}")
     text = one_line(inputs.text)
     if adapter_on:
-        return [], f"{inputs.source}: {text}\n{inputs.target}:"
-    examples = DEFAULT_EXAMPLES[inputs.source, inputs.target] if inputs.examples is None else inputs.examples
-    return [f"{one_line(source)} = {one_line(target)}\n" for source, target in examples], f"{text} ="
+        return "", [], f"{inputs.source}: {text}\n{inputs.target}:"
+    own = own_examples(inputs)
+    examples = inputs.examples if own else DEFAULT_EXAMPLES[inputs.source, inputs.target]
+    first = languages_line(inputs.source, inputs.target) if own else ""
+    return first, [f"{one_line(source)} = {one_line(target)}\n" for source, target in examples], f"{text} ="
+
+
+# ui.messages: no_examples. The line that names the languages makes the target likely, not sure.
+NO_EXAMPLES = ("no example pairs sent: only the first line names the languages, and the model may still answer in "
+               "the wrong language")
 
 
 def build_prompt(inputs: TranslateInputs, tokenizer: Tokenizer, max_prompt_tokens: int, adapter_on: bool) -> Prompt:
-    examples, query = prompt_parts(inputs, adapter_on)
-    prompt, dropped = fit_newest(tokenizer, max_prompt_tokens, "", examples, query, required="the text to translate")
+    first, examples, query = prompt_parts(inputs, adapter_on)
+    prompt, dropped = fit_newest(tokenizer, max_prompt_tokens, first, examples, query, required="the text to translate")
     if dropped:
         prompt.notes.append(f"dropped {dropped:,} of the {len(examples):,} examples to fit the context")
-    if not adapter_on and not examples:  # an emptied box: said, since the model is then given no language
-        prompt.notes.append("no example pairs sent: the model sees the text alone")
+    if not adapter_on and not examples:  # an emptied box: said, since only the first line then names the languages
+        prompt.notes.append(NO_EXAMPLES)
     return prompt
 
 
@@ -71,24 +101,30 @@ def through_english(inputs: TranslateInputs, adapter_on: bool):
     """French <-> German in two steps, through English (Task.two_steps): the adapter learnt only
     English <-> French and English <-> German, and the base model's direct French = German lines
     came out in English or half in each. Not with example pairs of the user's own: those are the
-    user's way to ask for the direct translation."""
-    own_examples = inputs.examples is not None and [tuple(pair) for pair in inputs.examples] != \
-        DEFAULT_EXAMPLES.get((inputs.source, inputs.target))
-    if not goes_through_english(inputs.source, inputs.target) or (own_examples and not adapter_on):
+    user's way to ask for the direct translation. An emptied box is not: sent direct, French ->
+    German came out in English, so it goes through English too, each step without pairs."""
+    emptied = inputs.examples is not None and not inputs.examples
+    asks_direct = own_examples(inputs) and not emptied and not adapter_on
+    if not goes_through_english(inputs.source, inputs.target) or asks_direct:
         return None  # one step; a pair that is no translation is refused there, as asked
-    return (TranslateInputs(inputs.text, inputs.source, PIVOT),
-            lambda english: TranslateInputs(english, PIVOT, inputs.target),
+    pairs = [] if emptied else None
+    return (TranslateInputs(inputs.text, inputs.source, PIVOT, pairs),
+            lambda english: TranslateInputs(english, PIVOT, inputs.target, pairs),
             # ui.messages: translated_through; the status line's counts are the second step's
             f"translated through {PIVOT} (first step: {{prompt}} prompt + {{generated}} generated tokens): {{text}}")
 
 
 def format_example(inputs: TranslateInputs, translation: str) -> tuple[str, str]:
-    _, query = prompt_parts(inputs, adapter_on=True)
+    _, _, query = prompt_parts(inputs, adapter_on=True)
     return query, adapter_completion(translation)
 
 
+# Greedy decoding can loop ("Où est la train de train de train de ..." to max_new_tokens), and
+# neither the first-sentence cut nor the newline stop ends a loop. A mild repetition penalty stops
+# it at no cost beyond noise; a no-repeat n-gram block would also forbid the n-grams of the example
+# pairs and of the text itself, which a translation must repeat (docs/translation.md).
 TRANSLATE = Task(
     name="translate", title="Translate", inputs=TranslateInputs, build_prompt=build_prompt,
-    defaults=SamplingParams(temperature=0.0, max_new_tokens=64, stop=("\n",)),
+    defaults=SamplingParams(temperature=0.0, repetition_penalty=1.15, max_new_tokens=64, stop=("\n",)),
     postprocess=first_sentences(1), adapter="translate", format_example=format_example, two_steps=through_english,
 )

@@ -196,7 +196,7 @@ def test_chat_prompt_is_the_persona_and_history_then_the_message(client):
 def test_translate_uses_the_example_pairs_given_or_the_built_in_ones(client):
     _, _, given, _ = client.predict("The dog is happy.", "English", "German", "cat = Katze\nhouse = Haus",
                                  **FEW_TOKENS, api_name="/translate")
-    assert given == "cat = Katze\nhouse = Haus\nThe dog is happy. ="
+    assert given == "English = Deutsch\ncat = Katze\nhouse = Haus\nThe dog is happy. ="  # own pairs: languages named
     _, _, built_in, _ = client.predict("The dog is happy.", "English", "German", **FEW_TOKENS, api_name="/translate")
     assert built_in.startswith("I would like a cup of coffee. = Ich hätte gern eine Tasse Kaffee.\n")
 

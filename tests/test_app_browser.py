@@ -1083,3 +1083,27 @@ def test_the_api_page_lists_each_endpoints_own_parameters_and_its_four_outputs(p
     generate = text[text.index("/generate"):text.index("/chat")] if text.index("/generate") < text.index("/chat") \
         else text[text.index("/generate"):]
     assert "adapter" not in generate
+
+
+def test_translate_names_the_target_language_without_pairs_and_decodes_without_loops(page):
+    """With the pairs box emptied (adapter off), English -> German still names German to the model,
+    in the pairs' format, and the status line says the model may still answer in another language;
+    the tab's decoding settings start with the repetition penalty that stops greedy loops."""
+    from tasks import TASKS
+
+    page.get_by_role("tab", name="Translate").click()
+    page.locator("#translate-adapter input").set_checked(False)
+    choose(page, "#translate-target", "German")
+    page.locator("#translate-examples textarea").fill("")
+    page.locator("#translate-text textarea").fill("The weather is nice today.")
+    press(page, "translate", "run", seed=12)
+    line = status(page, "translate")
+    assert "only the first line names the languages" in line, line
+    page.locator("#tab-translate").get_by_text("Prompt sent to the model").click()
+    assert page.locator("#translate-prompt-sent textarea").input_value() == \
+        "English = Deutsch\nThe weather is nice today. ="
+    page.locator("#tab-translate").get_by_text("Decoding settings").click()
+    penalty = TASKS["translate"].defaults.repetition_penalty
+    assert penalty > 1  # the default that stops a greedy loop
+    expect(page.locator("#translate-repetition_penalty input[type=number]")).to_have_value(f"{penalty:g}")
+

@@ -2,26 +2,26 @@
 with a tiny random GPT-2 and the real GPT-2 tokenizer."""
 import threading
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 
 from model.config import GPT2Config
-from engine.generate import ContextLengthError
+from engine.generate import ContextLengthError, Sampler
+from model import load_pretrained
 from model.gpt2 import GPT2
 from model.tokenizer import GPT2BPETokenizer
-from .conftest import make_lora_adapter
-from tasks import (TASKS, DialogueInputs, GenerateInputs, Prompt, SummarizeInputs, TaskDone, TaskUpdate,
-                   TranslateInputs, first_sentences, run_task)
+from .conftest import GPT2_BPE, make_lora_adapter, need_data
+from tasks import (DEFAULT_EXAMPLES, TASKS, DialogueInputs, GenerateInputs, Prompt, SummarizeInputs, TaskDone,
+                   TaskUpdate, TranslateInputs, first_sentences, run_task)
+from tasks.translation import NO_EXAMPLES
 
-GPT2_BPE = Path(__file__).resolve().parents[1] / "../shared/data/gpt2-bpe"
 N_CTX = 128
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return GPT2BPETokenizer.from_files(GPT2_BPE / "encoder.json", GPT2_BPE / "vocab.bpe")
+    return GPT2BPETokenizer.from_files(need_data(GPT2_BPE / "encoder.json"), GPT2_BPE / "vocab.bpe")
 
 
 @pytest.fixture(scope="module")
@@ -82,17 +82,49 @@ def test_translate_prompt_uses_example_pairs(tokenizer):
 
 def test_translate_prompt_other_direction_and_own_examples(tokenizer):
     inputs = TranslateInputs("Der Hund läuft.", source="German", target="English", examples=[("Ja.", "Yes.")])
-    assert build("translate", inputs, tokenizer).text == "Ja. = Yes.\nDer Hund läuft. ="
+    assert build("translate", inputs, tokenizer).text == "Deutsch = English\nJa. = Yes.\nDer Hund läuft. ="
     assert build("translate", replace(inputs, examples=None), tokenizer).text.startswith(
         "Ich hätte gern eine Tasse Kaffee. = I would like a cup of coffee.\n")
 
 
 def test_translate_says_when_no_example_pairs_are_sent(tokenizer):
     emptied = build("translate", TranslateInputs("Der Hund läuft.", "German", "English", examples=[]), tokenizer)
-    assert emptied.text == "Der Hund läuft. =" and emptied.notes == ["no example pairs sent: the model sees the text alone"]
+    assert emptied.text == "Deutsch = English\nDer Hund läuft. ="
+    assert emptied.notes == ["no example pairs sent: only the first line names the languages, and the model may "
+                             "still answer in the wrong language"]
     assert build("translate", TranslateInputs("Der Hund läuft.", "German", "English"), tokenizer).notes == []
     # with the adapter on no pairs are ever sent, nor needed: its language tags say what to do
     assert build("translate", TranslateInputs("Der Hund.", examples=[]), tokenizer, adapter_on=True).notes == []
+
+
+@pytest.mark.parametrize("examples", [[], [("dog", "Hund")], [["dog", "Hund"], ["cat", "Katze"]]])
+def test_translate_prompt_names_the_target_where_the_pairs_may_not(tokenizer, examples):
+    """No pairs or the user's own: the text alone (or `dog = Hund`) does not tell the model which
+    language to write, and the bundled model answered in French. A first line in the pairs' format
+    names both languages, each in itself, and is kept when the examples must be dropped."""
+    inputs = TranslateInputs("The weather is nice today.", "English", "German", examples)
+    prompt = build("translate", inputs, tokenizer)
+    pairs = "".join(f"{source} = {target}\n" for source, target in examples)
+    assert prompt.text == f"English = Deutsch\n{pairs}The weather is nice today. ="
+    assert prompt.ids == tokenizer.encode(prompt.text)
+    if examples:
+        fitted = build("translate", inputs, tokenizer, max_prompt_tokens=len(tokenizer.encode(
+            "English = Deutsch\nThe weather is nice today. =")))
+        assert fitted.text == "English = Deutsch\nThe weather is nice today. =" and fitted.notes[0].startswith("dropped")
+    for source, target, first in [("French", "English", "français = English\n"),
+                                  ("English", "French", "English = français\n"),
+                                  ("German", "French", "Deutsch = français\n")]:
+        assert build("translate", TranslateInputs("x", source, target, examples), tokenizer).text.startswith(first)
+
+
+def test_translate_builtin_pairs_get_no_languages_line(tokenizer):
+    """The built-in pairs show the direction themselves: the GPT-2 paper's prompt, as it is, whether
+    they come as None or written out in the box."""
+    builtin = build("translate", TranslateInputs("The dog runs.", "English", "German"), tokenizer)
+    assert builtin.text.startswith("I would like a cup of coffee. = Ich hätte gern eine Tasse Kaffee.\n")
+    written = TranslateInputs("The dog runs.", "English", "German", [list(pair) for pair in DEFAULT_EXAMPLES[
+        "English", "German"]])
+    assert build("translate", written, tokenizer).text == builtin.text
 
 
 def test_translate_prompt_with_adapter_is_zero_shot_with_language_tags(tokenizer):
@@ -362,6 +394,18 @@ def test_adapter_on_without_adapters_is_refused(model, tokenizer):
                       adapter_on=True))
 
 
+def test_an_emptied_box_still_goes_through_english(model, tokenizer):
+    """No pairs is no request for the direct translation (sent direct, French -> German came out in
+    English): both steps go without pairs, each naming its languages, and say so once."""
+    done = run(model, tokenizer, "translate", TranslateInputs("Le chat dort.", "French", "German", []), seed=1,
+               max_new_tokens=20)[-1]
+    first, second = done.prompt.text.split("\n\n")
+    assert first == "français = English\nLe chat dort. =" and second.startswith("English = Deutsch\n")
+    assert second.endswith(" =") and "\n" not in second.removeprefix("English = Deutsch\n")
+    assert done.prompt.notes.count(NO_EXAMPLES) == 1
+    assert any(note.startswith("translated through English (first step: ") for note in done.prompt.notes)
+
+
 def test_french_to_german_goes_through_english(model, tokenizer):
     """Neither side English: the text goes to English first, and that English to German, under the
     run's one seed; the prompt sent shows both steps, and a note the English in between."""
@@ -390,3 +434,41 @@ def test_french_to_german_goes_through_english(model, tokenizer):
     assert (stopped.text, stopped.result.stop_reason) == ("", "cancelled")
     assert stopped.prompt.text == first.prompt.text and any(note.startswith("translated through English (first step: ") and note.endswith("): (nothing)")
                                                           for note in stopped.prompt.notes)
+
+
+# --- translation decoding: no loops -----------------------------------------------------------
+
+def words_repeat(text: str, n: int = 3, times: int = 3) -> bool:
+    """Whether some run of n words occurs `times` times: the mark of a loop."""
+    words = text.split()
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    return any(grams.count(gram) >= times for gram in set(grams))
+
+
+def test_translation_defaults_break_a_loop_a_narrow_lead_would_keep():
+    """History `la train de train de`: the loop's next token leads the scores by a little; greedy
+    alone follows it, the task's defaults pick the new token."""
+    defaults = TASKS["translate"].defaults
+    assert defaults.greedy
+    history = torch.tensor([[5, 3, 4, 3, 4]])
+    logits = torch.zeros(1, 10)
+    logits[0, 3], logits[0, 7] = 1.0, 0.9
+    assert Sampler(replace(defaults, repetition_penalty=1.0), 0, torch.device("cpu"))(logits, history).item() == 3
+    assert Sampler(defaults, 0, torch.device("cpu"))(logits, history).item() == 7
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    return load_pretrained()
+
+
+def test_bundled_translation_does_not_loop(bundled):
+    """The user's case: with the adapter on, greedy decoding wrote `Où est la train de train de ...`
+    for all 64 tokens."""
+    model, tokenizer = bundled
+    task = TASKS["translate"]
+    done = next(event for event in run_task(task, model, tokenizer, TranslateInputs(
+        "Where is the train station?", "English", "French"), replace(task.defaults, seed=0), adapter_on=True)
+        if isinstance(event, TaskDone))
+    assert done.text and not words_repeat(done.text), done.text
+    assert done.result.generated_tokens < task.defaults.max_new_tokens, done.text

@@ -61,7 +61,8 @@ ENGLISH = {
     "target_language": "To",
     "example_pairs": "Example pairs",
     "example_pairs_info": "one per line: source = target. Sent only with the adapter off, for the model to continue "
-                          "their pattern; the adapter learned the task, so with it on the prompt holds none",
+                          "their pattern; the adapter learned the task, so with it on the prompt holds none. Pairs "
+                          "of your own, or none, go after a line naming the two languages (English = Deutsch)",
     "example_pairs_through_english": "French <-> German goes through English, each step with its own built-in "
                                      "pairs, so these are not sent; pairs of your own here ask for the direct "
                                      "translation (sent only with the adapter off)",
@@ -202,7 +203,8 @@ CHINESE = {
     "source_language": "源语言",
     "target_language": "目标语言",
     "example_pairs": "示例句对",
-    "example_pairs_info": "每行一对：源文 = 译文。仅在适配器关闭时发送，供模型沿用其模式；适配器已学会此任务，开启时提示词中不含示例",
+    "example_pairs_info": "每行一对：源文 = 译文。仅在适配器关闭时发送，供模型沿用其模式；适配器已学会此任务，开启时提示词中不含示例。"
+                          "您自己的示例对（或不写示例）之前会加一行写明两种语言（English = Deutsch）",
     "example_pairs_through_english": "法语与德语互译经由英语进行，每一步使用各自的内置示例，因此不发送这些示例；"
                                      "在此写入您自己的示例对，即可请求直接翻译（仅在适配器关闭时发送）",
     "example_pairs_unsent": "适配器开启时不发送这些示例（它已学会此任务，无需示例）：关闭适配器或进行对比，即可使用和编辑它们",

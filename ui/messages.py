@@ -81,7 +81,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "dropped_turns": ("dropped the {count} oldest turns to fit the context", "为放入上下文，删去了最早的 {count} 轮"),
     "dropped_examples": ("dropped {count} of the {total} examples to fit the context",
                          "为放入上下文，删去了 {total} 个示例中的 {count} 个"),
-    "no_examples": ("no example pairs sent: the model sees the text alone", "未发送示例对：模型只看到要翻译的文字"),
+    "no_examples": ("no example pairs sent: only the first line names the languages, and the model may still answer "
+                    "in the wrong language", "未发送示例对：只有第一行写明了语言，模型仍可能用错误的语言回答"),
     "prompt_cut": ("prompt cut to its last {room} of {tokens} tokens to fit the context",
                    "为放入上下文，提示词只保留了最后 {room} 个词元（共 {tokens} 个）"),
     "article_cut": ("article cut to its first {room} of {tokens} tokens to fit the context",
