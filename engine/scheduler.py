@@ -147,6 +147,23 @@ class Scheduler:
     def config(self) -> GPT2Config:
         return self.model.config
 
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called: new requests are refused, queued and running ones end."""
+        return self._closed
+
+    @property
+    def idle(self) -> bool:
+        """Whether the decode thread has left it holding nothing of it, no rows and no batch cache:
+        before anyone reads a request, between requests, and once close() has returned."""
+        return self._left.is_set() and self._cache is None and not self._active
+
+    @property
+    def newcomer_prefilled(self) -> int | None:
+        """How many tokens of the prompt now going in (a chunk at a time) are in; None when none is."""
+        prefill = self._prefill  # read once: the decode thread may drop it meanwhile
+        return None if prefill is None else prefill.prefilled
+
     def decode(self, prompt: list[int], params: SamplingParams, seed: int,
                adapter: str | None = None, trace: list | None = None, eos_id: int | None = None) -> "RequestTokens":
         """Queue one request now; its tokens (one (1,)-shaped tensor per step) arrive through the
@@ -344,6 +361,12 @@ class Decoder:
                 self.thread = thread
             self._schedulers.append(scheduler)
             self._changed.notify()
+
+    @property
+    def serving(self) -> tuple[Scheduler, ...]:
+        """The schedulers it gives turns to now: those with work."""
+        with self._changed:
+            return tuple(self._schedulers)
 
     def _run(self) -> None:
         while True:

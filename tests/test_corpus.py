@@ -4,6 +4,14 @@ import pytest
 
 from train import corpus
 
+from .conftest import need_data
+
+
+@pytest.fixture
+def corpus_data():
+    """The project's data that these tests read (../shared/data, or STUDIO_DATA_DIR)."""
+    return need_data(corpus.DATA_DIR)
+
 
 BOOK = """The Project Gutenberg EBook of A Test, by Someone
 
@@ -70,7 +78,7 @@ def test_truecaser_restores_sentence_starts_and_names():
         '"Hi!" said Tom. I saw a dog named Rex. Rex ran.'
 
 
-def test_truecaser_on_tinystories():
+def test_truecaser_on_tinystories(corpus_data):
     caser = corpus.truecaser()
     assert caser.truecase("lily went to the park. she was happy.") == "Lily went to the park. She was happy."
     scores = corpus.measure_truecasing()
@@ -79,14 +87,14 @@ def test_truecaser_on_tinystories():
     assert scores["capitalised_word_accuracy"] > 0.95
 
 
-def test_lowercase_tinystories_skip_exactly_the_overlap():
+def test_lowercase_tinystories_skip_exactly_the_overlap(corpus_data):
     all_lowercase = corpus.split_stories(corpus.read_text(corpus.TINYSTORIES_DIR / "arnoochka_tinystories.txt"))
-    kept = corpus._lowercase_only_stories()
-    assert len(all_lowercase) - len(kept) == len(corpus._cased_stories())
+    kept = corpus.lowercase_only_stories()
+    assert len(all_lowercase) - len(kept) == len(corpus.cased_stories())
     assert 4000 < len(kept) < len(all_lowercase)
 
 
-def test_pretrain_splits_do_not_overlap():
+def test_pretrain_splits_do_not_overlap(corpus_data):
     train, val = corpus.pretrain_documents("train"), corpus.pretrain_documents("val")
     books = corpus.gutenberg_books()
     assert len(books) == 45
@@ -99,13 +107,13 @@ def test_pretrain_splits_do_not_overlap():
         corpus.pretrain_documents("test")
 
 
-def test_tinystories_validation_file_is_never_training_text():
+def test_tinystories_validation_file_is_never_training_text(corpus_data):
     validation = corpus.tinystories_validation_text()
     assert len(validation) > 700_000 and "â€" not in validation
     assert not paragraphs([validation]) & paragraphs(corpus.pretrain_documents("train"))
 
 
-def test_task_texts():
+def test_task_texts(corpus_data):
     assert len(corpus.translation_pairs("fra")) == 76_037
     assert corpus.translation_pairs("deu")[0] == ("Go.", "Geh.")  # the junk "1<TAB>2" line is gone
     texts = list(corpus.task_texts())

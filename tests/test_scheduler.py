@@ -270,7 +270,7 @@ def test_a_long_prompt_goes_in_by_chunks_between_the_others_steps(loaded, monkey
     assert all(any(a < step < b for step in steps) for a, b in zip(newcomer_calls, newcomer_calls[1:]))
     assert newcomer_output == tokens_alone(model, tokenizer, long_prompt, long_params, None)
     assert output == tokens_alone(model, tokenizer, running_prompt, running_params, None)
-    assert scheduler.largest_batch == 2 and scheduler._prefill is None
+    assert scheduler.largest_batch == 2 and scheduler.newcomer_prefilled is None
 
 
 def test_a_request_done_at_its_first_token_still_leaves_a_step_between_two_prompts(loaded, monkeypatch):
@@ -326,15 +326,14 @@ def test_closing_the_scheduler_ends_its_requests_and_its_turns_on_the_decode_thr
     with forward_calls(model, gate):
         tokens = scheduler.decode(tokenizer.encode("Once upon"), params, 0)
         next(tokens)  # the token from the prompt; the first decode step is now held
-        assert scheduler._served
+        assert not scheduler.idle and scheduler in scheduler_module.DECODER.serving
         closer = threading.Thread(target=scheduler.close)
         closer.start()
-        assert wait_until(lambda: scheduler._closed)
+        assert wait_until(lambda: scheduler.closed)
         gate.set()
         closer.join(10)
-    assert not closer.is_alive() and not scheduler._served and scheduler.rows_in_use == 0
-    assert scheduler._cache is None and scheduler._active == []
-    assert wait_until(lambda: scheduler not in scheduler_module.DECODER._schedulers)  # its turn has ended
+    assert not closer.is_alive() and scheduler.idle and scheduler.rows_in_use == 0
+    assert wait_until(lambda: scheduler not in scheduler_module.DECODER.serving)  # its turn has ended
     with pytest.raises(RuntimeError, match="decoding failed .RuntimeError: the scheduler was closed"):
         list(tokens)
     with pytest.raises(RuntimeError, match="the scheduler was closed"):
@@ -361,7 +360,7 @@ def test_one_decode_thread_serves_every_scheduler_in_turn_and_stays_for_the_next
         thread = scheduler_module.DECODER.thread
         assert threads_by_model[id(model)] == threads_by_model[id(twin)] == {thread}
         # A reader has its last token a turn before its scheduler retires the row and leaves.
-        assert wait_until(lambda: all(s._left.is_set() and s._cache is None for s in schedulers))
+        assert wait_until(lambda: all(s.idle for s in schedulers))
         assert thread.is_alive()
         later = [int(t[0]) for t in schedulers[0].decode(tokenizer.encode("The cat"), params[1], 0)]
     finally:
@@ -380,7 +379,7 @@ def test_closing_a_scheduler_never_served_ends_its_queued_requests(loaded):
     scheduler.close()  # before anyone waited for a token: the decode thread was never asked to serve it
     with pytest.raises(RuntimeError, match="decoding failed .RuntimeError: the scheduler was closed"):
         next(queued)
-    assert not scheduler._served
+    assert scheduler.closed and scheduler.idle and scheduler not in scheduler_module.DECODER.serving
 
 
 def test_the_app_loads_its_model_in_a_thread_that_ends_so_only_the_decode_thread_keeps_openmp_workers():
@@ -453,27 +452,28 @@ def test_a_reader_beside_others_reads_the_tokens_of_several_steps_per_wake_up(lo
     pauses."""
     model, tokenizer = loaded
     scheduler = Scheduler(model)
-    reading: list = []  # the request being read
+    reading: list[list[int]] = []  # the prompt of the request being read
     pauses: list[int] = []  # how many of its tokens had been read at each pause
     read: list[int] = []
 
     def pause(request):
-        assert request is reading[-1]._request
+        prompt = reading[-1]
+        assert request.history[0, :len(prompt)].tolist() == prompt  # the reader's own request, not the other
         pauses.append(len(read))
         assert wait_until(lambda: request.out.qsize() >= 3 or request.done, timeout_s=30)
 
-    def tokens(request) -> list[int]:
-        reading.append(request)
+    def tokens(prompt: str, params) -> list[int]:
+        reading.append(tokenizer.encode(prompt))
         read.clear()
-        read.extend(int(t[0]) for t in request)
+        read.extend(int(t[0]) for t in scheduler.decode(reading[-1], params, 0))
         return list(read)
 
     monkeypatch.setattr(scheduler_module, "pause_reading", pause)
     params = SamplingParams(temperature=0, max_new_tokens=30)
-    alone = tokens(scheduler.decode(tokenizer.encode("The cat"), params, 0))
+    alone = tokens("The cat", params)
     assert len(alone) == 30 and pauses == []
     beside = scheduler.decode(tokenizer.encode("Once upon a time"), replace(params, max_new_tokens=60), 1)
-    assert tokens(scheduler.decode(tokenizer.encode("The cat"), params, 0)) == alone
+    assert tokens("The cat", params) == alone
     assert len(list(beside)) == 60
     assert 0 < len(pauses) <= 10, pauses
     runs = [b - a for a, b in zip(pauses, pauses[1:] + [len(read)])]  # tokens read after each pause
@@ -529,8 +529,7 @@ def test_a_failed_decode_step_fails_its_rows_and_the_queue_goes_on(loaded, monke
         if args[0].shape[1] == 1:  # one new token per row: a decode step, not a prefill
             steps.append(True)
             if len(steps) == (2 if part_prefilled else 1):  # two rows: after the second prompt's first chunk
-                newcomers = scheduler._prefill
-                failed_with.append(None if newcomers is None else newcomers.prefilled)
+                failed_with.append(scheduler.newcomer_prefilled)
                 raise MemoryError("no memory for this step")
 
     handle = model.register_forward_pre_hook(fail_a_decode_step)

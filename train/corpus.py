@@ -154,15 +154,15 @@ def split_stories(text: str) -> list[str]:
 
 
 @functools.cache
-def _cased_stories() -> tuple[str, ...]:
+def cased_stories() -> tuple[str, ...]:
     """TinyStories with their original casing (ajaykumar), mojibake left in."""
     return tuple(split_stories(read_text(TINYSTORIES_DIR / "ajaykumar_tiny_stories.txt")))
 
 
 @functools.cache
-def _lowercase_only_stories() -> tuple[str, ...]:
+def lowercase_only_stories() -> tuple[str, ...]:
     """The arnoochka stories that are not lowercased copies of ajaykumar ones."""
-    known = {story.lower() for story in _cased_stories()}
+    known = {story.lower() for story in cased_stories()}
     stories = split_stories(read_text(TINYSTORIES_DIR / "arnoochka_tinystories.txt"))
     return tuple(story for story in stories if story not in known)
 
@@ -235,13 +235,13 @@ class Truecaser:
 
 def _tinystories_split() -> int:
     """Index of the first held-out ajaykumar story."""
-    return int(len(_cased_stories()) * (1 - TINYSTORIES_VAL_FRACTION))
+    return int(len(cased_stories()) * (1 - TINYSTORIES_VAL_FRACTION))
 
 
 @functools.cache
 def truecaser() -> Truecaser:
     """Learned from the normal-cased TinyStories training stories."""
-    return Truecaser(fix_mojibake(story) for story in _cased_stories()[:_tinystories_split()])
+    return Truecaser(fix_mojibake(story) for story in cased_stories()[:_tinystories_split()])
 
 
 def measure_truecasing() -> dict[str, float]:
@@ -252,7 +252,7 @@ def measure_truecasing() -> dict[str, float]:
     story_accuracy: fraction of stories restored without a single error.
     """
     words = capitalised = words_right = capitalised_right = stories_right = 0
-    held_out = [fix_mojibake(story) for story in _cased_stories()[_tinystories_split():]]
+    held_out = [fix_mojibake(story) for story in cased_stories()[_tinystories_split():]]
     for story in held_out:
         restored = truecaser().truecase(story.lower())
         pairs = list(zip(re.findall(r"[^\W\d_]+", story), re.findall(r"[^\W\d_]+", restored)))
@@ -275,12 +275,12 @@ def measure_truecasing() -> dict[str, float]:
 @functools.cache
 def _pretrain_sources(split: str) -> dict[str, tuple[str, ...]]:
     books = gutenberg_books()
-    stories = [fix_mojibake(story) for story in _cased_stories()]
+    stories = [fix_mojibake(story) for story in cased_stories()]
     held_out = _tinystories_split()
     if split == "val":
         return {"gutenberg": tuple(books[name] for name in VAL_BOOKS), "tinystories": tuple(stories[held_out:])}
     caser = truecaser()
-    restored = [caser.truecase(fix_mojibake(story)) for story in _lowercase_only_stories()]
+    restored = [caser.truecase(fix_mojibake(story)) for story in lowercase_only_stories()]
     return {"gutenberg": tuple(text for name, text in books.items() if name not in VAL_BOOKS),
             "tinystories": tuple(stories[:held_out] + restored)}
 
@@ -334,6 +334,6 @@ if __name__ == "__main__":
         documents = pretrain_documents(split)
         size = sum(len(d.encode()) for d in documents)
         print(f"{split}: {len(documents)} documents, {size / 1e6:.1f} MB")
-    print(f"lowercase-only TinyStories restored by truecasing: {len(_lowercase_only_stories())}")
+    print(f"lowercase-only TinyStories restored by truecasing: {len(lowercase_only_stories())}")
     print("truecasing on held-out TinyStories:",
           ", ".join(f"{name} {value:.2%}" for name, value in measure_truecasing().items()))
