@@ -22,13 +22,15 @@ from huggingface_hub.constants import HF_HUB_CACHE
 from engine import kernels
 from engine.quantize import QUANTIZATIONS
 from engine.scheduler import MAX_BATCH
+from serve.messages import localized
+from serve.model_host import BUNDLED, ModelHost, ModelLoadError
+from serve.running import StopSwitches
 from tasks import TASKS
+from ui.api import api_endpoint
 from ui.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
 from ui.chat import CHAT, CHAT_CSS
 from ui.i18n import i18n
-from ui.messages import language, localized, word
-from ui.model_host import BUNDLED, ModelHost, ModelLoadError
-from ui.running import StopSwitches, api_endpoint
+from ui.messages import language, word
 from ui.tab import GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, compare_props, task_tab
 from ui.views import GENERATE, SUMMARIZE, TRANSLATE, TRANSLATE_CSS
 

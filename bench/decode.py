@@ -386,7 +386,7 @@ def main(argv=None) -> None:
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     print(f"machine: {machine()}", flush=True)
     print(f"decode kernels: {'built' if kernels.wait_until_built() else kernels.decode_path()}", flush=True)
-    # As in the app (ui/model_host.py), PyTorch's parallel work other than the scheduler's runs in
+    # As in the app (serve/model_host.py), PyTorch's parallel work other than the scheduler's runs in
     # threads that have ended before the clients run, so the scheduler's thread keeps the only
     # OpenMP workers (engine/scheduler.py, in_thread_of_its_own).
     n = in_thread_of_its_own(lambda: against_transformers(args, device, dtype))

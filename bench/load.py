@@ -50,7 +50,7 @@ from gradio_client import Client
 
 from app import VIEWS
 from engine.generate import MAX_SEED
-from ui.running import MAX_CHARS, MAX_CHAT_TURNS, MAX_EXAMPLE_PAIRS, MAX_NEW_TOKENS, SAID_AS
+from serve.running import MAX_CHARS, MAX_CHAT_TURNS, MAX_EXAMPLE_PAIRS, MAX_NEW_TOKENS, SAID_AS
 from ui.views import ANT_AND_DOVE, FOX_AND_CROW
 
 REPO = Path(__file__).resolve().parent.parent

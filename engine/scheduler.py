@@ -50,7 +50,7 @@ MAX_BATCH = 8  # rows of one decode step
 # sleeps this long before it waits for the next one, so the tokens of the next few steps wake it
 # once rather than once each: a wake-up costs the reading thread tens of microseconds of CPU, taken
 # from the cores and the GIL that decode. The app shows
-# text at most 12 times a second (ui/running.py), so no one sees it. A pause ends early when the
+# text at most 12 times a second (serve/running.py), so no one sees it. A pause ends early when the
 # request is done (Request.finished), so its last tokens and its end are never a pause late.
 READ_PAUSE_S = 0.01
 

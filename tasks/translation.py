@@ -74,7 +74,7 @@ def prompt_parts(inputs: TranslateInputs, adapter_on: bool) -> tuple[str, list[s
     return first, [f"{one_line(source)} = {one_line(target)}\n" for source, target in examples], f"{text} ="
 
 
-# ui.messages: no_examples. The line that names the languages makes the target likely, not sure.
+# serve.messages: no_examples. The line that names the languages makes the target likely, not sure.
 NO_EXAMPLES = ("no example pairs sent: only the first line names the languages, and the model may still answer in "
                "the wrong language")
 
@@ -110,7 +110,7 @@ def through_english(inputs: TranslateInputs, adapter_on: bool):
     pairs = [] if emptied else None
     return (TranslateInputs(inputs.text, inputs.source, PIVOT, pairs),
             lambda english: TranslateInputs(english, PIVOT, inputs.target, pairs),
-            # ui.messages: translated_through; the status line's counts are the second step's
+            # serve.messages: translated_through; the status line's counts are the second step's
             f"translated through {PIVOT} (first step: {{prompt}} prompt + {{generated}} generated tokens): {{text}}")
 
 

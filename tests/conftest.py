@@ -176,7 +176,7 @@ def studio_app(models, **launch_options) -> Iterator[tuple]:
     keeps to look inside."""
     import app  # here, not at the top: only the app tests pay for importing Gradio
     from bench.load import free_port
-    from ui.model_host import ModelHost
+    from serve.model_host import ModelHost
 
     host = models if isinstance(models, ModelHost) else ModelHost(models, device="cpu")
     demo = app.build_app(host)

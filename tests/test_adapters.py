@@ -91,7 +91,7 @@ def test_bad_adapter_files_are_named(checkpoint, tmp_path):
 def test_the_adapters_the_evaluation_found_better_start_switched_on(checkpoint, tmp_path):
     from tasks import TASKS
     from tasks.eval import adapters_that_help
-    from ui.model_host import ModelHost
+    from serve.model_host import ModelHost
     from ui.tab import adapter_props
 
     def headline(task, metric, test_set, base, adapter):

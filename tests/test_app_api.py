@@ -21,8 +21,9 @@ from gradio_client.exceptions import AppError
 import app
 from bench.load import MALFORMED, STATUS, free_port, wait_for_app
 from ui.i18n import CHINESE, ENGLISH
-from ui.model_host import ModelHost
-from ui.running import MAX_UPDATES_PER_SECOND, Pacer, api_endpoint
+from serve.model_host import ModelHost
+from serve.running import MAX_UPDATES_PER_SECOND, Pacer
+from ui.api import api_endpoint
 from ui.views import GENERATE
 
 from .conftest import REPO, wait_until
@@ -234,7 +235,7 @@ def test_two_users_at_once_each_get_their_own_output(studio_url):
 
 
 def test_a_cancelled_request_leaves_the_app_serving(client, caplog):
-    caplog.set_level(logging.INFO, logger="ui.running")
+    caplog.set_level(logging.INFO, logger="serve.running")
     job = client.submit("Once upon a time", max_new_tokens=500, seed=1, api_name="/generate")
     for _ in job:
         break  # the first piece of text has arrived: the generation is running
@@ -325,7 +326,7 @@ def test_the_reply_switcher_follows_the_last_turn():
     goes once the conversation's last turn is another (sent, undone, cleared, another chat)."""
     from engine.generate import Result
     from ui.chat import after_retry, forget_replaced, messages_from_pairs, replies_before_retry, switched
-    from ui.outcome import GREEDY_SAME, SAME_SEED, Outcome
+    from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome
 
     first = messages_from_pairs([["Hi", "Hello!"]])
 

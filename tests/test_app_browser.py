@@ -302,7 +302,7 @@ def test_stop_ends_a_long_generation_and_keeps_its_text(page):
 def test_a_generation_that_fails_says_so_and_gives_the_run_buttons_back(browser, tiny_checkpoint):
     """A fault (here the model's forward pass raises) is said in the status line and a notice; the
     run buttons, held while the run went, come back, and the next run works."""
-    from ui.model_host import ModelHost
+    from serve.model_host import ModelHost
 
     host = ModelHost([str(tiny_checkpoint)], device="cpu")
     with serve_studio(host) as url:

@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 from playwright.sync_api import expect
 
 from ui.architecture import look_inside
-from ui.model_host import ModelHost
+from serve.model_host import ModelHost
 
 from .conftest import TIMEOUT_MS, make_hf_checkpoint, screenshot
 

@@ -17,6 +17,8 @@ from tasks.eval import LANGUAGE_MODELLING
 
 from .conftest import serving
 
+pytestmark = pytest.mark.slow  # the shipped model against its card and the data
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -111,6 +111,7 @@ def test_hub_id_offline(tmp_path, monkeypatch):
         load_pretrained("distilgpt2")
 
 
+@pytest.mark.slow  # waits out a network time-out
 def test_an_unreachable_hub_fails_fast_with_the_offline_message(tmp_path):
     """The hub pointed at a loopback port where nothing listens (a socket bound, never listening,
     so the port stays closed): the load fails at once with the offline message, rather than after

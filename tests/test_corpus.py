@@ -6,6 +6,8 @@ from train import corpus
 
 from .conftest import need_data
 
+pytestmark = pytest.mark.slow  # the training text, built from the data
+
 
 @pytest.fixture
 def corpus_data():

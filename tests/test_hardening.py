@@ -33,8 +33,8 @@ from engine.scheduler import Scheduler
 from model.tokenizer import load_tokenizer
 from tasks import LANGUAGES
 from ui import chat
-from ui.model_host import ModelHost, ModelLoadError
-from ui.running import MAX_CHARS, MAX_NEW_TOKENS
+from serve.model_host import ModelHost, ModelLoadError
+from serve.running import MAX_CHARS, MAX_NEW_TOKENS
 
 from .conftest import REPO, copy_gpt2_tokenizer, serve_studio, wait_until
 
@@ -308,7 +308,7 @@ def test_weights_are_never_unpickled_freely_nor_remote_code_trusted():
 # --- faults -------------------------------------------------------------------------------------
 
 def test_a_cancel_mid_stream_frees_the_request_row(client, host, caplog):
-    caplog.set_level(logging.INFO, logger="ui.running")
+    caplog.set_level(logging.INFO, logger="serve.running")
     scheduler = host.current.scheduler
     job = client.submit("Once upon a time", max_new_tokens=MAX_NEW_TOKENS, seed=1, api_name="/generate")
     for _ in job:
@@ -321,7 +321,7 @@ def test_a_cancel_mid_stream_frees_the_request_row(client, host, caplog):
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_row(url, host, client, caplog):
-    caplog.set_level(logging.INFO, logger="ui.running")
+    caplog.set_level(logging.INFO, logger="serve.running")
     scheduler = host.current.scheduler
     data = api_data(client, "/generate", prompt="Once upon a time", max_new_tokens=MAX_NEW_TOKENS, seed=1)
     with closing(join_queue(url, "generate", data)) as messages:

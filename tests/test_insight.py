@@ -1,6 +1,6 @@
 """What the app shows of why the model said what it said: token log-probabilities
 (SamplingParams.logprobs), the adapter's strength (adapter_scale), adapter off and on compared
-under one seed (ui.running.run_compare, ui.tokens), and the logit lens (train.inspect)."""
+under one seed (serve.running.run_compare, ui.tokens), and the logit lens (train.inspect)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -161,12 +161,12 @@ def compare_values(api, **settings) -> dict:
 
 @pytest.fixture(scope="module")
 def host(adapter_checkpoint):
-    from ui.model_host import ModelHost
+    from serve.model_host import ModelHost
     return ModelHost([str(adapter_checkpoint)], device="cpu")
 
 
 def compared(host, **settings):
-    from ui.running import run_compare
+    from serve.running import run_compare
     from ui.views import SUMMARIZE
 
     updates = list(run_compare(SUMMARIZE.api, host, compare_values(SUMMARIZE.api, **settings)))
@@ -175,7 +175,7 @@ def compared(host, **settings):
 
 @pytest.mark.slow  # the decode kernels, whose rows do not depend on their batch (built first)
 def test_compare_with_the_adapter_at_zero_gives_the_same_text_twice(host):
-    from ui.outcome import english_status
+    from serve.outcome import english_status
 
     """Adapter off against adapter on at strength 0 (the base model exactly), one seed: the two
     sides draw the same random numbers, so the texts are the same, and nothing is marked."""
@@ -191,7 +191,8 @@ def test_compare_with_the_adapter_at_zero_gives_the_same_text_twice(host):
 
 
 def test_compare_marks_the_first_token_where_adapter_off_and_on_part(host):
-    from ui.tokens import Insight, first_difference
+    from serve.running import first_difference
+    from ui.tokens import Insight
 
     texts, _, comparison = compared(host, article="The sun rose. A bird sang.", temperature=0, max_new_tokens=16,
                                     seed=4)

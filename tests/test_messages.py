@@ -1,4 +1,4 @@
-"""The messages a user can get, in English and Chinese (ui/messages.py): every template in both
+"""The messages a user can get, in English and Chinese (serve/messages.py): every template in both
 languages, and the messages the code really makes, each matched by a template."""
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from model.adapters import check_adapter
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
 from train.inspect import inspect_prompt
 from ui import chat
-from ui.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, language, localized, translate_one, word
-from ui.outcome import GREEDY_SAME, SAME_SEED, Outcome, status_line
-from ui.model_host import ModelHost, ModelLoadError
-from ui.running import (RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text, compared_state, sampling_params,
+from serve.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, localized, translate_one
+from ui.messages import language, word
+from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome, status_line
+from serve.model_host import ModelHost, ModelLoadError
+from serve.running import (RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text, compared_state, sampling_params,
                         setting_params)
 from ui.views import example_pairs
 

@@ -31,6 +31,7 @@ def byte_model_and_text():
     return model.eval(), held_out
 
 
+@pytest.mark.slow  # a model trained and measured on the data
 def test_int8_perplexity_within_one_percent_of_fp32(byte_model_and_text):
     model, held_out = byte_model_and_text
     fp32_ppl = math.exp(mean_loss(model, held_out, 64, "cpu"))

@@ -382,6 +382,7 @@ def test_closing_a_scheduler_never_served_ends_its_queued_requests(loaded):
     assert scheduler.closed and scheduler.idle and scheduler not in scheduler_module.DECODER.serving
 
 
+@pytest.mark.slow  # the app's model host, in a process of its own
 def test_the_app_loads_its_model_in_a_thread_that_ends_so_only_the_decode_thread_keeps_openmp_workers():
     """libgomp keeps worker threads for every thread that has run parallel work until it ends, and
     with more of them than cores its workers sleep between regions (scheduler.in_thread_of_its_own
@@ -395,7 +396,7 @@ import os, threading, torch
 from engine.generate import SamplingParams, generate
 from engine.scheduler import in_thread_of_its_own
 from tests.conftest import wait_until
-from ui.model_host import ModelHost
+from serve.model_host import ModelHost
 
 def threads_settle_at(expected):  # an ended thread may linger a moment in /proc
     return wait_until(lambda: len(os.listdir("/proc/self/task")) == expected, timeout_s=5)

@@ -14,16 +14,17 @@ from matplotlib.figure import Figure  # not pyplot: figures made per request mus
 from matplotlib.patches import Rectangle
 
 from engine.generate import check_setting
-from model.adapters import check_adapter
-from train.inspect import Inspection, LogitLens, inspect_prompt, logit_lens
 from engine.scheduler import in_thread_of_its_own
+from model.adapters import check_adapter
+from serve.messages import TOP_HEADERS, localized
+from serve.model_host import ModelHost
+from serve.outcome import Outcome, status_line
+from serve.running import checked_text
+from train.inspect import Inspection, LogitLens, inspect_prompt, logit_lens
 
-from . import messages
 from .i18n import i18n
-from .model_host import ModelHost
-from .outcome import Outcome, status_line
+from .messages import language
 from .pick_slider import PickSlider
-from .running import checked_text
 
 
 def checked_setting(name: str, value, low: int, high: int) -> int:
@@ -190,9 +191,9 @@ def look_inside(host: ModelHost):
                                                                head - 1))
             lens = in_thread_of_its_own(lambda: logit_lens(loaded.model, loaded.tokenizer, prompt, adapter))
         except ValueError as error:  # said in the tab's status line, as the task tabs say a refusal
-            return (*[gr.skip()] * 6, status_line(Outcome.refused(str(error)), messages.language(request)))
+            return (*[gr.skip()] * 6, status_line(Outcome.refused(str(error)), language(request)))
         top = pd.DataFrame([[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens],  # a random model's are tiny
-                           columns=messages.TOP_HEADERS[messages.language(request)])
+                           columns=TOP_HEADERS[language(request)])
         return (residual_norm_figure(seen, loaded.name), attention_figure(seen), top,
                 gr.update(maximum=slider_top(config.n_layer), value=layer),
                 gr.update(maximum=slider_top(config.n_head), value=head), lens_figure(lens, adapter), "")
@@ -219,7 +220,7 @@ def captioned_plot(caption: str, elem_id: str) -> gr.Plot:
 
 def lens_choices(loaded, lang: str) -> dict:
     """The logit lens's adapter menu for the model being served: none, or one of its adapters."""
-    return gr.update(choices=[(messages.localized(NO_ADAPTER, lang), NO_ADAPTER), *loaded.adapters],
+    return gr.update(choices=[(localized(NO_ADAPTER, lang), NO_ADAPTER), *loaded.adapters],
                      value=NO_ADAPTER)
 
 
@@ -253,7 +254,7 @@ def architecture_tab(host: ModelHost) -> tuple[gr.Dropdown, list[gr.Button]]:
                 norms = captioned_plot("residual_norms", "architecture-norms")
             with gr.Column():
                 attention = captioned_plot("attention_map", "architecture-attention")
-        top = gr.Dataframe(headers=messages.TOP_HEADERS["en"], label=i18n("top_tokens"), interactive=False,
+        top = gr.Dataframe(headers=TOP_HEADERS["en"], label=i18n("top_tokens"), interactive=False,
                            elem_id="architecture-top")
         lens_adapter = gr.Dropdown([NO_ADAPTER, *host.current.adapters], value=NO_ADAPTER, label=i18n("lens_adapter"),
                                    info=i18n("lens_adapter_info"), elem_id="architecture-lens-adapter")

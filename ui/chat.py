@@ -22,13 +22,13 @@ from typing import Any
 
 import gradio as gr
 
+from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome
+from serve.running import MAX_CHARS, MAX_CHAT_TURNS, RANDOM_SEED, Param, TaskAPI, check_count, check_size, checked_text
 from tasks import TASKS, DialogueInputs
 from tasks.dialogue import PERSONAS
 
 from .i18n import i18n
 from .messages import language
-from .outcome import GREEDY_SAME, SAME_SEED, Outcome
-from .running import MAX_CHARS, MAX_CHAT_TURNS, RANDOM_SEED, Param, TaskAPI, check_count, check_size, checked_text
 from .tab import NOTHING, Tab, TaskView, Widgets, adapter_props
 from .tokens import Insight
 

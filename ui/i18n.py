@@ -7,6 +7,8 @@ import re
 
 import gradio as gr
 
+from serve.messages import LABELS_ZH
+
 ENGLISH = {
     "title": "# Pre-LN GPT-2 Studio",
     "subtitle": "GPT-2 written from scratch with Pre-Layer Normalization, tried on four tasks. "
@@ -162,6 +164,7 @@ likeliest next tokens.""",
 }
 
 CHINESE = {
+    **LABELS_ZH,  # what messages name too (serve/messages.py)
     "title": "# Pre-LN GPT-2 工作室",
     "subtitle": "从零实现、采用前置层归一化（Pre-LN）的 GPT-2，在四个任务上试用。每次运行都会报告随机种子，任何结果都可以复现。",
     "model": "模型",
@@ -189,20 +192,12 @@ CHINESE = {
     "conversation_tools": "以前的对话、导出和导入",
     "replies_to_last": "对最后一条消息的回复：",
     "earlier_conversations_info": "保存在此浏览器中，最新的在前：以第一条消息列出，括号中是对话轮数；选择一个即可继续",
-    "prompt": "提示词",
     "continuation": "续写内容",
-    "conversation": "对话",
-    "message": "消息",
     "message_placeholder": "输入内容后按回车",
-    "persona": "角色设定",
     "persona_placeholder": "例如：Bot takes drink orders at a coffee shop.",
     "prompt_placeholder": "故事的开头，模型会接着写下去，例如：Once upon a time, a little fox",
     "source_text_placeholder": "一个短句，例如：My book is on the table.",
     "article_placeholder": "一则寓言、一个短故事或一段对话，模型会为它写摘要",
-    "source_text": "待翻译文本",
-    "source_language": "源语言",
-    "target_language": "目标语言",
-    "example_pairs": "示例句对",
     "example_pairs_info": "每行一对：源文 = 译文。仅在适配器关闭时发送，供模型沿用其模式；适配器已学会此任务，开启时提示词中不含示例。"
                           "您自己的示例对（或不写示例）之前会加一行写明两种语言（English = Deutsch）",
     "example_pairs_through_english": "法语与德语互译经由英语进行，每一步使用各自的内置示例，因此不发送这些示例；"
@@ -210,10 +205,6 @@ CHINESE = {
     "example_pairs_unsent": "适配器开启时不发送这些示例（它已学会此任务，无需示例）：关闭适配器或进行对比，即可使用和编辑它们",
     "example_pairs_kept": "这是您自己的示例对，更换语言时保留：请确认它们适合新的语言对（先清空此框再选择语言，即可换回内置示例）",
     "translation": "译文",
-    "English": "英语",
-    "French": "法语",
-    "German": "德语",
-    "article": "文章",
     "summary": "摘要",
     "adapter": "适配器",
     "adapter_info": "启用此任务微调过的适配器",
@@ -236,18 +227,11 @@ CHINESE = {
     "no_adapter_task": "此任务没有微调适配器",
     "no_adapter_model": "当前模型没有此任务的适配器",
     "settings": "解码设置",
-    "temperature": "温度",
     "temperature_info": "0 = 贪心解码",
-    "top_k": "Top-k",
     "top_k_info": "0 = 关闭",
-    "top_p": "Top-p",
     "top_p_info": "1 = 关闭",
-    "repetition_penalty": "重复惩罚",
     "repetition_penalty_info": "1 = 关闭",
-    "no_repeat_ngram_size": "禁止重复的 n-gram 长度",
     "no_repeat_ngram_size_info": "0 = 关闭",
-    "max_new_tokens": "最多生成的词元数",
-    "seed": "随机种子",
     "seed_info": "-1（或留空）：随机种子，运行后会显示",
     "prompt_sent": "发送给模型的提示词",
     "examples": "示例",

@@ -10,13 +10,14 @@ from typing import Any, Callable
 import gradio as gr
 
 from engine.generate import resolve_seed
+from serve.messages import localized
+from serve.model_host import LoadedModel, ModelHost
+from serve.outcome import FAULT, Outcome, status_line
+from serve.running import RANDOM_SEED, SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI, asks_random_seed, run, run_compare
 from tasks import Task
 
 from .i18n import i18n
-from .messages import language, localized, word
-from .model_host import LoadedModel, ModelHost
-from .outcome import FAULT, Outcome, status_line
-from .running import RANDOM_SEED, SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI, asks_random_seed, run, run_compare
+from .messages import language, word
 from .tokens import TOP_SHOWN, Insight
 
 # A folded section's title that wraps (a phone's "Why this output" one) reads from the left, and its
@@ -95,7 +96,7 @@ class Tab:
     adapter: gr.Checkbox
     run_buttons: tuple[gr.Button, ...]  # Run, and Continue where the view has it: held while a run goes
     stop_button: gr.Button
-    status: gr.Markdown  # the outcome's line (ui/outcome.status_line)
+    status: gr.Markdown  # the outcome's line (serve/outcome.status_line)
     outcome: gr.State  # the last run's Outcome, or None before any
     prompt_sent: gr.Textbox
     insight: "Insight"

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 import gradio as gr
 
 from engine.generate import LIMITS
+from serve.messages import localized
+from serve.running import TOP_SHOWN
 from train.inspect import as_text, readable
 
 from .i18n import i18n
-from .messages import language, localized
+from .messages import language
 
-TOP_SHOWN = 10  # alternatives a token shows (the API's logprobs reach 20)
 
 TEMPLATE = """
 <div class="token-view">
@@ -101,14 +102,6 @@ def row_of(entries: list[dict], label: str, row: int, other: list[float] | None 
                        "color": colour(entry["logprob"]), "i": i, "row": row,
                        "mark": "diverges" if i == diverges_at else ""})
     return {"label": label, "row": row, "tokens": tokens}
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first position where two token lists differ (one ending first counts), or None."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 @dataclass

@@ -7,13 +7,14 @@ from typing import Callable
 import gradio as gr
 
 from engine.generate import brief, new_token_budget
+from serve.messages import localized
+from serve.model_host import ModelHost
+from serve.running import MAX_EXAMPLE_PAIRS, Param, TaskAPI, check_count, checked_text
 from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeInputs, TranslateInputs
 from tasks.translation import goes_through_english
 
 from .i18n import i18n
-from .messages import language, localized
-from .model_host import ModelHost
-from .running import MAX_EXAMPLE_PAIRS, Param, TaskAPI, check_count, checked_text
+from .messages import language
 from .tab import Tab, TaskView, Widgets
 from .tokens import Insight
 

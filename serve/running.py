@@ -2,9 +2,9 @@
 
 Both the browser and `gradio_client` end up in `run`, which takes plain values and yields
 (text so far, outcome, prompt sent, logprobs), at most MAX_UPDATES_PER_SECOND times a second,
-ending with the run's outcome record (ui/outcome.py). Bad input of any kind ends it refused, with
+ending with the run's outcome record (serve/outcome.py). Bad input of any kind ends it refused, with
 the message that names the field and the limit, so the caller sees why and the app keeps
-serving (the API answers it as a `gr.Error`); a generation that fails, or is cancelled, or whose
+serving (the Gradio API answers it as an error: ui/api.py); a generation that fails, or is cancelled, or whose
 client leaves, frees its decoding row and is logged in one line.
 """
 from __future__ import annotations
@@ -18,15 +18,12 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
-import gradio as gr
-
 from engine.generate import LIMITS, SamplingParams, brief, check_setting, resolve_seed, score_tokens
 from engine.scheduler import in_thread_of_its_own
 from tasks import Task, TaskDone, run_task
 
 from .model_host import LoadedModel, ModelHost
-from .outcome import Outcome, english_status
-from .tokens import TOP_SHOWN, first_difference
+from .outcome import Outcome
 
 REQUIRED = inspect.Parameter.empty
 log = logging.getLogger(__name__)
@@ -49,6 +46,7 @@ MAX_NEW_TOKENS = 512
 # streaming speed (docs/performance.md, "Streaming through the app"). text-generation-webui has
 # the same cap as a setting, "Maximum UI updates/second", 12 in some of its versions.
 MAX_UPDATES_PER_SECOND = 12
+TOP_SHOWN = 10  # the alternatives a token offers in the page (the API's logprobs reach 20)
 SETTING_RANGES = {**LIMITS, "max_new_tokens": (1, MAX_NEW_TOKENS)}  # what the app takes; the sliders span it
 
 
@@ -255,6 +253,14 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
         yield ["", ""], Outcome.fault(f"/{api.name} compare on {loaded.name}", error), None
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two token lists differ (one ending first counts), or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
 def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], params: SamplingParams) -> dict:
     """Each side's tokens with their log-probabilities, the same tokens' log-probabilities under
     the other side (its prompt, its adapter setting), and the first token where they part."""
@@ -265,31 +271,6 @@ def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], param
                    score_tokens(loaded.model, off.prompt.ids, tokens[1], params, None, eos_id)]
     return {"entries": [off.result.logprobs, on.result.logprobs], "under_other": under_other,
             "prompts": [off.prompt.text, on.prompt.text], "diverges_at": first_difference(*tokens)}
-
-
-RETURNS = ("Returns (text, status line, prompt sent, logprobs: each generated token's {token, bytes, logprob, top} "
-           "when logprobs > 0); streams.")
-
-
-def api_endpoint(api: TaskAPI, host: ModelHost) -> Callable[..., Iterator[tuple[str, str, str, list]]]:
-    """`run` as a function with the task's named, typed parameters, for `gr.api`, which
-    documents an endpoint from its function's signature."""
-    signature = api.signature
-
-    def endpoint(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        for text, outcome, prompt, logprobs in run(api, host, bound.arguments):
-            if outcome is not None and not outcome.ran:  # the API answers a refusal or a fault as an error
-                raise gr.Error(outcome.message.english, print_exception=False)
-            yield text, english_status(outcome), prompt, public_logprobs(logprobs)
-
-    endpoint.__name__ = endpoint.__qualname__ = api.name
-    endpoint.__doc__ = f"{api.description} {RETURNS}"
-    endpoint.__signature__ = signature
-    endpoint.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
-    endpoint.__annotations__["return"] = signature.return_annotation
-    return endpoint
 
 
 def public_logprobs(entries: list[dict]) -> list[dict]:

@@ -1,0 +1,232 @@
+"""The messages a user can get, in the user's language.
+
+The engine, the tasks and the UI's checks say what went wrong in English, the language of the API
+and the log. Text that Gradio translates in the browser (gr.I18n) must be fixed when the page is
+built, but these messages carry the request's own numbers and names, so the server translates
+them, for the language the browser asks for (its Accept-Language), by matching each against the
+English templates below and filling in the Chinese one. A message no template matches is shown as
+it is; tests/test_messages.py makes every message the app makes match one.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+
+# key: (the English message with {fields}, as the code writes it; its Chinese)
+TEMPLATES: dict[str, tuple[str, str]] = {
+    # a seed the app refuses (serve/running.py), before out_of_range, which would take its end as the value
+    # -1: serve.running.RANDOM_SEED (tests/test_messages.py checks that they agree)
+    "random_seed": ("{error}; -1 draws a random seed", "{error}；设为 -1 则随机抽取种子"),
+    # an imported conversation the API would refuse (ui/chat.py), before the refusals it holds
+    "in_the_file": ("in the file: {error}", "文件中：{error}"),
+    # decoding settings (engine/generate.py)
+    "temperature_low": ("temperature must be 0 (greedy) or at least {low}, got {value}",
+                        "温度必须为 0（贪心）或至少 {low}，收到的是 {value}"),
+    "stop_strings": ("stop must be at most {count} non-empty strings of at most {length} characters",
+                     "停止串最多 {count} 个，每个须非空且不超过 {length} 个字符"),
+    "not_integer": ("{name} must be an integer, got {value}", "{name}必须是整数，收到的是 {value}"),
+    "not_number": ("{name} must be a number, got {value}", "{name}必须是数字，收到的是 {value}"),
+    "out_of_range": ("{name} must be between {low} and {high}, got {value}",
+                     "{name}必须在 {low} 到 {high} 之间，收到的是 {value}"),
+    "prompt_empty_tokens": ("the prompt is empty", "提示词为空"),
+    # the Architecture tab's live view (train/inspect.py)
+    "live_view_tokens": ("the prompt has {tokens} tokens; the live view takes at most {most}",
+                         "提示词有 {tokens} 个词元；实时视图最多接受 {most} 个"),
+    "prompt_fills_context": ("the prompt is {tokens} tokens; the context window is {context} tokens and at least one "
+                             "must be left to generate",
+                             "提示词有 {tokens} 个词元；上下文窗口为 {context} 个词元，至少要留一个用于生成"),
+    # fitting a prompt into the context (tasks/base.py)
+    "too_long_shorten": ("{what}: {tokens} tokens, but only {room} fit in the context next to max_new_tokens; "
+                         "shorten it, or set max_new_tokens to {most} or less",
+                         "{what}：需要 {tokens} 个词元，但留出最大新词元数后，上下文只容得下 {room} 个；"
+                         "请缩短它，或把最大新词元数设为 {most} 或更少"),
+    "too_long_context": ("{what}: {tokens} tokens, but only {room} fit in the context next to max_new_tokens; "
+                         "shorten it: the model's whole context is {context} tokens",
+                         "{what}：需要 {tokens} 个词元，但留出最大新词元数后，上下文只容得下 {room} 个；"
+                         "请缩短它：模型的整个上下文只有 {context} 个词元"),
+    "empty": ("{name} is empty", "{name}为空"),
+    "no_task_adapter": ("the {task} task has no adapter", "任务 {task} 没有适配器"),
+    "no_model_adapter": ("this model has no '{adapter}' adapter (it has: {adapters})",
+                         "此模型没有「{adapter}」适配器（已有：{adapters}）"),
+    "languages": ("cannot translate {source} to {target}: source and target must be two different languages of "
+                  "{languages}", "无法从{source}翻译为{target}：源语言和目标语言必须是 {languages} 中两种不同的语言"),
+    # the UI's checks (serve/running.py, ui/chat.py, ui/views.py)
+    "not_text": ("{name} must be text, got {kind}", "{name}必须是文本，收到的是 {kind}"),
+    "too_big": ("{name} is too long: {size} characters; the limit is {limit}", "{name}太长：{size} 个字符；上限为 {limit}"),
+    "too_many": ("too many {what}: {count}; the limit is {limit}", "{what}太多：{count}；上限为 {limit}"),
+    "adapter_bool": ("adapter must be true or false, got {value}", "适配器必须为 true 或 false，收到的是 {value}"),
+    "history_pairs": ("history must be a list of [user, bot] pairs of text", "对话历史必须是 [用户, 机器人] 文本对的列表"),
+    "no_retry": ("there is no turn to retry", "没有可以重试的一轮"),
+    "same_seed": ("the same seed gives the same reply: a seed of -1 draws a new one each time",
+                  "相同的种子给出相同的回复：种子设为 -1 则每次抽取新的"),
+    "greedy_same": ("greedy decoding (temperature 0 or top_k 1) gives the same reply each time",
+                    "贪心解码（温度 0 或 Top-k 1）每次给出相同的回复"),
+    "not_a_conversation": ("the file is not an exported conversation ({kind})", "该文件不是导出的对话（{kind}）"),
+    "unreadable_file": ("the file could not be read", "无法读取该文件"),
+    "example_line": ("example pairs line {number} is not 'source = target': {line}",
+                     "示例第 {number} 行不是「源 = 目标」格式：{line}"),
+    "generation_failed": ("the generation failed ({kind}); the app is still serving, please try again",
+                          "生成失败（{kind}）；应用仍在运行，请重试"),
+    # the model panel (serve/model_host.py)
+    "not_a_model": ("{name} is not one of the models this app was started with ({names})",
+                    "{name} 不是本应用启动时给定的模型之一（{names}）"),
+    "load_failed": ("could not load {name}: {reason}", "无法加载 {name}：{reason}"),
+    # what a prompt had to drop (tasks/), shown in the status line
+    "dropped_turn": ("dropped the {count} oldest turn to fit the context", "为放入上下文，删去了最早的 {count} 轮"),
+    "dropped_turns": ("dropped the {count} oldest turns to fit the context", "为放入上下文，删去了最早的 {count} 轮"),
+    "dropped_examples": ("dropped {count} of the {total} examples to fit the context",
+                         "为放入上下文，删去了 {total} 个示例中的 {count} 个"),
+    "no_examples": ("no example pairs sent: only the first line names the languages, and the model may still answer "
+                    "in the wrong language", "未发送示例对：只有第一行写明了语言，模型仍可能用错误的语言回答"),
+    "prompt_cut": ("prompt cut to its last {room} of {tokens} tokens to fit the context",
+                   "为放入上下文，提示词只保留了最后 {room} 个词元（共 {tokens} 个）"),
+    "article_cut": ("article cut to its first {room} of {tokens} tokens to fit the context",
+                    "为放入上下文，文章只保留了前 {room} 个词元（共 {tokens} 个）"),
+    "translated_through": ("translated through {language} (first step: {prompt} prompt + {generated} generated "
+                           "tokens): {text}", "经由{language}翻译（第一步：提示词 {prompt} + 生成 {generated} 个词元）：{text}"),
+    "article_length": ("{tokens} of {context} context tokens in the prompt; the summary may use up to {left}",
+                       "提示词占上下文 {context} 个词元中的 {tokens} 个；摘要最多可用 {left} 个"),
+    # the token view (ui/tokens.py)
+    "alternatives_to": ("alternatives to token {index} ({token})", "第 {index} 个词元（{token}）的备选"),
+    "tokens_note": ("point at a token for its probability and alternatives; click (or tap) it to list them and "
+                    "continue from one",
+                    "指向一个词元可看其概率和备选；点击（或轻触）它可列出备选，并从其中一个继续"),
+    "differ_from": ("the two differ from token {index}", "两者从第 {index} 个词元起不同"),
+    "same_text_differ_from": ("the texts are the same, but their tokens differ from token {index}",
+                              "两段文字相同，但词元从第 {index} 个起不同"),
+    "no_tokens": ("tick Show tokens before a run to see its tokens here", "运行前勾选「显示词元」，即可在此看到其词元"),
+    "no_tokens_kept": ("this output has no tokens to show", "此输出没有可显示的词元"),
+    "same": ("the two are the same", "两者相同"),
+    "continued_from": ("continued from token {index} with {token}", "从第 {index} 个词元续写，换为 {token}"),
+    "pick_alternative": ("click a token, then one of its alternatives", "请先点击一个词元，再选择它的一个备选"),
+    # which path decodes (engine/kernels.py, decode_path)
+    "kernels_on": ("decode kernels ({capability})", "解码内核（{capability}）"),
+    "kernels_off": ("PyTorch ({reason})", "PyTorch（{reason}）"),
+    "no_avx2": ("the CPU has no AVX2 ({capability})", "CPU 不支持 AVX2（{capability}）"),
+    "build_failed": ("the build failed ({kind})", "构建失败（{kind}）"),
+    # the status line of a run (engine/generate.py, Result.summary)
+    "status": ("seed {seed} · {prompt} prompt + {generated} generated tokens · {speed} tokens/s · stopped: {reason}",
+               "种子 {seed} · 提示词 {prompt} + 生成 {generated} 个词元 · 每秒 {speed} 个词元 · 停止原因：{reason}"),
+    "adapter_on_scaled": ("adapter on at strength {scale}", "适配器开，强度 {scale}"),  # "adapter on": NAMES_ZH
+    "compared": ("adapter off vs on: the output and counts are the on side's", "适配器关与开对比：输出和计数属于开的一侧"),
+    "compared_scaled": ("adapter off vs on at strength {scale}: the output and counts are the on side's",
+                        "适配器关与开（强度 {scale}）对比：输出和计数属于开的一侧"),
+    "changed_settings": ("changed settings: {settings}", "更改的设置：{settings}"),  # "name value, ..."
+}
+
+# The interface's Chinese labels of what a message may name: ui/i18n.py takes them from here, so that
+# a message names a setting or a box as the page labels it.
+LABELS_ZH = {
+    "temperature": "温度", "top_k": "Top-k", "top_p": "Top-p", "repetition_penalty": "重复惩罚",
+    "no_repeat_ngram_size": "禁止重复的 n-gram 长度", "max_new_tokens": "最多生成的词元数", "seed": "随机种子",
+    "prompt": "提示词", "message": "消息", "persona": "角色设定", "article": "文章", "conversation": "对话",
+    "English": "英语", "French": "法语", "German": "德语", "source_text": "待翻译文本",
+    "source_language": "源语言", "target_language": "目标语言", "example_pairs": "示例句对",
+}
+# What a message may name, as the code names it, and its Chinese: API parameters and settings (by
+# their interface label), the phrases `too_long` is given, units, and why a run stopped.
+NAMES_ZH: dict[str, str] = {
+    **{name: LABELS_ZH[name] for name in ("temperature", "top_k", "top_p", "repetition_penalty",
+                                          "no_repeat_ngram_size", "max_new_tokens", "seed", "prompt", "message",
+                                          "persona", "article", "English", "French", "German")},
+    "text": LABELS_ZH["source_text"], "text to translate": LABELS_ZH["source_text"],
+    "source": LABELS_ZH["source_language"], "target": LABELS_ZH["target_language"],
+    "examples": LABELS_ZH["example_pairs"], "history": LABELS_ZH["conversation"],
+    "the persona and the message": "角色设定和消息", "the text to translate": "要翻译的文本",
+    "TL;DR: and one token of the article": "TL;DR: 和文章的一个词元",
+    "example pairs": LABELS_ZH["example_pairs"], "turns in history": "对话历史的轮数",
+    # why a run stopped (engine.generate.STOP_REASON_WORDS)
+    "end of text": "文本结束", "stop string": "停止串", "max_new_tokens reached": "达到最大词元数",
+    "context full": "上下文已满", "Stop pressed": "已按停止", "answer complete": "回答完整",
+    "none": "无", "(nothing)": "（无）", "layer": "层", "head": "注意力头",
+    "decode kernels building": "解码内核构建中", "kernels switched off": "内核已关闭", "no kernels": "无内核",
+    "no C++ compiler": "没有 C++ 编译器",
+    "STUDIO_DECODE_KERNELS=0": "已由 STUDIO_DECODE_KERNELS=0 关闭",
+    "not JSON": "不是 JSON", "not a JSON object": "不是 JSON 对象", "no history": "没有对话历史",  # an import that is no conversation
+    "adapter on": "适配器开", "adapter off": "适配器关", "output": "输出",
+}
+
+# The model line at the top of the page (serve/model_host.py, LoadedModel.describe), by language.
+MODEL_LINE = {
+    "en": "**{name}** · {millions}M parameters · context {context} tokens · tokenizer {tokenizer} ({vocab} tokens) "
+          "· adapters: {adapters} · {device}",
+    "zh": "**{name}** · {millions}M 参数 · 上下文 {context} 个词元 · 分词器 {tokenizer}（{vocab} 个词元）"
+          "· 适配器：{adapters} · {device}",
+}
+# The Architecture tab's top-10 table's headers, which the browser cannot translate, by language.
+TOP_HEADERS = {"en": ["token", "probability"], "zh": ["词元", "概率"]}
+MODEL_LINE_QUANTIZED = {"en": " · {quantize} weights", "zh": " · {quantize} 权重"}
+MODEL_LINE_DECODING = {"en": " · decoding on {path}", "zh": " · 解码方式：{path}"}
+
+
+@lru_cache(maxsize=None)
+def _pattern(template: str) -> re.Pattern:
+    parts = re.split(r"\{(\w+)\}", template)  # literal, field, literal, field, ...
+    return re.compile("".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>.+?)" for i, part in enumerate(parts))
+                      + r"\Z", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message as a key of TEMPLATES with its fields, so that it can be said in any language
+    without reading a line back; key "" holds a text no template matches (a name the app uses, or
+    anything else), under the field "text"."""
+    key: str
+    fields: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, english: str) -> "Message":
+        """The message the code wrote in English, as its template's key and fields."""
+        if english not in NAMES_ZH:
+            for key, (template, _) in TEMPLATES.items():
+                found = _pattern(template).match(english)
+                if found:
+                    return cls(key, tuple(found.groupdict().items()))
+        return cls("", (("text", english),))
+
+    @property
+    def english(self) -> str:
+        return self.render("en")
+
+    def render(self, lang: str) -> str:
+        fields = dict(self.fields)
+        if not self.key:
+            return fields["text"] if lang != "zh" else NAMES_ZH.get(fields["text"], fields["text"])
+        english, chinese = TEMPLATES[self.key]
+        if lang != "zh":
+            return english.format(**fields)
+        return chinese.format(**{key: translate_field(key, value) for key, value in fields.items()})
+
+
+def localized(message: str, lang: str) -> str:
+    """`message` in `lang`: itself in English; in Chinese the first template it matches, its
+    fields translated where they are names the app uses."""
+    return Message.of(message).render(lang)
+
+
+def translate_one(message: str) -> str:
+    return localized(message, "zh")
+
+
+def translate_field(key: str, value: str) -> str:
+    """A field's value in Chinese: a stop reason or an error as a message; a token as it is; a list ("English,
+    French, German", "temperature 0.7, top_k 40") item by item."""
+    if key in ("reason", "error"):  # a message within the message
+        return translate_one(value)
+    if key == "token":  # a token of the model's ("none", "text"), never a name to translate
+        return value
+    items = value.split(", ")
+    translated = [translate_item(item) for item in items]
+    if len(items) > 1 and any(new == old for new, old in zip(translated, items)):
+        return value  # not a list of names the app uses (a user's text, model names): as it is
+    return "，".join(translated)
+
+
+def translate_item(item: str) -> str:
+    """A name the app uses, or a setting with its value ("temperature 0.7"), in Chinese."""
+    name, _, number = item.rpartition(" ")
+    if item not in NAMES_ZH and name in NAMES_ZH and re.fullmatch(r"-?[\d.]+", number):
+        return f"{NAMES_ZH[name]} {number}"
+    return NAMES_ZH.get(item, item)
