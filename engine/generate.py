@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 import torch
-from transformers import (LogitsProcessor, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
-                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+from transformers import (LogitsProcessor, MinPLogitsWarper, NoRepeatNGramLogitsProcessor,
+                          RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+                          TypicalLogitsWarper)
 
 from model.adapters import active_adapter, as_choice, check_adapter
 from model.gpt2 import GPT2
@@ -34,6 +35,8 @@ LIMITS = {
     "temperature": (0.0, 5.0),
     "top_k": (0, 1000),
     "top_p": (0.01, 1.0),
+    "min_p": (0.0, 1.0),
+    "typical_p": (0.01, 1.0),
     "repetition_penalty": (0.5, 3.0),
     "no_repeat_ngram_size": (0, 10),
     "max_new_tokens": (1, 2048),
@@ -74,6 +77,8 @@ class SamplingParams:
     temperature: float = 1.0  # 0 means greedy
     top_k: int = 0  # 0 means off
     top_p: float = 1.0  # 1 means off
+    min_p: float = 0.0  # 0 means off; else drop tokens less likely than min_p times the likeliest
+    typical_p: float = 1.0  # 1 means off; else keep the tokens nearest the expected surprise, up to this mass
     repetition_penalty: float = 1.0  # 1 means off
     no_repeat_ngram_size: int = 0  # 0 means off
     max_new_tokens: int = 64
@@ -117,6 +122,10 @@ class SamplingParams:
                 processors.append(TopKLogitsWarper(self.top_k))
             if self.top_p < 1.0:
                 processors.append(TopPLogitsWarper(self.top_p))
+            if self.min_p > 0.0:
+                processors.append(MinPLogitsWarper(self.min_p))
+            if self.typical_p < 1.0:
+                processors.append(TypicalLogitsWarper(self.typical_p))
         return processors
 
 

@@ -119,7 +119,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
 # The interface's Chinese labels of what a message may name: ui/i18n.py takes them from here, so that
 # a message names a setting or a box as the page labels it.
 LABELS_ZH = {
-    "temperature": "温度", "top_k": "Top-k", "top_p": "Top-p", "repetition_penalty": "重复惩罚",
+    "temperature": "温度", "top_k": "Top-k", "top_p": "Top-p", "min_p": "Min-p", "typical_p": "典型采样 p",
+    "repetition_penalty": "重复惩罚",
     "no_repeat_ngram_size": "禁止重复的 n-gram 长度", "max_new_tokens": "最多生成的词元数", "seed": "随机种子",
     "prompt": "提示词", "message": "消息", "persona": "角色设定", "article": "文章", "conversation": "对话",
     "English": "英语", "French": "法语", "German": "德语", "source_text": "待翻译文本",
@@ -128,7 +129,7 @@ LABELS_ZH = {
 # What a message may name, as the code names it, and its Chinese: API parameters and settings (by
 # their interface label), the phrases `too_long` is given, units, and why a run stopped.
 NAMES_ZH: dict[str, str] = {
-    **{name: LABELS_ZH[name] for name in ("temperature", "top_k", "top_p", "repetition_penalty",
+    **{name: LABELS_ZH[name] for name in ("temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty",
                                           "no_repeat_ngram_size", "max_new_tokens", "seed", "prompt", "message",
                                           "persona", "article", "English", "French", "German")},
     "text": LABELS_ZH["source_text"], "text to translate": LABELS_ZH["source_text"],

@@ -74,8 +74,8 @@ class Param:
 
 
 # The decoding settings every task takes, after its own parameters, in this order.
-SETTINGS = (("temperature", float), ("top_k", int), ("top_p", float), ("repetition_penalty", float),
-            ("no_repeat_ngram_size", int), ("max_new_tokens", int))
+SETTINGS = (("temperature", float), ("top_k", int), ("top_p", float), ("min_p", float), ("typical_p", float),
+            ("repetition_penalty", float), ("no_repeat_ngram_size", int), ("max_new_tokens", int))
 RANDOM_SEED = -1  # as well as None: what the UI's empty seed box sends
 
 

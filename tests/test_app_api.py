@@ -47,8 +47,8 @@ def client(studio_url) -> Client:
 
 def test_the_api_names_its_endpoints_and_parameters(client):
     endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
-    settings = ["temperature", "top_k", "top_p", "repetition_penalty", "no_repeat_ngram_size", "max_new_tokens",
-                "seed"]
+    settings = ["temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "no_repeat_ngram_size",
+                "max_new_tokens", "seed"]
     adapter = ["adapter", "adapter_scale"]  # only where the task has an adapter: Generate has none
     own = {"/generate": ["prompt"], "/chat": ["message", "history", "persona", *adapter],
            "/translate": ["text", "source", "target", "examples", *adapter], "/summarize": ["article", *adapter]}

@@ -33,7 +33,8 @@ def traced(model, params: SamplingParams, seed: int = 3, adapter=None) -> tuple[
     SamplingParams(temperature=0, max_new_tokens=12, logprobs=5),
     SamplingParams(temperature=0.8, top_k=20, repetition_penalty=1.3, max_new_tokens=12, logprobs=10),
     SamplingParams(temperature=1.2, top_p=0.9, no_repeat_ngram_size=2, max_new_tokens=12, logprobs=20),
-], ids=["greedy", "top-k", "top-p"])
+    SamplingParams(temperature=1.0, min_p=0.05, max_new_tokens=12, logprobs=10),
+], ids=["greedy", "top-k", "top-p", "min-p"])
 @torch.inference_mode()
 def test_logprobs_are_the_processed_distribution_each_token_was_drawn_from(loaded, params):
     """Each token's log-probability and its alternatives equal a full recompute: the model's

@@ -96,3 +96,21 @@ def test_a_row_whose_ties_with_the_kth_score_overflow_the_candidates_samples_ove
     assert len(drawn & set(ties.tolist())) > params.top_k + generate_module.TIE_ROOM
 
 
+
+
+@pytest.mark.parametrize("params, kept", [
+    (SamplingParams(temperature=1.0, min_p=0.4), [0, 1]),  # 0.15 and 0.05 are under 0.4 x 0.5
+    (SamplingParams(temperature=1.0, typical_p=0.3), [1]),  # the token nearest the expected surprise, not the likeliest
+], ids=["min-p", "typical-p"])
+def test_min_p_and_typical_p_draw_only_what_transformers_keeps(params, kept):
+    """The engine's min-p and typical-p are transformers' warpers: the tokens they drop are never
+    drawn, and the ones they keep are drawn as often as their renormalised probability says."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    processors = params.logits_processors()
+    assert [type(p).__name__ for p in processors] == ["MinPLogitsWarper" if params.min_p else "TypicalLogitsWarper"]
+    expected = torch.softmax(processors[0](None, logits.clone()), dim=-1)[0]
+    assert torch.nonzero(expected).flatten().tolist() == kept
+    sampler = Sampler(params, seed=0, device=torch.device("cpu"))
+    draws = torch.cat([sampler(logits, torch.zeros(1, 1, dtype=torch.long)) for _ in range(10_000)])
+    observed = torch.bincount(draws, minlength=4) / len(draws)
+    assert (observed - expected).abs().max() < 0.015

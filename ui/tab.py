@@ -33,8 +33,8 @@ NOTHING = gr.skip()
 GENERATION = "generation"  # the concurrency group of every request that runs the model
 STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
 GENERATING = str(i18n("generating"))  # a status the browser translates
-SLIDER_STEPS = {"temperature": 0.05, "top_p": 0.01, "repetition_penalty": 0.05}
-SETTINGS_WITH_INFO = {"temperature", "top_k", "top_p", "repetition_penalty", "no_repeat_ngram_size"}
+SLIDER_STEPS = {"temperature": 0.05, "top_p": 0.01, "min_p": 0.01, "typical_p": 0.01, "repetition_penalty": 0.05}
+SETTINGS_WITH_INFO = {"temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "no_repeat_ngram_size"}
 # Ctrl+Enter (⌘+Enter on a Mac) in any box of a tab presses its run button, as in notebooks and
 # text-generation-webui: a multi-line box, such as Generate's prompt, keeps Enter for a new line.
 # Every tab's panel is `tab-{name}` and its run button `{name}-run` (the Architecture tab's too).
