@@ -24,6 +24,7 @@ from engine.quantize import QUANTIZATIONS
 from engine.scheduler import MAX_BATCH
 from serve.messages import localized
 from serve.model_host import BUNDLED, ModelHost, ModelLoadError
+from serve.openai_api import openai_routes
 from serve.running import StopSwitches
 from tasks import TASKS
 from ui.api import api_endpoint
@@ -81,9 +82,11 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
     return demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
 
 
-def launch(demo: gr.Blocks, models: Sequence[str] = (), **options):
+def launch(demo: gr.Blocks, models: Sequence[str] = (), host: ModelHost | None = None, api_key: str | None = None,
+           **options):
     """Start serving `demo` (options: those of gr.Blocks.launch), with the interface text in the
-    browser's language.
+    browser's language, and OpenAI's /v1 API for `host`'s models on the same server and port
+    (serve/openai_api.py; with `api_key`, each /v1 request needs it).
 
     Gradio serves only the files the app hands out (its cache) and uploads, which no tab takes,
     so they are capped at 1 MB. The app's folder (code, bundled weights), the Hugging Face cache,
@@ -95,7 +98,14 @@ def launch(demo: gr.Blocks, models: Sequence[str] = (), **options):
     local = [Path(name).expanduser() for name in models]  # as model.checkpoint resolves a name
     blocked = [str(APP_DIR), HF_HUB_CACHE, *(str(path.resolve()) for path in local if path.is_dir()),
                *(path.strip() for path in os.environ.get("GRADIO_BLOCKED_PATHS", "").split(",") if path.strip())]
-    return demo.launch(i18n=i18n, css=PAGE_CSS, js=RUN_SHORTCUT_JS, blocked_paths=blocked, max_file_size=MAX_UPLOAD, **options)
+    blocking = not options.pop("prevent_thread_lock", False)
+    served = demo.launch(i18n=i18n, css=PAGE_CSS, js=RUN_SHORTCUT_JS, blocked_paths=blocked, max_file_size=MAX_UPLOAD,
+                         prevent_thread_lock=True, **options)
+    if host is not None:  # Gradio makes its FastAPI app as it launches: the routes join it then
+        demo.app.include_router(openai_routes(host, api_key))
+    if blocking:
+        demo.block_thread()
+    return served
 
 
 def show_model(host: ModelHost, tabs: list[Tab]):
@@ -159,6 +169,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--queue-size", type=int, default=int(env.get("STUDIO_QUEUE_SIZE", DEFAULT_QUEUE_SIZE)),
                         help=f"requests that may wait; more are turned away (env STUDIO_QUEUE_SIZE; "
                              f"default {DEFAULT_QUEUE_SIZE})")
+    parser.add_argument("--api-key", default=env.get("STUDIO_API_KEY") or None,
+                        help="require this key (Authorization: Bearer KEY) of every request to the OpenAI-compatible "
+                             "/v1 API; the page and its Gradio API are unchanged (env STUDIO_API_KEY; default none)")
     args = parser.parse_args(argv)
     given = args.model or [env.get("STUDIO_MODEL") or BUNDLED]
     args.model = [name.strip() for names in given for name in names.split(",") if name.strip()] or [BUNDLED]
@@ -173,7 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     except ModelLoadError as error:
         sys.exit(f"app.py: {error}")
     demo = build_app(host, concurrency=args.concurrency, queue_size=args.queue_size)
-    launch(demo, models=args.model, server_name=args.host, server_port=args.port, share=args.share)
+    launch(demo, models=args.model, host=host, api_key=args.api_key, server_name=args.host, server_port=args.port,
+           share=args.share)
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ def studio_app(models, **launch_options) -> Iterator[tuple]:
 
     host = models if isinstance(models, ModelHost) else ModelHost(models, device="cpu")
     demo = app.build_app(host)
-    _, url, _ = app.launch(demo, models=host.names,
+    _, url, _ = app.launch(demo, models=host.names, host=host,
                            server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
                            **launch_options)
     try:

@@ -1,0 +1,361 @@
+"""OpenAI's /v1 API beside the page, so that any client that speaks it (the `openai` package,
+LangChain, evaluation harnesses, editors) can use the app unchanged.
+
+- GET /v1/models: the model being served, and one id per task adapter (`bundled:translate`):
+  a completion under that id runs with that adapter switched on.
+- POST /v1/completions: the prompt continued, as the Generate tab continues it.
+- POST /v1/chat/completions: the messages as the Chat tab's transcript (a system message is the
+  persona), the reply cut where the Chat tab cuts it; `bundled:dialogue` switches its adapter on.
+
+Requests run through serve.running.run, under the same limits and checks as the page and the
+Gradio API; a refusal is a 400 in OpenAI's error shape naming the field (`param`), an unknown
+model a 404. The seed each choice ran with comes back in `system_fingerprint` (`seed-N`; the
+choices of n > 1 run with N, N+1, ...), so a run can be repeated. Streaming (server-sent events,
+ending `data: [DONE]`) stops the generation and frees its decoding row when the client goes.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import replace
+from typing import Any, Iterator
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from engine.generate import LIMITS, check_setting
+from tasks import TASKS, DialogueInputs, GenerateInputs, Task
+
+from .model_host import ModelHost
+from .outcome import Outcome
+from .running import MAX_CHARS, MAX_CHAT_TURNS, Param, TaskAPI, check_count, check_size, checked_text, run
+
+MAX_CHOICES = 8  # n: each choice holds a decoding row until it is done
+# OpenAI's name of a field -> the engine's setting, with OpenAI's default where it has one.
+SETTINGS = {"temperature": ("temperature", 1.0), "top_p": ("top_p", 1.0), "max_tokens": ("max_new_tokens", 16),
+            "max_completion_tokens": ("max_new_tokens", 16), "top_k": ("top_k", 0), "min_p": ("min_p", 0.0),
+            "typical_p": ("typical_p", 1.0), "repetition_penalty": ("repetition_penalty", 1.0),
+            "no_repeat_ngram_size": ("no_repeat_ngram_size", 0), "adapter_scale": ("adapter_scale", 1.0)}
+INTEGER = {"top_k", "max_new_tokens", "no_repeat_ngram_size"}
+
+
+class BadRequest(ValueError):
+    """A request the API does not take: OpenAI's 400 (or `status`), naming the field."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.param, self.status, self.kind, self.code = param, status, kind, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(self), "type": self.kind, "param": self.param,
+                                       "code": self.code}}, status_code=self.status)
+
+
+def openai_routes(host: ModelHost, api_key: str | None = None) -> APIRouter:
+    """The /v1 routes for the models `host` serves; with `api_key`, each needs it as a bearer token."""
+    router = APIRouter(prefix="/v1")
+
+    def guarded(handler):
+        async def handle(request: Request):
+            if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+                return BadRequest("a valid API key is needed: Authorization: Bearer KEY", status=401,
+                                  kind="authentication_error", code="invalid_api_key").response()
+            try:
+                return await handler(request)
+            except BadRequest as refused:
+                return refused.response()
+        return handle
+
+    async def models(request: Request):
+        return JSONResponse({"object": "list", "data": [{"id": model_id, "object": "model", "created": 0,
+                                                          "owned_by": "pre-ln-gpt2-studio"}
+                                                         for model_id in model_ids(host)]})
+
+    async def completions(request: Request):
+        body = await json_body(request)
+        task, adapter = task_for(host, body, TASKS["generate"])
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise BadRequest("prompt must be text (one string)", param="prompt")
+        api = TaskAPI(task, "v1/completions", (Param("prompt", str),),
+                      make_inputs=lambda prompt: GenerateInputs(checked_text("prompt", prompt)), description="")
+        return await respond(request, host, body, api, {"prompt": prompt}, adapter, completion_choice,
+                             completion_chunk, "text_completion")
+
+    async def chat_completions(request: Request):
+        body = await json_body(request)
+        task, adapter = task_for(host, body, TASKS["dialogue"])
+        inputs = dialogue_inputs(body.get("messages"))
+        api = TaskAPI(task, "v1/chat/completions", (Param("inputs", DialogueInputs),),
+                      make_inputs=lambda inputs: inputs, description="")
+        return await respond(request, host, body, api, {"inputs": inputs}, adapter, chat_choice, chat_chunk,
+                             "chat.completion")
+
+    router.add_api_route("/models", guarded(models), methods=["GET"])
+    router.add_api_route("/completions", guarded(completions), methods=["POST"])
+    router.add_api_route("/chat/completions", guarded(chat_completions), methods=["POST"])
+    return router
+
+
+def model_ids(host: ModelHost) -> list[str]:
+    loaded = host.current
+    return [loaded.name, *(f"{loaded.name}:{adapter}" for adapter in loaded.adapters)]
+
+
+async def json_body(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("the request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def task_for(host: ModelHost, body: dict, task: Task) -> tuple[Task, bool]:
+    """The task a request runs (its decoding defaults OpenAI's), and whether its adapter is on:
+    `name:adapter` switches that adapter on; the chat's own adapter, or any adapter for a
+    completion."""
+    model = body.get("model")
+    if model not in model_ids(host):
+        raise BadRequest(f"the model {model!r} is not served here (it serves: {', '.join(model_ids(host))})",
+                         param="model", status=404, code="model_not_found")
+    adapter = model.split(":", 1)[1] if ":" in model else None
+    if adapter is not None and task.adapter not in (None, adapter):
+        raise BadRequest(f"{model} is the {adapter} task's adapter: chat runs with the dialogue adapter "
+                         f"({host.current.name}:dialogue) or none", param="model")
+    defaults = replace(task.defaults, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=16,
+                       stop=task.defaults.stop + stop_strings(body.get("stop")))
+    return replace(task, defaults=defaults, adapter=adapter or task.adapter), adapter is not None
+
+
+def stop_strings(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise BadRequest("stop must be a string or a list of strings", param="stop")
+    return tuple(stops)
+
+
+def dialogue_inputs(messages: Any) -> DialogueInputs:
+    """OpenAI's messages as the Chat tab's conversation: system messages make the persona, the
+    user and assistant turns before the last user message its history."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list of {role, content}", param="messages")
+    persona, turns = [], []
+    for message in messages:
+        role = message.get("role") if isinstance(message, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):  # content parts: their text
+            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        if role not in ("system", "developer", "user", "assistant") or not isinstance(content, str):
+            raise BadRequest("each message must be {role: system|user|assistant, content: text}", param="messages")
+        if role in ("system", "developer"):
+            persona.append(content)
+        elif role == "user":
+            turns.append([content, ""])
+        elif turns and not turns[-1][1]:
+            turns[-1][1] = content
+        else:
+            turns.append(["", content])
+    if not turns or turns[-1][1]:
+        raise BadRequest("the last message must be the user's", param="messages")
+    try:
+        check_count("turns in history", len(turns) - 1, MAX_CHAT_TURNS)
+        history = [(user, bot) for user, bot in turns[:-1]]
+        check_size("history", sum(len(user) + len(bot) for user, bot in history), MAX_CHARS["history"])
+        return DialogueInputs(checked_text("message", turns[-1][0]), history, checked_text("persona", " ".join(persona)))
+    except ValueError as error:
+        raise BadRequest(str(error), param="messages") from None
+
+
+def request_values(body: dict) -> dict[str, Any]:
+    """The settings a request sends, checked field by field so that a refusal names its field."""
+    values = {}
+    for field, (name, _) in SETTINGS.items():
+        value = body.get(field)
+        if value is None:
+            continue
+        low, high = LIMITS[name]
+        try:
+            values[name] = check_setting(name, value, low, high, integer=name in INTEGER)
+        except ValueError as error:
+            raise BadRequest(str(error).replace(name, field, 1), param=field) from None
+    seed = body.get("seed")
+    if seed is not None:
+        try:
+            values["seed"] = check_setting("seed", seed, *LIMITS["seed"], integer=True)
+        except ValueError as error:
+            raise BadRequest(str(error), param="seed") from None
+    return values
+
+
+def logprobs_asked(body: dict, chat: bool) -> int:
+    """How many alternatives each token reports (OpenAI: completions' logprobs 0-20; chat's
+    logprobs: true with top_logprobs 0-20); -1: none asked."""
+    if chat:
+        if not body.get("logprobs"):
+            return -1
+        field, value = "top_logprobs", body.get("top_logprobs") or 0
+    else:
+        field, value = "logprobs", body.get("logprobs")
+        if value is None:
+            return -1
+    try:
+        return check_setting(field, value, 0, LIMITS["logprobs"][1], integer=True)
+    except ValueError as error:
+        raise BadRequest(str(error), param=field) from None
+
+
+def choice_count(body: dict) -> int:
+    try:
+        return check_setting("n", body.get("n", 1), 1, MAX_CHOICES, integer=True)
+    except ValueError as error:
+        raise BadRequest(str(error), param="n") from None
+
+
+async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, inputs: dict, adapter: bool,
+                  choice, chunk, kind: str):
+    """The request's n runs, streamed as server-sent events or answered at once when all have ended."""
+    chat = kind == "chat.completion"
+    settings = request_values(body)
+    top = logprobs_asked(body, chat)
+    n = choice_count(body)
+    echo = bool(body.get("echo")) and not chat
+    seed = settings.pop("seed", None)
+    if seed is None:
+        seed = int.from_bytes(uuid.uuid4().bytes[:4], "little")
+    defaults = api.task.defaults
+    base = {**{name: getattr(defaults, name) for name in ("temperature", "top_k", "top_p", "min_p", "typical_p",
+                                                          "repetition_penalty", "no_repeat_ngram_size",
+                                                          "max_new_tokens")},
+            **settings, **inputs, "adapter": adapter, "logprobs": max(top, 0)}
+    values = [{**base, "seed": (seed + i) % (LIMITS["seed"][1] + 1)} for i in range(n)]
+    created, name = int(time.time()), f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    headers = {"X-Seed": str(seed)}
+    meta = {"id": name, "created": created, "model": body.get("model"), "system_fingerprint": f"seed-{seed}"}
+    if body.get("stream"):
+        first, runs = await anyio.to_thread.run_sync(start_runs, api, host, values)
+        head = inputs["prompt"] if echo else ""
+        return StreamingResponse(streamed(request, first, runs, chunk, meta, top, head),
+                                 media_type="text/event-stream", headers=headers)
+    finals = await anyio.to_thread.run_sync(lambda: [last_of(api, host, run_values) for run_values in values])
+    choices = [choice(i, *final, top=top, echo=echo, inputs=inputs) for i, final in enumerate(finals)]
+    prompt_tokens = finals[0][1].prompt_tokens
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": sum(f[1].generated_tokens for f in finals),
+             "total_tokens": prompt_tokens + sum(f[1].generated_tokens for f in finals)}
+    return JSONResponse({**meta, "object": kind, "choices": choices, "usage": usage}, headers=headers)
+
+
+def last_of(api: TaskAPI, host: ModelHost, values: dict) -> tuple[str, Outcome, str, list]:
+    """A run's last update, or its refusal as a BadRequest."""
+    last = None
+    for last in run(api, host, values):
+        pass
+    return checked_outcome(last)
+
+
+def checked_outcome(update):
+    text, outcome, prompt, logprobs = update
+    if outcome is not None and not outcome.ran:
+        if outcome.kind == "refused":  # the field the message names, where it names one
+            raise BadRequest(outcome.message.english, param=dict(outcome.message.fields).get("name"))
+        raise BadRequest(outcome.message.english, status=500, kind="server_error")
+    return update
+
+
+def start_runs(api: TaskAPI, host: ModelHost, values: list[dict]):
+    """The runs of a streamed request, and the first update of the first (a refusal comes before
+    any byte is sent, as a 400)."""
+    runs = [run(api, host, run_values) for run_values in values]
+    first = checked_outcome(next(runs[0]))
+    return first, runs
+
+
+async def streamed(request: Request, first, runs: list[Iterator], chunk, meta: dict, top: int, head: str):
+    """Server-sent events: each choice's new text as it comes (choices one after another, each
+    after `head`, the prompt where it is echoed), its finish_reason last, then [DONE]; a client that
+    leaves ends every run, freeing its decoding row."""
+    try:
+        for index, events in enumerate(runs):
+            if head:
+                yield event(chunk(index, head, None, [], top, meta))
+            sent, update = "", first if index == 0 else None
+            while True:
+                if update is None:
+                    update = await anyio.to_thread.run_sync(next, events, None)
+                    if update is None:
+                        break
+                text, outcome, _, logprobs = checked_outcome(update)
+                update = None
+                delta = text[len(sent):] if text.startswith(sent) else ""
+                if delta or outcome is not None:
+                    sent = sent + delta
+                    yield event(chunk(index, delta, outcome, logprobs if outcome is not None else [], top, meta))
+                if await request.is_disconnected():
+                    return
+        yield "data: [DONE]\n\n"
+    except BadRequest as failed:
+        yield event({"error": {"message": str(failed), "type": failed.kind, "param": failed.param, "code": None}})
+    finally:
+        for events in runs:
+            await anyio.to_thread.run_sync(events.close)
+
+
+def event(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def finish_reason(outcome: Outcome) -> str:
+    """OpenAI's: "length" where the token budget ran out, "stop" for every other end."""
+    return "length" if outcome.stop_reason in ("max_tokens", "context_full") else "stop"
+
+
+def completion_logprobs(entries: list[dict], top: int, start: int = 0) -> dict:
+    """OpenAI's completions logprobs: tokens, their log-probabilities, each one's top alternatives,
+    and where each token starts in the text (from `start`)."""
+    offsets, at = [], start
+    for entry in entries:
+        offsets.append(at)
+        at += len(entry["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{alt["token"]: alt["logprob"] for alt in e["top"][:top]} for e in entries],
+            "text_offset": offsets}
+
+
+def chat_logprobs(entries: list[dict], top: int) -> dict:
+    def one(entry: dict) -> dict:
+        return {"token": entry["token"], "logprob": entry["logprob"], "bytes": entry["bytes"]}
+    return {"content": [{**one(e), "top_logprobs": [one(alt) for alt in e["top"][:top]]} for e in entries]}
+
+
+def completion_choice(index: int, text: str, outcome: Outcome, prompt: str, logprobs: list, top: int, echo: bool,
+                      inputs: dict) -> dict:
+    head = inputs["prompt"] if echo else ""
+    return {"index": index, "text": head + text, "finish_reason": finish_reason(outcome),
+            "logprobs": completion_logprobs(logprobs, top, len(head)) if top >= 0 else None}
+
+
+def chat_choice(index: int, text: str, outcome: Outcome, prompt: str, logprobs: list, top: int, echo: bool,
+                inputs: dict) -> dict:
+    return {"index": index, "message": {"role": "assistant", "content": text},
+            "finish_reason": finish_reason(outcome), "logprobs": chat_logprobs(logprobs, top) if top >= 0 else None}
+
+
+def completion_chunk(index: int, delta: str, outcome: Outcome | None, logprobs: list, top: int, meta: dict) -> dict:
+    return {**meta, "object": "text_completion",
+            "choices": [{"index": index, "text": delta, "finish_reason": finish_reason(outcome) if outcome else None,
+                         "logprobs": completion_logprobs(logprobs, top) if outcome and top >= 0 else None}]}
+
+
+def chat_chunk(index: int, delta: str, outcome: Outcome | None, logprobs: list, top: int, meta: dict) -> dict:
+    return {**meta, "object": "chat.completion.chunk",
+            "choices": [{"index": index, "delta": {"role": "assistant", "content": delta},
+                         "finish_reason": finish_reason(outcome) if outcome else None,
+                         "logprobs": chat_logprobs(logprobs, top) if outcome and top >= 0 else None}]}

@@ -1,0 +1,166 @@
+"""OpenAI's /v1 API on the app's own server (serve/openai_api.py), driven by the real `openai`
+client: completions and chat, streamed and not, with logprobs; a seed gives the same text twice and
+the same text as the Gradio API; an adapter's model id runs as the tab's adapter does; bad fields
+are 400s naming the field; a key, where set, is needed; a closed stream frees its decoding row."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from gradio_client import Client
+
+from serve.model_host import ModelHost
+from tasks import first_sentences
+
+from .conftest import studio_app, wait_until
+
+pytestmark = pytest.mark.slow  # the app served
+
+SETTINGS = dict(temperature=0.8, top_p=1.0, max_tokens=12, seed=7)  # with top_k 40, as extra_body
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def served(app_models):
+    host = ModelHost(app_models, device="cpu")
+    with studio_app(host) as (_, url):
+        yield host, url
+
+
+@pytest.fixture(scope="module")
+def client(served) -> openai.OpenAI:
+    _, url = served
+    return openai.OpenAI(base_url=f"{url.rstrip('/')}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(served) -> str:
+    host, _ = served
+    return host.current.name
+
+
+def test_the_models_are_the_one_served_and_one_per_adapter(client, model):
+    ids = [m.id for m in client.models.list().data]
+    assert ids == [model, f"{model}:dialogue", f"{model}:summarize", f"{model}:translate"]
+
+
+def test_a_seeded_completion_repeats_and_is_what_the_gradio_api_gives(client, served, model):
+    _, url = served
+    first = client.completions.create(model=model, prompt=PROMPT, extra_body={"top_k": 40}, **SETTINGS)
+    again = client.completions.create(model=model, prompt=PROMPT, extra_body={"top_k": 40}, **SETTINGS)
+    text = first.choices[0].text
+    assert text and text == again.choices[0].text
+    assert first.system_fingerprint == "seed-7" and first.choices[0].finish_reason in ("stop", "length")
+    assert first.usage.completion_tokens <= 12 and first.usage.prompt_tokens == again.usage.prompt_tokens
+    gradio_text, status, *_ = Client(url, verbose=False).predict(PROMPT, temperature=0.8, top_k=40, max_new_tokens=12,
+                                                                 seed=7, api_name="/generate")
+    assert status.startswith("seed 7 · ") and gradio_text == text
+
+
+def test_completion_logprobs_echo_and_several_choices(client, model):
+    done = client.completions.create(model=model, prompt=PROMPT, logprobs=3, echo=True, n=2, **SETTINGS)
+    assert [choice.index for choice in done.choices] == [0, 1]
+    first = done.choices[0]
+    assert first.text.startswith(PROMPT)
+    logprobs = first.logprobs
+    assert "".join(logprobs.tokens) == first.text[len(PROMPT):]  # the generated tokens make the text
+    assert len(logprobs.token_logprobs) == len(logprobs.tokens) and all(lp <= 0 for lp in logprobs.token_logprobs)
+    assert all(0 < len(top) <= 3 for top in logprobs.top_logprobs)
+    assert logprobs.text_offset[0] == len(PROMPT) and logprobs.text_offset == sorted(logprobs.text_offset)
+    # each further choice runs with the next seed: the first alone is the seed's own run
+    alone = client.completions.create(model=model, prompt=PROMPT, **SETTINGS)
+    assert alone.choices[0].text == first.text[len(PROMPT):]
+
+
+def test_a_streamed_completion_is_the_same_text_in_pieces(client, model):
+    whole = client.completions.create(model=model, prompt=PROMPT, **{**SETTINGS, "max_tokens": 30})
+    pieces = list(client.completions.create(model=model, prompt=PROMPT, stream=True, **{**SETTINGS, "max_tokens": 30}))
+    assert "".join(piece.choices[0].text for piece in pieces) == whole.choices[0].text
+    assert pieces[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert all(piece.choices[0].finish_reason is None for piece in pieces[:-1])
+
+
+def test_chat_is_the_chat_tabs_reply_streamed_or_not(client, served, model):
+    _, url = served
+    messages = [{"role": "system", "content": "Bot is a friendly sailor."},
+                {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi there!"},
+                {"role": "user", "content": "How are you?"}]
+    settings = dict(temperature=0.8, max_tokens=20, seed=11)
+    done = client.chat.completions.create(model=model, messages=messages, logprobs=True, top_logprobs=2, **settings)
+    reply = done.choices[0].message.content
+    assert reply and done.choices[0].message.role == "assistant"
+    content = done.choices[0].logprobs.content
+    assert content and all(len(token.top_logprobs) <= 2 and token.logprob <= 0 for token in content)
+    streamed = client.chat.completions.create(model=model, messages=messages, stream=True, **settings)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed) == reply
+    gradio_reply, status, prompt, _ = Client(url, verbose=False).predict(
+        "How are you?", [["Hello", "Hi there!"]], "Bot is a friendly sailor.", temperature=0.8, top_k=0,
+        max_new_tokens=20, seed=11, adapter=False, api_name="/chat")
+    assert gradio_reply == reply and prompt.startswith("Bot is a friendly sailor.")
+
+
+def test_an_adapters_model_id_runs_as_the_tab_runs_that_adapter(client, served, model):
+    """`model:translate` on the Translate tab's adapter prompt gives the tab's translation."""
+    _, url = served
+    translation, _, prompt, _ = Client(url, verbose=False).predict(
+        "The dog is happy.", "English", "French", None, seed=3, adapter=True, api_name="/translate")
+    from tasks import TASKS
+    defaults = TASKS["translate"].defaults
+    done = client.completions.create(model=f"{model}:translate", prompt=prompt, temperature=0, seed=3,
+                                     max_tokens=defaults.max_new_tokens,
+                                     extra_body={"repetition_penalty": defaults.repetition_penalty})
+    assert first_sentences(1)(done.choices[0].text) == translation
+    plain = client.completions.create(model=model, prompt=prompt, temperature=0, seed=3,
+                                      max_tokens=defaults.max_new_tokens,
+                                      extra_body={"repetition_penalty": defaults.repetition_penalty})
+    assert plain.choices[0].text != done.choices[0].text  # the adapter is what made it
+
+
+@pytest.mark.parametrize("request_, param", [
+    (dict(temperature=99), "temperature"),
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(n=0), "n"),
+    (dict(logprobs=21), "logprobs"),
+    (dict(top_p=0), "top_p"),
+    (dict(seed=-5), "seed"),
+    (dict(stop=[1, 2]), "stop"),
+    (dict(prompt="word " * 5000), "prompt"),
+    (dict(extra_body={"min_p": 2}), "min_p"),
+])
+def test_a_bad_field_is_a_400_that_names_it_and_the_server_goes_on(client, model, request_, param):
+    request_ = {"prompt": PROMPT, **request_}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=model, **request_)
+    assert refused.value.body["param"] == param, refused.value.body
+    assert client.completions.create(model=model, prompt=PROMPT, max_tokens=2).choices[0].text is not None
+
+
+def test_bad_chat_messages_and_an_unknown_model_are_refused(client, model):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=model, messages=[])
+    assert refused.value.body["param"] == "messages"
+    with pytest.raises(openai.BadRequestError):  # the last message must be the user's
+        client.chat.completions.create(model=model, messages=[{"role": "assistant", "content": "Hi"}])
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.completions.create(model="gpt-4", prompt=PROMPT)
+    assert unknown.value.body["param"] == "model" and model in unknown.value.body["message"]
+
+
+def test_a_closed_stream_frees_its_decoding_row(client, served, model):
+    host, _ = served
+    scheduler = host.current.scheduler
+    stream = client.completions.create(model=model, prompt=PROMPT, stream=True, max_tokens=500, temperature=1.0)
+    next(iter(stream))
+    assert scheduler.rows_in_use == 1
+    stream.close()
+    assert wait_until(lambda: scheduler.rows_in_use == 0, timeout_s=20)
+
+
+def test_with_an_api_key_a_v1_request_needs_it_and_the_page_does_not(app_models):
+    with studio_app(app_models[:1], api_key="sesame") as (_, url):
+        base = f"{url.rstrip('/')}/v1"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
+        assert httpx.get(f"{base}/models").status_code == 401
+        assert openai.OpenAI(base_url=base, api_key="sesame", max_retries=0).models.list().data
+        assert httpx.get(url).status_code == 200  # the page itself needs no key
