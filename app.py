@@ -83,10 +83,11 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
 
 
 def launch(demo: gr.Blocks, models: Sequence[str] = (), host: ModelHost | None = None, api_key: str | None = None,
-           **options):
+           capacity: int = DEFAULT_CONCURRENCY + DEFAULT_QUEUE_SIZE, **options):
     """Start serving `demo` (options: those of gr.Blocks.launch), with the interface text in the
     browser's language, and OpenAI's /v1 API for `host`'s models on the same server and port
-    (serve/openai_api.py; with `api_key`, each /v1 request needs it).
+    (serve/openai_api.py; with `api_key`, each /v1 request needs it; `capacity` of them at once,
+    as many as the page's generations and its queue).
 
     Gradio serves only the files the app hands out (its cache) and uploads, which no tab takes,
     so they are capped at 1 MB. The app's folder (code, bundled weights), the Hugging Face cache,
@@ -102,7 +103,7 @@ def launch(demo: gr.Blocks, models: Sequence[str] = (), host: ModelHost | None =
     served = demo.launch(i18n=i18n, css=PAGE_CSS, js=RUN_SHORTCUT_JS, blocked_paths=blocked, max_file_size=MAX_UPLOAD,
                          prevent_thread_lock=True, **options)
     if host is not None:  # Gradio makes its FastAPI app as it launches: the routes join it then
-        demo.app.include_router(openai_routes(host, api_key))
+        demo.app.include_router(openai_routes(host, api_key, capacity))
     if blocking:
         demo.block_thread()
     return served
@@ -186,8 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     except ModelLoadError as error:
         sys.exit(f"app.py: {error}")
     demo = build_app(host, concurrency=args.concurrency, queue_size=args.queue_size)
-    launch(demo, models=args.model, host=host, api_key=args.api_key, server_name=args.host, server_port=args.port,
-           share=args.share)
+    launch(demo, models=args.model, host=host, api_key=args.api_key, capacity=args.concurrency + args.queue_size,
+           server_name=args.host, server_port=args.port, share=args.share)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ class ModelHost:
         self.device = pick_device(device)
         self.quantize = quantize
         self._switching = threading.Lock()  # one load at a time; requests never wait for it
+        self.loading: str | None = None  # the model being loaded to switch to, while it loads
         self._current = self._load(self.names[0])
 
     @property
@@ -89,7 +90,11 @@ class ModelHost:
                                  f"({', '.join(self.names)})")
         with self._switching:
             if name != self._current.name:
-                self._current = self._load(name)
+                self.loading = name
+                try:
+                    self._current = self._load(name)
+                finally:
+                    self.loading = None
         return self._current
 
     def _prepare(self, name: str) -> tuple[GPT2, Tokenizer]:

@@ -16,6 +16,7 @@ ending `data: [DONE]`) stops the generation and frees its decoding row when the 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from dataclasses import replace
@@ -33,6 +34,7 @@ from .outcome import Outcome
 from .running import MAX_CHARS, MAX_CHAT_TURNS, Param, TaskAPI, check_count, check_size, checked_text, run
 
 MAX_CHOICES = 8  # n: each choice holds a decoding row until it is done
+RETRY_AFTER_S = 5  # what a 429 or a 503 asks the client to wait
 # OpenAI's name of a field -> the engine's setting, with OpenAI's default where it has one.
 SETTINGS = {"temperature": ("temperature", 1.0), "top_p": ("top_p", 1.0), "max_tokens": ("max_new_tokens", 16),
             "max_completion_tokens": ("max_new_tokens", 16), "top_k": ("top_k", 0), "min_p": ("min_p", 0.0),
@@ -50,23 +52,59 @@ class BadRequest(ValueError):
         self.param, self.status, self.kind, self.code = param, status, kind, code
 
     def response(self) -> JSONResponse:
+        retry = {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503) else {}
         return JSONResponse({"error": {"message": str(self), "type": self.kind, "param": self.param,
-                                       "code": self.code}}, status_code=self.status)
+                                       "code": self.code}}, status_code=self.status, headers=retry)
 
 
-def openai_routes(host: ModelHost, api_key: str | None = None) -> APIRouter:
-    """The /v1 routes for the models `host` serves; with `api_key`, each needs it as a bearer token."""
+class Admission:
+    """At most `capacity` requests at once (those decoding and those waiting for a row, as the
+    page's queue holds them): one more is told to come back (429)."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.taken, self._lock = capacity, 0, threading.Lock()
+
+    def enter(self) -> None:
+        with self._lock:
+            if self.taken >= self.capacity:
+                raise BadRequest(f"too many requests at once ({self.capacity}); please retry in a few seconds",
+                                 status=429, kind="rate_limit_error", code="queue_full")
+            self.taken += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.taken -= 1
+
+
+def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 72) -> APIRouter:
+    """The /v1 routes for the models `host` serves, `capacity` requests at a time (Admission);
+    with `api_key`, each needs it as a bearer token."""
     router = APIRouter(prefix="/v1")
+    admission = Admission(capacity)
 
-    def guarded(handler):
+    def guarded(handler, admitted: bool = True):
         async def handle(request: Request):
             if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
                 return BadRequest("a valid API key is needed: Authorization: Bearer KEY", status=401,
                                   kind="authentication_error", code="invalid_api_key").response()
             try:
-                return await handler(request)
+                if not admitted:
+                    return await handler(request)
+                admission.enter()
             except BadRequest as refused:
                 return refused.response()
+            left = False
+            try:
+                response = await handler(request)
+                if isinstance(response, StreamingResponse):  # its place is given back when the stream ends
+                    response.body_iterator = leaving(response.body_iterator, admission)
+                    left = True
+                return response
+            except BadRequest as refused:
+                return refused.response()
+            finally:
+                if not left:
+                    admission.leave()
         return handle
 
     async def models(request: Request):
@@ -96,10 +134,19 @@ def openai_routes(host: ModelHost, api_key: str | None = None) -> APIRouter:
         return await respond(request, host, body, api, {"inputs": inputs}, adapter, chat_choice, chat_chunk,
                              "chat.completion")
 
-    router.add_api_route("/models", guarded(models), methods=["GET"])
+    router.add_api_route("/models", guarded(models, admitted=False), methods=["GET"])
     router.add_api_route("/completions", guarded(completions), methods=["POST"])
     router.add_api_route("/chat/completions", guarded(chat_completions), methods=["POST"])
     return router
+
+
+async def leaving(events, admission: Admission):
+    """A stream's events; once it ends, however (its client gone too), its place is given back."""
+    try:
+        async for data in events:
+            yield data
+    finally:
+        admission.leave()
 
 
 def model_ids(host: ModelHost) -> list[str]:
@@ -122,6 +169,9 @@ def task_for(host: ModelHost, body: dict, task: Task) -> tuple[Task, bool]:
     `name:adapter` switches that adapter on; the chat's own adapter, or any adapter for a
     completion."""
     model = body.get("model")
+    if host.loading is not None and str(model).split(":", 1)[0] == host.loading:
+        raise BadRequest(f"the model {host.loading} is loading; please retry in a few seconds", param="model",
+                         status=503, kind="server_error", code="model_loading")
     if model not in model_ids(host):
         raise BadRequest(f"the model {model!r} is not served here (it serves: {', '.join(model_ids(host))})",
                          param="model", status=404, code="model_not_found")

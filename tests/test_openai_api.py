@@ -164,3 +164,30 @@ def test_with_an_api_key_a_v1_request_needs_it_and_the_page_does_not(app_models)
         assert httpx.get(f"{base}/models").status_code == 401
         assert openai.OpenAI(base_url=base, api_key="sesame", max_retries=0).models.list().data
         assert httpx.get(url).status_code == 200  # the page itself needs no key
+
+
+def test_past_its_capacity_a_request_is_told_to_retry_and_a_loading_model_to_wait(app_models):
+    host = ModelHost(app_models[:2], device="cpu")
+    with studio_app(host, capacity=1) as (_, url):
+        client = openai.OpenAI(base_url=f"{url.rstrip('/')}/v1", api_key="unused", max_retries=0)
+        model = host.current.name
+        holding = client.completions.create(model=model, prompt=PROMPT, stream=True, max_tokens=500)
+        next(iter(holding))  # one request decoding: the capacity
+        with pytest.raises(openai.RateLimitError) as full:
+            client.completions.create(model=model, prompt=PROMPT, max_tokens=2)
+        assert full.value.response.headers["retry-after"]
+        holding.close()
+
+        def answered() -> bool:
+            try:
+                return client.completions.create(model=model, prompt=PROMPT, max_tokens=2) is not None
+            except openai.RateLimitError:
+                return False
+        assert wait_until(answered, timeout_s=20)  # the closed stream gave its place back
+        host.loading = host.names[1]  # as while the model panel loads it
+        try:
+            with pytest.raises(openai.InternalServerError) as loading:
+                client.completions.create(model=host.names[1], prompt=PROMPT, max_tokens=2)
+            assert loading.value.status_code == 503 and loading.value.response.headers["retry-after"]
+        finally:
+            host.loading = None
