@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -66,12 +67,11 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
 
         for tab in tabs:
             gr.api(api_endpoint(tab.view.api, host), api_name=tab.view.api.name, concurrency_id=GENERATION)
-        model_outputs = [model_info, model_choice, *(tab.adapter for tab in tabs),
-                         *(tab.insight.compare for tab in tabs), lens_adapter]
-        model_choice.select(switch_model(host, tabs), model_choice, model_outputs, concurrency_limit=1,
+        model_parts = ModelParts(model_info, model_choice, tabs, lens_adapter)
+        model_choice.select(switch_model(host, model_parts), model_choice, model_parts.outputs, concurrency_limit=1,
                            concurrency_id="load_model", api_visibility="private")
         # A page opened after a switch shows the model being served, not the one at start-up.
-        demo.load(show_model(host, tabs), None, model_outputs, queue=False, api_visibility="private")
+        demo.load(show_model(host, model_parts), None, model_parts.outputs, queue=False, api_visibility="private")
         # While the decode kernels build, the model line is refreshed until it says which path stays.
         refresh = gr.Timer(5, active=not kernels.settled())
         refresh.tick(refresh_model_line(host), None, [model_info, refresh], queue=False, api_visibility="private")
@@ -109,12 +109,28 @@ def launch(demo: gr.Blocks, models: Sequence[str] = (), host: ModelHost | None =
     return served
 
 
-def show_model(host: ModelHost, tabs: list[Tab]):
-    def model_state(request: gr.Request):
+@dataclass(frozen=True)
+class ModelParts:
+    """What on the page follows the model being served."""
+    line: gr.Markdown
+    choice: gr.Dropdown
+    tabs: list[Tab]
+    lens_adapter: gr.Dropdown
+
+    @property
+    def outputs(self) -> set:
+        return {self.line, self.choice, self.lens_adapter, *(tab.adapter for tab in self.tabs),
+                *(tab.insight.compare for tab in self.tabs)}
+
+
+def show_model(host: ModelHost, parts: ModelParts):
+    def model_state(request: gr.Request) -> dict:
         loaded = host.current
         lang = language(request)
-        return [loaded.describe(lang), loaded.name, *(gr.update(**adapter_props(tab.view.task, loaded)) for tab in tabs),
-                *(gr.update(**compare_props(tab.view.task, loaded)) for tab in tabs), lens_choices(loaded, lang)]
+        return {parts.line: loaded.describe(lang), parts.choice: loaded.name,
+                parts.lens_adapter: lens_choices(loaded, lang),
+                **{tab.adapter: gr.update(**adapter_props(tab.view.task, loaded)) for tab in parts.tabs},
+                **{tab.insight.compare: gr.update(**compare_props(tab.view.task, loaded)) for tab in parts.tabs}}
     return model_state
 
 
@@ -124,8 +140,8 @@ def refresh_model_line(host: ModelHost):
     return model_line
 
 
-def switch_model(host: ModelHost, tabs: list[Tab]):
-    model_state = show_model(host, tabs)
+def switch_model(host: ModelHost, parts: ModelParts):
+    model_state = show_model(host, parts)
 
     def load_model(name: str, request: gr.Request):
         """Serve the model `name` (one of those the app was started with) from now on."""

@@ -155,11 +155,6 @@ class Result:
     # after the decoding settings.
     logprobs: list[dict] = field(default_factory=list)
 
-    def summary(self) -> str:
-        speed = f"{self.tokens_per_second:.1f}" if self.tokens_per_second else "—"  # none drawn: no speed
-        return (f"seed {self.seed} · {self.prompt_tokens} prompt + {self.generated_tokens} generated tokens · "
-                f"{speed} tokens/s · stopped: {STOP_REASON_WORDS[self.stop_reason]}")
-
 
 def brief(value, limit: int = 60) -> str:
     """repr(value), cut to `limit` characters: an error message quotes what it refuses, however big."""

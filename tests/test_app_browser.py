@@ -1066,6 +1066,8 @@ def test_a_file_that_is_no_conversation_is_refused_and_the_conversation_stays(pa
         conversation_tool(page, "import").click()
     chooser.value.set_files(str(wrong))
     expect(page.locator("#dialogue-status")).to_contain_text("⚠️ the file is not an exported conversation")
+    # and a notice, since on a phone the status line is a screen away from the import button
+    expect(page.get_by_test_id("toast-body").first).to_contain_text("not an exported conversation")
     assert chat_turns(page) == before
     expect(persona).to_have_value("Bot is a friendly sailor.")
 

@@ -114,11 +114,12 @@ def made_messages() -> list[str]:
         kernels.decode_path(),
         *(TASKS["translate"].two_steps(TranslateInputs("Bonjour.", "French", "German"), True)[2].format(
             text=text, prompt=90, generated=7) for text in ("Hello.", "(nothing)")),
-        *(Result("", 7, 4, 16, 633.3, reason).summary() for reason in STOP_REASON_WORDS),
+        *(status_line(Outcome.done(Result("", 7, 4, 16, 633.3, reason), None, [], []), "en")
+          for reason in STOP_REASON_WORDS),
         *(adapter_state(on, scale) for on, scale in ((False, 1.0), (True, 1.0), (True, 0.5))),
         *(compared_state(scale) for scale in (1.0, 0.5)),
         SAME_SEED, GREEDY_SAME,
-        Result("", 7, 4, 16, 0.0, "max_tokens").summary(),  # no token drawn: no speed
+        status_line(Outcome.done(Result("", 7, 4, 16, 0.0, "max_tokens"), None, [], []), "en"),  # no speed
     ]
     return messages
 

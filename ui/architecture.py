@@ -176,7 +176,11 @@ ARCHITECTURE_CSS = """
 
 
 def look_inside(host: ModelHost):
-    def run(prompt: str, layer: float, head: float, adapter: str = NO_ADAPTER, request: gr.Request | None = None):
+    """The live view's run: by the name of each part it changes (norms, attention, top, layer,
+    head, lens), the part's new value, and its outcome (refused: only the outcome; the plots stay
+    as they were)."""
+    def run(prompt: str, layer: float, head: float, adapter: str = NO_ADAPTER,
+            request: gr.Request | None = None) -> dict:
         loaded = host.current  # once: a model switch meanwhile does not change this request
         config = loaded.model.config
         try:
@@ -191,12 +195,13 @@ def look_inside(host: ModelHost):
                                                                head - 1))
             lens = in_thread_of_its_own(lambda: logit_lens(loaded.model, loaded.tokenizer, prompt, adapter))
         except ValueError as error:  # said in the tab's status line, as the task tabs say a refusal
-            return (*[gr.skip()] * 6, status_line(Outcome.refused(str(error)), language(request)))
+            return {"outcome": Outcome.refused(str(error))}
         top = pd.DataFrame([[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens],  # a random model's are tiny
                            columns=TOP_HEADERS[language(request)])
-        return (residual_norm_figure(seen, loaded.name), attention_figure(seen), top,
-                gr.update(maximum=slider_top(config.n_layer), value=layer),
-                gr.update(maximum=slider_top(config.n_head), value=head), lens_figure(lens, adapter), "")
+        return {"norms": residual_norm_figure(seen, loaded.name), "attention": attention_figure(seen), "top": top,
+                "layer": gr.update(maximum=slider_top(config.n_layer), value=layer),
+                "head": gr.update(maximum=slider_top(config.n_head), value=head),
+                "lens": lens_figure(lens, adapter), "outcome": None}
     return run
 
 
@@ -231,7 +236,7 @@ def architecture_tab(host: ModelHost) -> tuple[gr.Dropdown, list[gr.Button]]:
     with gr.Tab(i18n("tab_architecture"), id="architecture", elem_id="tab-architecture") as tab:
         gr.Markdown(i18n("architecture_intro"))
         with gr.Row():
-            # Wrapped: on a phone a long line was cut at the screen's edge.
+            # Wrapped, so that a phone shows each line whole.
             gr.Code(PRE_LN, language="python", label=i18n("pre_ln"), interactive=False, wrap_lines=True)
             gr.Code(POST_LN, language="python", label=i18n("post_ln"), interactive=False, wrap_lines=True)
         gr.Markdown(i18n("seed_corrections"))
@@ -259,8 +264,16 @@ def architecture_tab(host: ModelHost) -> tuple[gr.Dropdown, list[gr.Button]]:
         lens_adapter = gr.Dropdown([NO_ADAPTER, *host.current.adapters], value=NO_ADAPTER, label=i18n("lens_adapter"),
                                    info=i18n("lens_adapter_info"), elem_id="architecture-lens-adapter")
         lens = captioned_plot("logit_lens", "architecture-lens")
-        run = look_inside(host)
-        outputs = [norms, attention, top, layer, head, lens, status]
+        look = look_inside(host)
+        outcome = gr.State(None)  # the last look's: None, or why it was refused
+        parts = {"norms": norms, "attention": attention, "top": top, "layer": layer, "head": head, "lens": lens,
+                 "outcome": outcome}
+        outputs = {*parts.values(), status}
+
+        def run(prompt_text: str, layer_value, head_value, adapter, request: gr.Request) -> dict:
+            seen = look(prompt_text, layer_value, head_value, adapter, request)
+            return {**{parts[name]: value for name, value in seen.items()},
+                    status: status_line(seen["outcome"], language(request))}
         # One at a time: matplotlib's text layout (its mathtext parser) is not safe across threads,
         # and Gradio draws each returned figure in the event's own worker.
         one_at_a_time = dict(api_visibility="private", concurrency_limit=1, concurrency_id="look_inside")
@@ -272,7 +285,7 @@ def architecture_tab(host: ModelHost) -> tuple[gr.Dropdown, list[gr.Button]]:
 
         def first_look(seen: bool, prompt_text: str, layer_value, head_value, adapter, request: gr.Request):
             if seen:
-                return *[gr.skip()] * len(outputs), True
-            return *run(prompt_text, layer_value, head_value, adapter, request), True
-        tab.select(first_look, [drawn, prompt, layer, head, lens_adapter], [*outputs, drawn], **one_at_a_time)
+                return gr.skip()
+            return {**run(prompt_text, layer_value, head_value, adapter, request), drawn: True}
+        tab.select(first_look, [drawn, prompt, layer, head, lens_adapter], {*outputs, drawn}, **one_at_a_time)
     return lens_adapter, [run_button]

@@ -22,19 +22,20 @@ from typing import Any
 
 import gradio as gr
 
+from serve.messages import localized
 from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome
 from serve.running import MAX_CHARS, MAX_CHAT_TURNS, RANDOM_SEED, Param, TaskAPI, check_count, check_size, checked_text
 from tasks import TASKS, DialogueInputs
 from tasks.dialogue import PERSONAS
 
 from .i18n import i18n
-from .messages import language
+from .messages import language, word
 from .tab import NOTHING, Tab, TaskView, Widgets, adapter_props
 from .tokens import Insight
 
 # The conversation's height is capped on the messages' own scrolling box, not on the Chatbot's
-# (its max_height): Gradio follows the newest reply by scrolling that inner box, and with the cap
-# on the outer one the inner never scrolled, and a new reply stayed below the fold.
+# (its max_height): Gradio follows the newest reply by scrolling that inner box, which scrolls only
+# where it is the one capped.
 CHAT_CSS = """
 #dialogue-chatbot .bubble-wrap { max-height: 360px; }
 """
@@ -357,8 +358,10 @@ def keep_in_browser(tab: Tab, export: dict, changed: list, forgetting: list[dict
     def imported(request: gr.Request, path, saved: dict, *values) -> dict:  # Gradio puts the request first
         try:
             conversation = read_import(path)
-        except ValueError as error:  # the conversation shown stays, and the line says why
-            return tab.shown(Outcome.refused(str(error)), language(request))
+        except ValueError as error:  # the conversation shown stays; the line says why, and so does a
+            lang = language(request)   # notice, since on a phone the line is a screen from the button
+            gr.Warning(localized(str(error), lang), title=word("warning", lang))
+            return tab.shown(Outcome.refused(str(error)), lang)
         saved = filed(saved or {}, current(*values))
         saved["current"] = {**current(*values), **conversation}
         return replaced_by(saved, shown(saved["current"]))

@@ -21,8 +21,8 @@ from .messages import language, word
 from .tokens import TOP_SHOWN, Insight
 
 # A folded section's title that wraps (a phone's "Why this output" one) reads from the left, and its
-# arrow keeps its own size beside it: stretched to the title's two lines and turned, it stood on
-# the section's border.
+# arrow keeps its own size beside it, inside the section: Gradio stretches it to the title's height,
+# and turned, that height becomes its width.
 TAB_CSS = """
 button.label-wrap { text-align: left; align-items: center; gap: 0.75em; }
 button.label-wrap > .icon { flex: none; }

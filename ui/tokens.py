@@ -143,11 +143,10 @@ class Insight:
     def wire(self, host) -> None:
         self.compare.change(lambda on: gr.update(visible=on), self.compare, self.compare_row, queue=False,
                             api_visibility="private")
-        self.view.click(self.offer_alternatives, self.last_run, [self.selected, self.alternatives], queue=False,
+        self.view.click(self.offer_alternatives, self.last_run, {self.selected, self.alternatives}, queue=False,
                         api_visibility="private")
 
-    @staticmethod
-    def offer_alternatives(last_run: dict, event: gr.EventData, request: gr.Request = None):
+    def offer_alternatives(self, last_run: dict, event: gr.EventData, request: gr.Request = None) -> dict:
         """The clicked token's alternatives, to continue from, under a label that names the token
         (the list shows below the text, far from it on a phone)."""
         found = getattr(event, "_data", None) or {}
@@ -155,11 +154,12 @@ class Insight:
         rows = (last_run or {}).get("rows", [])
         if not isinstance(row, int) or not isinstance(index, int) or not 0 <= row < len(rows) \
                 or not 0 <= index < len(rows[row]["entries"]):
-            return gr.skip(), gr.skip()
+            return gr.skip()
         entry = rows[row]["entries"][index]
         choices = [(f"{listed(alt)} {percent(alt['logprob'])}", alt["id"]) for alt in entry["top"][:TOP_SHOWN]]
         label = localized(f"alternatives to token {index + 1} ({listed(entry)})", language(request))
-        return {"row": row, "index": index}, gr.Radio(choices=choices, value=None, visible=True, label=label)
+        return {self.selected: {"row": row, "index": index},
+                self.alternatives: gr.update(choices=choices, value=None, visible=True, label=label)}
 
     @staticmethod
     def continue_from(last_run: dict, selected: dict, alternative: int | None) -> tuple[dict, list, str]:
