@@ -1,6 +1,7 @@
 """Shared fixtures: small real checkpoints in Hugging Face layout, built here with transformers."""
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,6 +26,17 @@ def fresh_clone_startup() -> Iterator[Future]:
 
     with ThreadPoolExecutor(1) as pool:
         yield pool.submit(startup.seconds_to_first_answer, REPO, keep_build_cache=False)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """For `-m "not slow"`, a module whose every test is slow (its pytestmark says so) is not even
+    imported: the app's, the browser's and the training tests' imports (Gradio, Playwright) would
+    take the fast tier a quarter of its time."""
+    if config.getoption("markexpr") != "not slow" or not collection_path.name.startswith("test_") \
+            or collection_path.suffix != ".py":
+        return None
+    whole_module = re.compile(r"^pytestmark = pytest\.mark\.(slow|browser)\b", re.M)
+    return True if whole_module.search(collection_path.read_text(encoding="utf-8")) else None
 
 
 def pytest_collection_modifyitems(items):

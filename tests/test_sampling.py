@@ -111,6 +111,6 @@ def test_min_p_and_typical_p_draw_only_what_transformers_keeps(params, kept):
     expected = torch.softmax(processors[0](None, logits.clone()), dim=-1)[0]
     assert torch.nonzero(expected).flatten().tolist() == kept
     sampler = Sampler(params, seed=0, device=torch.device("cpu"))
-    draws = torch.cat([sampler(logits, torch.zeros(1, 1, dtype=torch.long)) for _ in range(10_000)])
+    draws = torch.cat([sampler(logits, torch.zeros(1, 1, dtype=torch.long)) for _ in range(4_000)])
     observed = torch.bincount(draws, minlength=4) / len(draws)
-    assert (observed - expected).abs().max() < 0.015
+    assert (observed - expected).abs().max() < 0.03  # about four standard deviations of 4,000 draws
