@@ -134,6 +134,8 @@ def test_the_live_view_shows_the_plots_and_the_top_tokens(page):
     assert last != "1"  # so that head 1's map is another picture
     drawn = page.locator("#architecture-attention img").get_attribute("src")
     head.fill("-3")
+    head.press("Tab")  # its own run first, as above
+    expect(head).to_have_value("1")
     page.locator("#architecture-run").click()
     expect(head).to_have_value("1")
     expect(page.locator("#architecture-attention img")).not_to_have_attribute("src", drawn)  # drawn, not refused

@@ -150,6 +150,7 @@ VALID = {
     "history": st.lists(st.lists(odd_text(40), min_size=2, max_size=2), max_size=4), "text": odd_text(100),
     "source": st.sampled_from(LANGUAGES), "target": st.sampled_from(LANGUAGES), "examples": st.none() | LINES,
     "temperature": st.floats(0, 5), "top_k": st.integers(0, 1000), "top_p": st.floats(0.01, 1),
+    "min_p": st.floats(0, 1), "typical_p": st.floats(0.01, 1),
     "repetition_penalty": st.floats(0.5, 3), "no_repeat_ngram_size": st.integers(0, 10),
     "max_new_tokens": st.integers(1, 8), "seed": st.none() | st.integers(-1, MAX_SEED), "adapter": st.booleans(),
     "adapter_scale": st.floats(0, 2), "logprobs": st.integers(0, 20),

@@ -11,16 +11,18 @@ from engine import kernels
 from engine.generate import STOP_REASON_WORDS, Result, SamplingParams, check_prompt_fits
 from model import GPT2, GPT2Config
 from model.adapters import check_adapter
+from serve.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, localized, translate_one
+from serve.model_host import ModelHost, ModelLoadError
+from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome, status_line
+from serve.running import (RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text, compared_state, sampling_params,
+                        setting_params)
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
 from train.inspect import inspect_prompt
 from ui import chat
-from serve.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, localized, translate_one
 from ui.messages import language, word
-from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome, status_line
-from serve.model_host import ModelHost, ModelLoadError
-from serve.running import (RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text, compared_state, sampling_params,
-                        setting_params)
 from ui.views import example_pairs
+
+pytestmark = pytest.mark.slow  # the page's messages too, with Gradio
 
 ENGLISH_WORD = re.compile(r"[A-Za-z]{3,}")
 SAMPLE_VALUES = {"name": "prompt", "what": "the text to translate", "unit": "characters", "reason": "max_new_tokens reached",

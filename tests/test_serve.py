@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import REPO
+
+pytestmark = pytest.mark.slow  # a fresh interpreter
 
 
 def test_the_service_layer_imports_no_gradio():

@@ -378,8 +378,8 @@ def keep_in_browser(tab: Tab, export: dict, changed: list, forgetting: list[dict
             more["new"].click(new_chat, [store, *kept], replacing, queue=False, api_visibility="private"),
             more["earlier"].input(reopen, [more["earlier"], store, *kept], replacing, queue=False,
                                   api_visibility="private"),
-            more["import"].upload(imported, [more["import"], store, *kept], replacing, queue=False,
-                                  api_visibility="private")):
+            # Queued, as a notice (gr.Warning) needs: a refused file says so beside the button too.
+            more["import"].upload(imported, [more["import"], store, *kept], replacing, api_visibility="private")):
         replaced.then(**export)
         for forget in forgetting:
             replaced.then(**forget)
