@@ -223,6 +223,7 @@ def test_config_json_round_trip_with_transformers(tmp_path):
     assert GPT2Config.load(tmp_path) == config
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_model_package_imports_nothing_of_the_engine_training_or_ui():
     """model/ is the network and its files: importing it (and loading a checkpoint) brings in no
     engine, training, task or UI code, no Gradio and no compiled kernels."""
