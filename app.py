@@ -71,7 +71,8 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
         model_choice.select(switch_model(host, model_parts), model_choice, model_parts.outputs, concurrency_limit=1,
                            concurrency_id="load_model", api_visibility="private")
         # A page opened after a switch shows the model being served, not the one at start-up.
-        demo.load(show_model(host, model_parts), None, model_parts.outputs, queue=False, api_visibility="private")
+        demo.load(show_model(host, model_parts, on_load=True), None, model_parts.outputs, queue=False,
+                  api_visibility="private")
         # While the decode kernels build, the model line is refreshed until it says which path stays.
         refresh = gr.Timer(5, active=not kernels.settled())
         refresh.tick(refresh_model_line(host), None, [model_info, refresh], queue=False, api_visibility="private")
@@ -123,13 +124,21 @@ class ModelParts:
                 *(tab.insight.compare for tab in self.tabs)}
 
 
-def show_model(host: ModelHost, parts: ModelParts):
+def show_model(host: ModelHost, parts: ModelParts, on_load: bool = False):
+    """The page's parts for the model being served. On a page's load, a tab that keeps its adapter
+    switch in the browser (Chat) keeps the value it restores: this load event and that one race."""
+    def switch_state(tab: Tab, loaded) -> dict:
+        props = adapter_props(tab.view.task, loaded)
+        if on_load and tab.page_state is not None:
+            props.pop("value")
+        return gr.update(**props)
+
     def model_state(request: gr.Request) -> dict:
         loaded = host.current
         lang = language(request)
         return {parts.line: loaded.describe(lang), parts.choice: loaded.name,
                 parts.lens_adapter: lens_choices(loaded, lang),
-                **{tab.adapter: gr.update(**adapter_props(tab.view.task, loaded)) for tab in parts.tabs},
+                **{tab.adapter: switch_state(tab, loaded) for tab in parts.tabs},
                 **{tab.insight.compare: gr.update(**compare_props(tab.view.task, loaded)) for tab in parts.tabs}}
     return model_state
 
