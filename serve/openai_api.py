@@ -32,6 +32,7 @@ from tasks import TASKS, DialogueInputs, GenerateInputs, Task
 from .model_host import ModelHost
 from .outcome import Outcome
 from .running import MAX_CHARS, MAX_CHAT_TURNS, Param, TaskAPI, check_count, check_size, checked_text, run
+from .running import SETTINGS as TASK_SETTINGS
 
 MAX_CHOICES = 8  # n: each choice holds a decoding row until it is done
 RETRY_AFTER_S = 5  # what a 429 or a 503 asks the client to wait
@@ -282,9 +283,7 @@ async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, i
     if seed is None:
         seed = int.from_bytes(uuid.uuid4().bytes[:4], "little")
     defaults = api.task.defaults
-    base = {**{name: getattr(defaults, name) for name in ("temperature", "top_k", "top_p", "min_p", "typical_p",
-                                                          "repetition_penalty", "no_repeat_ngram_size",
-                                                          "max_new_tokens")},
+    base = {**{name: getattr(defaults, name) for name, _ in TASK_SETTINGS},
             **settings, **inputs, "adapter": adapter, "logprobs": max(top, 0)}
     values = [{**base, "seed": (seed + i) % (LIMITS["seed"][1] + 1)} for i in range(n)]
     created, name = int(time.time()), f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
