@@ -51,6 +51,11 @@ class LoadedModel:
         """The adapters the checkpoint's evaluation found better than the prompt alone."""
         return adapters_on_by_default(self.model)
 
+    @property
+    def decode_path(self) -> str:
+        """Which path decodes this model now, in words: its device where that is not the CPU."""
+        return kernels.decode_path() if self.model.device.type == "cpu" else str(self.model.device)
+
     def describe(self, lang: str = "en") -> str:
         """One Markdown line in `lang`: what is loaded, for the model panel."""
         device = self.model.device
@@ -61,7 +66,7 @@ class LoadedModel:
         if self.quantize:
             line += MODEL_LINE_QUANTIZED[lang].format(quantize=self.quantize)
         if device.type == "cpu":
-            line += MODEL_LINE_DECODING[lang].format(path=localized(kernels.decode_path(), lang))
+            line += MODEL_LINE_DECODING[lang].format(path=localized(self.decode_path, lang))
         return line
 
 
@@ -111,5 +116,6 @@ class ModelHost:
             log.warning("could not load model %s: %s", name, error)
             reason = str(error).removeprefix(f"{name}: ")  # a checkpoint error starts with the path it names
             raise ModelLoadError(f"could not load {name}: {reason}") from error
-        log.info("model %s decodes on %s", name, kernels.decode_path() if model.device.type == "cpu" else model.device)
-        return LoadedModel(name, model, tokenizer, Scheduler(model), self.quantize)
+        loaded = LoadedModel(name, model, tokenizer, Scheduler(model), self.quantize)
+        log.info("model %s decodes on %s", name, loaded.decode_path)
+        return loaded

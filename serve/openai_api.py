@@ -86,27 +86,31 @@ def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 7
     def guarded(handler, admitted: bool = True):
         async def handle(request: Request):
             if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
-                return BadRequest("a valid API key is needed: Authorization: Bearer KEY", status=401,
-                                  kind="authentication_error", code="invalid_api_key").response()
-            try:
-                if not admitted:
-                    return await handler(request)
-                admission.enter()
-            except BadRequest as refused:
-                return refused.response()
-            left = False
-            try:
-                response = await handler(request)
-                if isinstance(response, StreamingResponse):  # its place is given back when the stream ends
-                    response.body_iterator = leaving(response.body_iterator, admission)
-                    left = True
-                return response
-            except BadRequest as refused:
-                return refused.response()
-            finally:
-                if not left:
-                    admission.leave()
+                response = BadRequest("a valid API key is needed: Authorization: Bearer KEY", status=401,
+                                      kind="authentication_error", code="invalid_api_key").response()
+            else:
+                response = await (admitted_answer if admitted else answer)(handler, request)
+            # What a seed's text may depend on: the decode kernels and PyTorch's products round
+            # differently (docs/api.md, "Seeds").
+            response.headers["X-Decode-Path"] = host.current.decode_path
+            return response
         return handle
+
+    async def admitted_answer(handler, request: Request):
+        try:
+            admission.enter()
+        except BadRequest as refused:
+            return refused.response()
+        left = False
+        try:
+            response = await answer(handler, request)
+            if isinstance(response, StreamingResponse):  # its place is given back when the stream ends
+                response.body_iterator = leaving(response.body_iterator, admission)
+                left = True
+            return response
+        finally:
+            if not left:
+                admission.leave()
 
     async def models(request: Request):
         return JSONResponse({"object": "list", "data": [{"id": model_id, "object": "model", "created": 0,
@@ -139,6 +143,13 @@ def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 7
     router.add_api_route("/completions", guarded(completions), methods=["POST"])
     router.add_api_route("/chat/completions", guarded(chat_completions), methods=["POST"])
     return router
+
+
+async def answer(handler, request: Request):
+    try:
+        return await handler(request)
+    except BadRequest as refused:
+        return refused.response()
 
 
 async def leaving(events, admission: Admission):
@@ -290,16 +301,29 @@ async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, i
     headers = {"X-Seed": str(seed)}
     meta = {"id": name, "created": created, "model": body.get("model"), "system_fingerprint": f"seed-{seed}"}
     if body.get("stream"):
+        with_usage = usage_asked(body)
         first, runs = await anyio.to_thread.run_sync(start_runs, api, host, values)
         head = inputs["prompt"] if echo else ""
-        return StreamingResponse(streamed(request, first, runs, chunk, meta, top, head),
+        return StreamingResponse(streamed(request, first, runs, chunk, meta, top, head, with_usage),
                                  media_type="text/event-stream", headers=headers)
     finals = await anyio.to_thread.run_sync(lambda: [last_of(api, host, run_values) for run_values in values])
     choices = [choice(i, *final, top=top, echo=echo, inputs=inputs) for i, final in enumerate(finals)]
-    prompt_tokens = finals[0][1].prompt_tokens
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": sum(f[1].generated_tokens for f in finals),
-             "total_tokens": prompt_tokens + sum(f[1].generated_tokens for f in finals)}
-    return JSONResponse({**meta, "object": kind, "choices": choices, "usage": usage}, headers=headers)
+    return JSONResponse({**meta, "object": kind, "choices": choices, "usage": usage([f[1] for f in finals])},
+                        headers=headers)
+
+
+def usage_asked(body: dict) -> bool:
+    """Whether a stream ends with a chunk of its token counts (OpenAI's stream_options)."""
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("stream_options must be an object", param="stream_options")
+    return bool(options.get("include_usage"))
+
+
+def usage(outcomes: list[Outcome]) -> dict:
+    """OpenAI's usage of a request's choices: the prompt once, every choice's generated tokens."""
+    prompt_tokens, generated = outcomes[0].prompt_tokens, sum(o.generated_tokens for o in outcomes)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": generated, "total_tokens": prompt_tokens + generated}
 
 
 def last_of(api: TaskAPI, host: ModelHost, values: dict) -> tuple[str, Outcome, str, list]:
@@ -327,10 +351,13 @@ def start_runs(api: TaskAPI, host: ModelHost, values: list[dict]):
     return first, runs
 
 
-async def streamed(request: Request, first, runs: list[Iterator], chunk, meta: dict, top: int, head: str):
+async def streamed(request: Request, first, runs: list[Iterator], chunk, meta: dict, top: int, head: str,
+                   with_usage: bool = False):
     """Server-sent events: each choice's new text as it comes (choices one after another, each
-    after `head`, the prompt where it is echoed), its finish_reason last, then [DONE]; a client that
-    leaves ends every run, freeing its decoding row."""
+    after `head`, the prompt where it is echoed), its finish_reason last, then, with_usage, a chunk
+    of no choices with the usage, then [DONE]; a client that leaves ends every run, freeing its
+    decoding row."""
+    outcomes = []
     try:
         for index, events in enumerate(runs):
             if head:
@@ -343,12 +370,17 @@ async def streamed(request: Request, first, runs: list[Iterator], chunk, meta: d
                         break
                 text, outcome, _, logprobs = checked_outcome(update)
                 update = None
+                if outcome is not None:
+                    outcomes.append(outcome)
                 delta = text[len(sent):] if text.startswith(sent) else ""
                 if delta or outcome is not None:
                     sent = sent + delta
                     yield event(chunk(index, delta, outcome, logprobs if outcome is not None else [], top, meta))
                 if await request.is_disconnected():
                     return
+        if with_usage:
+            kind = chunk(0, "", None, [], top, meta)["object"]
+            yield event({**meta, "object": kind, "choices": [], "usage": usage(outcomes)})
         yield "data: [DONE]\n\n"
     except BadRequest as failed:
         yield event({"error": {"message": str(failed), "type": failed.kind, "param": failed.param, "code": None}})

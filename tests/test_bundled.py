@@ -163,3 +163,37 @@ def test_the_summarise_conversation_example_is_summarised_by_what_the_user_asked
                                           replace(task.defaults, seed=seed), adapter_on) if isinstance(e, TaskDone)).text
                  for seed in range(8)]
     assert sum(("restaurant" in s or "table" in s) for s in summaries) >= 6, summaries
+
+
+# Seeded runs with each task's adapter on and off, the first the one seen to differ on an
+# AVX-512 machine (seed 14, with the dialogue adapter on).
+SEEDED_RUNS = [("dialogue", "And then what happened?", 14), ("dialogue", "Can you tell me a story?", 3),
+               ("generate", "Once upon a time, a little fox", 11),
+               ("summarize", "A dog found a bone and crossed a bridge. He saw his reflection in the water and "
+                             "thought it was another dog with a bigger bone. He barked, and his bone fell in.", 15)]
+
+
+@pytest.mark.parametrize("task_name,text,seed,adapter_on",
+                         [(*run, on) for run in SEEDED_RUNS for on in (False, True) if on <= bool(TASKS[run[0]].adapter)])
+def test_a_seed_gives_the_same_text_on_the_decode_kernels_and_on_pytorch(bundled, task_name, text, seed, adapter_on):
+    """The two decode paths sum in different orders, so their logits differ by rounding (a few
+    parts in a million), with an adapter as without; a seeded draw picks another token only where
+    its number falls that close to the edge between two tokens (docs/api.md, "Seeds")."""
+    from engine import kernels
+    from tasks import DialogueInputs, GenerateInputs, SummarizeInputs
+
+    task = TASKS[task_name]
+    inputs = {"dialogue": DialogueInputs(text, [("Hello!", "Hello, how are you?")]),
+              "generate": GenerateInputs(text), "summarize": SummarizeInputs(text)}[task_name]
+    model, tokenizer = bundled
+    params = replace(task.defaults, seed=seed, max_new_tokens=48)
+
+    def seeded_text() -> str:
+        done = [e for e in run_task(task, model, tokenizer, inputs, params, adapter_on) if isinstance(e, TaskDone)]
+        return done[-1].text
+
+    assert kernels.decode_kernels() is not None, kernels.decode_path()  # CI's CPUs all have AVX2
+    on_kernels = seeded_text()
+    with kernels.switched_off():
+        on_pytorch = seeded_text()
+    assert on_kernels and on_kernels == on_pytorch

@@ -72,9 +72,15 @@ def test_completion_logprobs_echo_and_several_choices(client, model):
     assert alone.choices[0].text == first.text[len(PROMPT):]
 
 
-def test_a_streamed_completion_is_the_same_text_in_pieces(client, model):
-    whole = client.completions.create(model=model, prompt=PROMPT, **{**SETTINGS, "max_tokens": 30})
-    pieces = list(client.completions.create(model=model, prompt=PROMPT, stream=True, **{**SETTINGS, "max_tokens": 30}))
+def test_a_streamed_completion_is_the_same_text_in_pieces_then_its_usage(client, served, model):
+    host, _ = served
+    raw = client.completions.with_raw_response.create(model=model, prompt=PROMPT, **{**SETTINGS, "max_tokens": 30})
+    assert raw.headers["x-decode-path"] == host.current.decode_path  # what else a seed's text depends on
+    whole = raw.parse()
+    *pieces, counts = client.completions.create(model=model, prompt=PROMPT, stream=True,
+                                                stream_options={"include_usage": True},
+                                                **{**SETTINGS, "max_tokens": 30})
+    assert counts.choices == [] and counts.usage == whole.usage
     assert "".join(piece.choices[0].text for piece in pieces) == whole.choices[0].text
     assert pieces[-1].choices[0].finish_reason == whole.choices[0].finish_reason
     assert all(piece.choices[0].finish_reason is None for piece in pieces[:-1])
