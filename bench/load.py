@@ -17,6 +17,16 @@ Each user loops until the time is up, picking one of:
 - a replay or fresh request *cancelled* (gradio_client's Job.cancel) at a random moment, half
   of them while still waiting in the queue, half while their text streams in.
 
+A share of each user's requests (V1_SHARE) goes through OpenAI's /v1 API on the same server
+instead, with the same kinds: replays (streamed or not, against their own solo answers), fresh
+requests (the prompt echoed with its marker, the seed in system_fingerprint), invalid ones (a 400
+naming the field in `param`, a 404 for an unknown model) and streams cancelled by closing the
+connection, before their first text or while it streams.
+
+The solo answers are taken once the app's decode path has settled (the kernels built, or known
+not to be): the two paths round differently, so a seed's text is checked on the path it came from
+(docs/api.md, "Seeds").
+
 Before the measured run the users run the same mix for --warm-up seconds, so that every path
 (long prompts, adapters, refusals, cancels) has been through the app when its memory is read.
 
@@ -41,15 +51,17 @@ import threading
 import time
 import urllib.request
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlparse
 
+import httpx
 import psutil
 from gradio_client import Client
 
 from app import VIEWS
 from engine.generate import MAX_SEED
+from engine.kernels import BUILDING
 from serve.running import MAX_CHARS, MAX_CHAT_TURNS, MAX_EXAMPLE_PAIRS, MAX_NEW_TOKENS, SAID_AS
 from ui.views import ANT_AND_DOVE, FOX_AND_CROW
 
@@ -277,28 +289,34 @@ def answer(client: Client, rng: random.Random, references: dict[int, Reference],
     return outcome
 
 
-def user(client: Client, name: str, deadline: float, references: dict[int, Reference], run: Run) -> None:
+def user(client: Client, name: str, deadline: float, references: dict[int, Reference], v1: V1 | None,
+         run: Run) -> None:
     """One user: requests one after another until the deadline, its choices seeded by its name."""
     rng = random.Random(name)
-    while time.monotonic() < deadline:
-        roll = rng.random()
-        try:
-            if roll < MIX["invalid"]:
-                api_name, request, expected = rng.choice(INVALID)
-                run.add(refusal(client, api_name, request, expected))
-            else:
-                cancels = roll < MIX["invalid"] + MIX["cancel"]
-                cancel = (rng.random() < 0.5, rng.uniform(0, CANCEL_WITHIN_S)) if cancels else None
-                run.add(answer(client, rng, references, cancel))
-        except Exception as error:  # the client itself failed: connection refused, reset, ...
-            run.add(Outcome("?", error_kind(error), explained=False))
+    with httpx.Client() as http:
+        while time.monotonic() < deadline:
+            roll, through_v1 = rng.random(), v1 is not None and rng.random() < V1_SHARE
+            try:
+                if roll < MIX["invalid"]:
+                    if through_v1:
+                        run.add(v1_refusal(http, rng, v1))
+                        continue
+                    api_name, request, expected = rng.choice(INVALID)
+                    run.add(refusal(client, api_name, request, expected))
+                else:
+                    cancels = roll < MIX["invalid"] + MIX["cancel"]
+                    cancel = (rng.random() < 0.5, rng.uniform(0, CANCEL_WITHIN_S)) if cancels else None
+                    run.add(v1_answer(http, rng, v1, cancel) if through_v1 else answer(client, rng, references, cancel))
+            except Exception as error:  # the client itself failed: connection refused, reset, ...
+                run.add(Outcome("?", error_kind(error), explained=False))
 
 
-def drive(clients: list[Client], seed: str, seconds: float, references: dict[int, Reference]) -> tuple[list[Outcome], float]:
+def drive(clients: list[Client], seed: str, seconds: float, references: dict[int, Reference],
+          v1: V1 | None) -> tuple[list[Outcome], float]:
     """Every user at once until `seconds` have passed (each finishes the request it is on);
     what they saw, and how long it took."""
     run, start = Run(), time.monotonic()
-    threads = [threading.Thread(target=user, args=(client, f"{seed}-{i}", start + seconds, references, run))
+    threads = [threading.Thread(target=user, args=(client, f"{seed}-{i}", start + seconds, references, v1, run))
                for i, client in enumerate(clients)]
     for thread in threads:
         thread.start()
@@ -319,6 +337,196 @@ def take_references(client: Client) -> dict[int, Reference]:
             continue
         references[index] = Reference(text, prompt)
     return references
+
+
+# --- OpenAI's /v1 API ----------------------------------------------------------------------------
+
+V1_SHARE = 0.3  # of each user's requests, those sent through /v1
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+V1_BASE = {COMPLETIONS: dict(prompt="Hello", max_tokens=8),
+           CHAT: dict(messages=[{"role": "user", "content": "Hi"}], max_tokens=8)}
+# (route, what spoils a good request, the status and the `param` its refusal must have)
+V1_INVALID = [
+    (COMPLETIONS, dict(temperature=99), 400, "temperature"),
+    (COMPLETIONS, dict(max_tokens=10**30), 400, "max_tokens"),
+    (COMPLETIONS, dict(logprobs=21), 400, "logprobs"),
+    (COMPLETIONS, dict(n=9), 400, "n"),
+    (COMPLETIONS, dict(prompt=42), 400, "prompt"),
+    (COMPLETIONS, dict(prompt="x" * (MAX_CHARS["prompt"] + 1)), 400, "prompt"),
+    (COMPLETIONS, dict(stop=5), 400, "stop"),
+    (COMPLETIONS, dict(seed=-5), 400, "seed"),
+    (COMPLETIONS, dict(top_k="many"), 400, "top_k"),
+    (COMPLETIONS, dict(model="no-such-model"), 404, "model"),
+    (CHAT, dict(messages=[]), 400, "messages"),
+    (CHAT, dict(messages=[{"role": "user", "content": "x" * (MAX_CHARS["message"] + 1)}]), 400, "messages"),
+    (CHAT, dict(logprobs=True, top_logprobs=50), 400, "top_logprobs"),
+]
+
+
+@dataclass
+class V1:
+    """The app's /v1 API as the users drive it: its address, the model it serves (its ids), and the
+    seeded or greedy requests replayed under load with their answers alone."""
+    base: str
+    model_ids: list[str]
+    decode_path: str  # as the app says it in X-Decode-Path
+    replays: list[tuple[str, dict, str]] = field(default_factory=list)  # route, request, its text alone
+
+    @property
+    def model(self) -> str:
+        return self.model_ids[0]
+
+    def replay_requests(self) -> list[tuple[str, dict]]:
+        """The replays this model can answer (an adapter's id where it has that adapter)."""
+        chat = [{"role": "user", "content": "Hello!"}, {"role": "assistant", "content": "Hello, how are you?"},
+                {"role": "user", "content": "And then what happened?"}]
+        replays = [
+            (COMPLETIONS, dict(model=self.model, prompt="Once upon a time, there was a little fox who",
+                               max_tokens=48, seed=11)),
+            (COMPLETIONS, dict(model=self.model, prompt="The old king called his three sons and said,",
+                               temperature=0, max_tokens=40, logprobs=3)),
+            (CHAT, dict(model=f"{self.model}:dialogue", messages=chat, seed=14, max_tokens=48, top_k=40)),
+            (COMPLETIONS, dict(model=f"{self.model}:translate", prompt="The cat is sleeping on the chair.",
+                               temperature=0, max_tokens=24)),
+        ]
+        return [(route, request) for route, request in replays if request["model"] in self.model_ids]
+
+
+@dataclass
+class V1Answer:
+    status: int
+    text: str = ""
+    fingerprint: str = ""
+    tokens: int = 0
+    error: dict | None = None  # OpenAI's error object, where one came
+    ttft_s: float | None = None
+    cancelled: str | None = None  # CANCELLED_WAITING or CANCELLED_STREAMING where the client closed it
+
+
+def v1_text(choice: dict) -> str:
+    return choice.get("text") or (choice.get("message") or choice.get("delta") or {}).get("content") or ""
+
+
+def v1_send(http: httpx.Client, v1: V1, route: str, request: dict,
+            cancel: tuple[bool, float] | None = None) -> V1Answer:
+    """POST a /v1 request (streamed where it says so) and gather its first choice. cancel, for a
+    stream: (after_first_text, seconds), as `watch` takes it; the client closes the connection."""
+    url, start = v1.base + route, time.monotonic()
+    if not request.get("stream"):
+        response = http.post(url, json=request, timeout=ANSWER_TIMEOUT_S)
+        body = response.json()
+        if response.status_code != 200:
+            return V1Answer(response.status_code, error=body.get("error"))
+        return V1Answer(200, v1_text(body["choices"][0]), body.get("system_fingerprint", ""),
+                        body["usage"]["completion_tokens"])
+    request = {**request, "stream_options": {"include_usage": True}}
+    after_first, delay = cancel or (False, ANSWER_TIMEOUT_S)
+    # Before the first text, nothing may arrive for `delay`: the read times out and the connection closes.
+    timeout = httpx.Timeout(ANSWER_TIMEOUT_S, read=ANSWER_TIMEOUT_S if after_first else delay)
+    answer = V1Answer(200)
+    try:
+        with http.stream("POST", url, json=request, timeout=timeout) as response:
+            if response.status_code != 200:
+                response.read()
+                return V1Answer(response.status_code, error=response.json().get("error"))
+            for line in response.iter_lines():
+                data = line.removeprefix("data: ")
+                if data == line or data == "[DONE]":
+                    continue
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    return replace(answer, status=500, error=chunk["error"])
+                answer.fingerprint = chunk.get("system_fingerprint", answer.fingerprint)
+                if chunk.get("usage"):
+                    answer.tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk["choices"]:
+                    answer.text += v1_text(choice)
+                now = time.monotonic() - start
+                if answer.ttft_s is None and answer.text:
+                    answer.ttft_s = now
+                anchor = answer.ttft_s if after_first else 0.0
+                if cancel and anchor is not None and now >= anchor + delay:
+                    answer.cancelled = CANCELLED_STREAMING if answer.text else CANCELLED_WAITING
+                    return answer  # leaving the block closes the connection mid-stream
+    except httpx.ReadTimeout:
+        if cancel is None:
+            raise
+        answer.cancelled = CANCELLED_STREAMING if answer.text else CANCELLED_WAITING
+    return answer
+
+
+def v1_refusal(http: httpx.Client, rng: random.Random, v1: V1) -> Outcome:
+    """An invalid /v1 request (streamed or not): it must get its status, naming the field."""
+    route, spoiled, status, param = rng.choice(V1_INVALID)
+    request = {"model": v1.model, **V1_BASE[route], **spoiled, "stream": rng.random() < 0.5}
+    answer = v1_send(http, v1, route, request)
+    error = answer.error or {}
+    if answer.status == status and error.get("param") == param and error.get("message"):
+        return Outcome(route, f"refused: {status} {param}")
+    if answer.status == 429:
+        return Outcome(route, "queue full")
+    return Outcome(route, f"{answer.status} for a bad {param}", explained=False, detail=str(error)[:120])
+
+
+def v1_answer(http: httpx.Client, rng: random.Random, v1: V1, cancel: tuple[bool, float] | None) -> Outcome:
+    """A valid /v1 request: a replay (checked against its text alone) or a fresh one (its prompt
+    echoed, its seed reported), streamed or not; a cancelled one is always streamed."""
+    marker = None
+    if v1.replays and rng.random() < MIX["replay"] / (MIX["replay"] + MIX["fresh"]):
+        route, request, expected = rng.choice(v1.replays)
+    else:
+        route, expected = rng.choice([COMPLETIONS, CHAT]), None
+        marker = "".join(rng.choices(string.ascii_uppercase, k=8))
+        request = {"model": v1.model, "temperature": round(rng.uniform(0.1, 1.5), 2),
+                   "top_k": rng.choice([0, 5, 40, 200]), "top_p": round(rng.uniform(0.5, 1.0), 2),
+                   "repetition_penalty": round(rng.uniform(1.0, 1.3), 2), "max_tokens": rng.randint(8, 64),
+                   "seed": rng.choice([None, rng.randint(0, 2**32 - 1)])}
+        if route == COMPLETIONS:
+            request.update(prompt=FRESH_TEXT["/generate"].format(marker=marker), echo=True)
+        else:
+            request["messages"] = [{"role": "user", "content": FRESH_TEXT["/chat"].format(marker=marker)}]
+    request = {**request, "stream": cancel is not None or rng.random() < 0.5}
+    answer = v1_send(http, v1, route, request, cancel)
+    if answer.cancelled:
+        return Outcome(route, answer.cancelled, ttft_s=answer.ttft_s)
+    if answer.status != 200:
+        kind = "queue full" if answer.status == 429 else f"{answer.status}: {(answer.error or {}).get('message')}"
+        return Outcome(route, kind, explained=answer.status == 429)
+    outcome = Outcome(route, "completed", ttft_s=answer.ttft_s, tokens=answer.tokens, checked=True)
+    seed = request.get("seed")
+    if seed is not None and answer.fingerprint != f"seed-{seed}":
+        outcome.crossed, outcome.detail = True, f"seed {seed} came back as {answer.fingerprint!r}"
+    elif expected is not None and answer.text != expected:
+        outcome.crossed, outcome.detail = True, f"replay gave {answer.text[:60]!r}, alone {expected[:60]!r}"
+    elif route == COMPLETIONS and expected is None and not answer.text.startswith(request["prompt"]):
+        outcome.crossed, outcome.detail = True, f"fresh request {marker} got {answer.text[:60]!r}"
+    return outcome
+
+
+def v1_api(url: str, timeout_s: float = 600) -> V1 | None:
+    """The app's /v1 API once its decode path has settled (the kernels built, or known not to be),
+    so that the replays' solo answers are taken on the path they are checked against; None where
+    the app has no /v1."""
+    base, deadline = url.rstrip("/"), time.monotonic() + timeout_s
+    while True:
+        response = httpx.get(base + "/v1/models", timeout=30)
+        if response.status_code == 404:
+            return None
+        path = response.headers.get("x-decode-path", "")
+        if path != BUILDING or time.monotonic() > deadline:
+            return V1(base, [model["id"] for model in response.json()["data"]], path)
+        time.sleep(1)
+
+
+def take_v1_references(v1: V1) -> None:
+    """Each /v1 replay's answer alone, not streamed."""
+    with httpx.Client() as http:
+        for route, request in v1.replay_requests():
+            answer = v1_send(http, v1, route, request)
+            if answer.status != 200:
+                print(f"/v1 replay {request} left out: {answer.error}", flush=True)
+                continue
+            v1.replays.append((route, request, answer.text))
 
 
 def free_port() -> int:
@@ -439,7 +647,8 @@ def table(report: dict) -> str:
          " / ".join(str(report["warm_up"][key]) for key in ("requests", "unexplained", "crossed"))),
     ]
     lines = [f"{report['clients']} clients for {report['seconds']} s against {report['url']} "
-             f"({report['model']}); {report['replays']} replays checked against their solo answers", "",
+             f"({report['model']}, decoding on {report['decode_path'] or 'an unknown path'}); "
+             f"{report['replays']} replays checked against their solo answers", "",
              "| | |", "|---|---:|", *(f"| {label} | {value} |" for label, value in rows), "",
              "| errors by kind | count |", "|---|---:|",
              *(f"| {kind} | {count} |" for kind, count in report["errors"].items()), "",
@@ -483,20 +692,25 @@ def main(argv=None) -> None:
         process, url = start_app(args.model, args.device, log_path)
         pid = process.pid
     try:
+        v1 = v1_api(url)  # first: it waits for the decode path to settle
         clients = [Client(url, verbose=False) for _ in range(args.clients)]
         references = take_references(clients[0])
-        print(f"{len(references)} replays answered alone; {args.clients} users: {args.warm_up:g} s of warm-up, "
+        if v1 is not None:
+            take_v1_references(v1)
+        replays = len(references) + (len(v1.replays) if v1 else 0)
+        print(f"{replays} replays answered alone; {args.clients} users: {args.warm_up:g} s of warm-up, "
               f"then {args.seconds:g} s ...", flush=True)
-        warm_up, _ = drive(clients, f"{args.seed}-warm-up", args.warm_up, references)
+        warm_up, _ = drive(clients, f"{args.seed}-warm-up", args.warm_up, references, v1)
         rss_start = rss_mb(pid)
-        outcomes, elapsed = drive(clients, str(args.seed), args.seconds, references)
+        outcomes, elapsed = drive(clients, str(args.seed), args.seconds, references, v1)
         rss_end = rss_mb(pid)
     finally:
         if process is not None:
             process.terminate()
             process.wait(60)
     report = {"clients": args.clients, "seconds": args.seconds, "url": url,
-              "model": args.model if process else "running app", "replays": len(references),
+              "model": args.model if process else "running app", "replays": replays,
+              "decode_path": v1.decode_path if v1 else None,
               **summarize(outcomes, elapsed), "rss_start_mb": rss_start, "rss_end_mb": rss_end,
               "rss_change_pct": None if rss_start is None else 100 * (rss_end / rss_start - 1),
               "warm_up": counts(warm_up),

@@ -66,6 +66,7 @@ _built = threading.Event()  # set once the build has succeeded or failed
 _module = None  # the compiled module, once built
 _why_not = ""  # why there is none, once the build has given up
 _switched_off = 0  # blocks of `switched_off()` open: PyTorch's path, for side-by-side measurements
+BUILDING = "PyTorch (decode kernels building)"  # the decode path until the build has ended
 
 
 def unavailable_reason() -> str | None:
@@ -165,7 +166,7 @@ def decode_path() -> str:
         return "PyTorch (kernels switched off)"
     if _built.is_set():
         return f"PyTorch ({_why_not or 'no kernels'})"
-    return "PyTorch (decode kernels building)"
+    return BUILDING
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from gradio_client.exceptions import AppError
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 import app
-from bench.load import APIS, OUT_OF_RANGE, TOO_LONG
+from bench.load import APIS, OUT_OF_RANGE, REPLAYS, TOO_LONG
 from model.checkpoint import BUNDLED_DIR
 from engine.generate import MAX_SEED, SamplingParams, generate
 from engine.scheduler import Scheduler
@@ -397,6 +397,7 @@ def test_bench_load_runs_users_across_every_endpoint_and_finds_no_unexplained_fa
     assert report["unexplained"] == 0 and report["crossed"] == 0, report
     assert report["warm_up"]["unexplained"] == 0 and report["warm_up"]["crossed"] == 0
     assert report["server_log"]["generation_failed"] == 0 and report["server_log"]["tracebacks"] == 0
-    assert set(report["by_endpoint"]) == set(APIS)
+    assert set(report["by_endpoint"]) == set(APIS) | {"/v1/completions", "/v1/chat/completions"}
+    assert report["replays"] == len(REPLAYS) + 4  # the /v1 replays too: the test model has every adapter
     assert report["rss_start_mb"] > 0 and math.isfinite(report["tokens_per_s"])
     assert "| requests done |" in run.stdout
