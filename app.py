@@ -24,6 +24,7 @@ from engine import kernels
 from engine.quantize import QUANTIZATIONS
 from engine.scheduler import MAX_BATCH
 from serve.messages import localized
+from serve.backend import RemoteHost
 from serve.model_host import BUNDLED, ModelHost, ModelLoadError
 from serve.openai_api import openai_routes
 from serve.running import StopSwitches
@@ -74,7 +75,7 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
         demo.load(show_model(host, model_parts, on_load=True), None, model_parts.outputs, queue=False,
                   api_visibility="private")
         # While the decode kernels build, the model line is refreshed until it says which path stays.
-        refresh = gr.Timer(5, active=not kernels.settled())
+        refresh = gr.Timer(5, active=refreshing(host))
         refresh.tick(refresh_model_line(host), None, [model_info, refresh], queue=False, api_visibility="private")
     # Every button each tab lays out, by the tab's elem_id: the page holds no other (tests/test_page.py).
     demo.buttons_by_tab = {**{f"tab-{tab.view.task.name}": [button.elem_id for button in tab.buttons] for tab in tabs},
@@ -103,8 +104,8 @@ def launch(demo: gr.Blocks, models: Sequence[str] = (), host: ModelHost | None =
     blocking = not options.pop("prevent_thread_lock", False)
     served = demo.launch(i18n=i18n, css=PAGE_CSS, js=RUN_SHORTCUT_JS, blocked_paths=blocked, max_file_size=MAX_UPLOAD,
                          prevent_thread_lock=True, **options)
-    if host is not None:  # Gradio makes its FastAPI app as it launches: the routes join it then
-        demo.app.include_router(openai_routes(host, api_key, capacity))
+    if host is not None and not host.remote:  # Gradio makes its FastAPI app as it launches: the routes join it then
+        demo.app.include_router(openai_routes(host, api_key, capacity))  # (a backend serves its own /v1)
     if blocking:
         demo.block_thread()
     return served
@@ -143,9 +144,14 @@ def show_model(host: ModelHost, parts: ModelParts, on_load: bool = False):
     return model_state
 
 
+def refreshing(host: ModelHost) -> bool:
+    """Whether the model line may still change by itself: while this process's kernels build."""
+    return not host.remote and not kernels.settled()
+
+
 def refresh_model_line(host: ModelHost):
     def model_line(request: gr.Request):
-        return host.current.describe(language(request)), gr.update(active=not kernels.settled())
+        return host.current.describe(language(request)), gr.update(active=refreshing(host))
     return model_line
 
 
@@ -195,6 +201,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--queue-size", type=int, default=int(env.get("STUDIO_QUEUE_SIZE", DEFAULT_QUEUE_SIZE)),
                         help=f"requests that may wait; more are turned away (env STUDIO_QUEUE_SIZE; "
                              f"default {DEFAULT_QUEUE_SIZE})")
+    parser.add_argument("--backend", default=env.get("STUDIO_BACKEND") or None, metavar="URL",
+                        help="send every tab's work to a deployment of replicas (python -m serve.cluster) at URL "
+                             "rather than loading a model here; --model, --device and --quantize are then the "
+                             "deployment's (env STUDIO_BACKEND)")
     parser.add_argument("--api-key", default=env.get("STUDIO_API_KEY") or None,
                         help="require this key (Authorization: Bearer KEY) of every request to the OpenAI-compatible "
                              "/v1 API; the page and its Gradio API are unchanged (env STUDIO_API_KEY; default none)")
@@ -208,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     try:
-        host = ModelHost(args.model, device=args.device, quantize=args.quantize)
+        host = RemoteHost(args.backend) if args.backend else ModelHost(args.model, device=args.device,
+                                                                      quantize=args.quantize)
     except ModelLoadError as error:
         sys.exit(f"app.py: {error}")
     demo = build_app(host, concurrency=args.concurrency, queue_size=args.queue_size)

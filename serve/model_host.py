@@ -39,6 +39,10 @@ class LoadedModel:
     quantize: str | None = None
 
     @property
+    def config(self):
+        return self.model.config
+
+    @property
     def context(self) -> int:
         return self.model.config.n_positions
 
@@ -71,6 +75,8 @@ class LoadedModel:
 
 
 class ModelHost:
+    remote = False  # the model is here (a RemoteHost's is on another machine: serve/backend.py)
+
     def __init__(self, names: Sequence[str], device: str = "auto", quantize: str | None = None):
         """Load the first of `names`; the others can be switched to later. Raises ModelLoadError
         when the first cannot be loaded: there is nothing to serve without it. quantize="int8"

@@ -7,7 +7,7 @@ know how a run ended reads the record.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from engine.generate import STOP_REASON_WORDS, Result
 
@@ -58,6 +58,18 @@ class Outcome:
 
     def noted(self, note: str) -> "Outcome":
         return replace(self, notes=(*self.notes, Message.of(note)))
+
+    def as_json(self) -> dict:
+        """The record as JSON values, for a front end on another machine (serve/cluster.py)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Outcome":
+        def message(value) -> Message | None:
+            return None if value is None else Message(value["key"], tuple(map(tuple, value["fields"])))
+        return cls(**{**data, "message": message(data["message"]), "adapter": message(data["adapter"]),
+                      "changed": tuple(map(tuple, data["changed"])),
+                      "notes": tuple(map(message, data["notes"]))})
 
     def reproduces(self, other: "Outcome | None") -> bool:
         """Whether both are runs of the same request (seed, settings, counts, why they stopped),

@@ -20,7 +20,9 @@ from typing import Any, Callable, Iterator
 
 from engine.generate import LIMITS, SamplingParams, brief, check_setting, resolve_seed, score_tokens
 from engine.scheduler import in_thread_of_its_own
+from model.adapters import check_adapter
 from tasks import Task, TaskDone, run_task
+from train.inspect import Inspection, LogitLens, inspect_prompt, logit_lens
 
 from .model_host import LoadedModel, ModelHost
 from .outcome import Outcome
@@ -182,6 +184,9 @@ def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
     logprobs setting: each generated token's, see engine.generate.Result) come with the last
     update, which always goes, and each update holds all the text so far. Bad input ends it with a
     refused outcome, a failure with a fault's, after the text made before it."""
+    if host.remote:  # another machine's replicas run it (serve/backend.py)
+        yield from host.run(api, values, cancel)
+        return
     loaded = host.current  # once: a model switch does not reach a running request
     sent, held_back, pacer = 0, None, Pacer(MAX_UPDATES_PER_SECOND)
     try:
@@ -223,6 +228,9 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
     numbers at every step: (both texts so far, None, None) as often as the Pacer lets, then the
     texts, the adapter-on side's outcome and the comparison (compare_sides). Stop (cancel) ends
     both; refusals and faults end it with their outcome, as in `run`."""
+    if host.remote:
+        yield from host.run_compare(api, values, cancel)
+        return
     loaded = host.current
     try:
         params = sampling_params(api.task, values)
@@ -251,6 +259,45 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
         raise
     except Exception as error:
         yield ["", ""], Outcome.fault(f"/{api.name} compare on {loaded.name}", error), None
+
+
+def checked_slider(name: str, value: Any, low: int, high: int) -> int:
+    """A slider's value as an int from low to high, or a ValueError naming it. A number past an
+    end is held to that end: the sliders were sized for the model served when the page loaded,
+    and another may be served now; and Gradio's slider holds a number typed below its minimum as
+    its box loses focus, so holding it here too draws what the box then shows."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
+        value = min(max(value, low), high)
+    return check_setting(name, value, low, high, integer=True)
+
+
+@dataclass(frozen=True)
+class LiveView:
+    """The Architecture tab's look inside a prompt, on the model that ran it."""
+    model: str  # its name
+    layers: int
+    heads: int
+    seen: Inspection  # what each layer and the chosen head do
+    lens: LogitLens
+
+
+def look_inside(host: ModelHost, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
+    """The live view of `prompt` (layer and head from 1, held to the model's), the logit lens with
+    `adapter` (None: the base model). Bad input is a ValueError naming the field, under the task
+    tabs' limits."""
+    if host.remote:
+        return host.look_inside(prompt, layer, head, adapter)
+    loaded = host.current  # once: a model switch meanwhile does not change this request
+    config = loaded.model.config
+    checked_text("prompt", prompt)
+    layer = checked_slider("layer", layer, 1, config.n_layer)
+    head = checked_slider("head", head, 1, config.n_head)
+    check_adapter(loaded.model, adapter)
+    # A forward pass is parallel work: not in a server's worker thread, which lives on
+    # (engine/scheduler.py, in_thread_of_its_own, says why).
+    seen = in_thread_of_its_own(lambda: inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1, head - 1))
+    lens = in_thread_of_its_own(lambda: logit_lens(loaded.model, loaded.tokenizer, prompt, adapter))
+    return LiveView(loaded.name, config.n_layer, config.n_head, seen, lens)
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

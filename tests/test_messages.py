@@ -11,6 +11,7 @@ from engine import kernels
 from engine.generate import STOP_REASON_WORDS, Result, SamplingParams, check_prompt_fits
 from model import GPT2, GPT2Config
 from model.adapters import check_adapter
+from serve.apis import example_pairs, history_pairs
 from serve.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, localized, translate_one
 from serve.model_host import ModelHost, ModelLoadError
 from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome, status_line
@@ -20,7 +21,6 @@ from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, Transl
 from train.inspect import inspect_prompt
 from ui import chat
 from ui.messages import language, word
-from ui.views import example_pairs
 
 pytestmark = pytest.mark.slow  # the page's messages too, with Gradio
 
@@ -104,7 +104,7 @@ def made_messages() -> list[str]:
         refusal(lambda: check_size("history", 99, 10)),
         refusal(lambda: check_count("turns in history", 99, 10)),
         refusal(lambda: example_pairs("a = b\n" * 65)),
-        refusal(lambda: chat.history_pairs([["only one"]])),
+        refusal(lambda: history_pairs([["only one"]])),
         refusal(lambda: example_pairs("no equals sign")),
         refusal(lambda: inspect_prompt(tiny, tokenizer, "word " * 40, 0, 0)),  # the live view's limit
         refusal(lambda: ModelHost(["bundled"], device="cpu").switch("elsewhere")),

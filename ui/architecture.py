@@ -13,33 +13,20 @@ from matplotlib import font_manager
 from matplotlib.figure import Figure  # not pyplot: figures made per request must not pile up in its registry
 from matplotlib.patches import Rectangle
 
-from engine.generate import check_setting
-from engine.scheduler import in_thread_of_its_own
-from model.adapters import check_adapter
 from serve.messages import TOP_HEADERS, localized
 from serve.model_host import ModelHost
 from serve.outcome import Outcome, status_line
-from serve.running import checked_text
-from train.inspect import Inspection, LogitLens, inspect_prompt, logit_lens
+from serve.running import look_inside as serve_look_inside
+from train.inspect import Inspection, LogitLens
 
 from .i18n import i18n
 from .messages import language
 from .pick_slider import PickSlider
 
 
-def checked_setting(name: str, value, low: int, high: int) -> int:
-    """A slider's value as an int from low to high, or a ValueError naming it. A number past an
-    end is held to that end: the sliders were sized for the model served when the page loaded,
-    and another may be served now; and Gradio's slider holds a number typed below its minimum as
-    its box loses focus, so holding it here too draws what the box then shows."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
-        value = min(max(value, low), high)
-    return check_setting(name, value, low, high, integer=True)
-
-
 def slider_top(count: int) -> int:
     """A slider's maximum for picking one of `count` layers or heads. Gradio refuses a slider
-    whose maximum is its minimum, so a one-layer model gets 2, which checked_setting holds to 1."""
+    whose maximum is its minimum, so a one-layer model gets 2, which checked_slider holds to 1."""
     return max(count, 2)
 
 
@@ -181,27 +168,18 @@ def look_inside(host: ModelHost):
     as they were)."""
     def run(prompt: str, layer: float, head: float, adapter: str = NO_ADAPTER,
             request: gr.Request | None = None) -> dict:
-        loaded = host.current  # once: a model switch meanwhile does not change this request
-        config = loaded.model.config
+        adapter = None if adapter in (None, NO_ADAPTER) else adapter
         try:
-            checked_text("prompt", prompt)  # the same limits as the task tabs
-            layer = checked_setting("layer", layer, 1, config.n_layer)
-            head = checked_setting("head", head, 1, config.n_head)
-            # A forward pass is parallel work: not in Gradio's worker thread, which lives on
-            # (engine/scheduler.py, in_thread_of_its_own, says why).
-            adapter = None if adapter in (None, NO_ADAPTER) else adapter
-            check_adapter(loaded.model, adapter)
-            seen = in_thread_of_its_own(lambda: inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1,
-                                                               head - 1))
-            lens = in_thread_of_its_own(lambda: logit_lens(loaded.model, loaded.tokenizer, prompt, adapter))
+            view = serve_look_inside(host, prompt, layer, head, adapter)
         except ValueError as error:  # said in the tab's status line, as the task tabs say a refusal
             return {"outcome": Outcome.refused(str(error))}
+        seen = view.seen
         top = pd.DataFrame([[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens],  # a random model's are tiny
                            columns=TOP_HEADERS[language(request)])
-        return {"norms": residual_norm_figure(seen, loaded.name), "attention": attention_figure(seen), "top": top,
-                "layer": gr.update(maximum=slider_top(config.n_layer), value=layer),
-                "head": gr.update(maximum=slider_top(config.n_head), value=head),
-                "lens": lens_figure(lens, adapter), "outcome": None}
+        return {"norms": residual_norm_figure(seen, view.model), "attention": attention_figure(seen), "top": top,
+                "layer": gr.update(maximum=slider_top(view.layers), value=seen.layer + 1),
+                "head": gr.update(maximum=slider_top(view.heads), value=seen.head + 1),
+                "lens": lens_figure(view.lens, adapter), "outcome": None}
     return run
 
 
@@ -232,7 +210,7 @@ def lens_choices(loaded, lang: str) -> dict:
 def architecture_tab(host: ModelHost) -> tuple[gr.Dropdown, list[gr.Button]]:
     """Build the tab; call inside gr.Tabs(). Returns the lens's adapter menu, which follows the
     model being served (lens_choices), and the tab's buttons."""
-    config = host.current.model.config
+    config = host.current.config
     with gr.Tab(i18n("tab_architecture"), id="architecture", elem_id="tab-architecture") as tab:
         gr.Markdown(i18n("architecture_intro"))
         with gr.Row():

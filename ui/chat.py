@@ -24,8 +24,8 @@ import gradio as gr
 
 from serve.messages import localized
 from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome
-from serve.running import MAX_CHARS, MAX_CHAT_TURNS, RANDOM_SEED, Param, TaskAPI, check_count, check_size, checked_text
-from tasks import TASKS, DialogueInputs
+from serve.apis import CHAT_API, history_pairs
+from serve.running import RANDOM_SEED, checked_text
 from tasks.dialogue import PERSONAS
 
 from .i18n import i18n
@@ -75,18 +75,6 @@ def pairs_from_messages(messages: list[dict]) -> list[list[str]]:
 def messages_from_pairs(pairs: list[list[str]]) -> list[dict[str, str]]:
     return [{"role": role, "content": said} for pair in pairs
             for role, said in zip(("user", "assistant"), pair) if said]
-
-
-def history_pairs(history: Any) -> list[tuple[str, str]]:
-    """The API's history, checked: a list of [user, bot] pairs of text, within the limits."""
-    is_list = isinstance(history, (list, tuple))
-    if is_list:
-        check_count("turns in history", len(history), MAX_CHAT_TURNS)  # before its turns are walked
-    if not is_list or not all(isinstance(turn, (list, tuple)) and len(turn) == 2
-                              and all(isinstance(said, str) for said in turn) for turn in history):
-        raise ValueError("history must be a list of [user, bot] pairs of text")
-    check_size("history", sum(len(user) + len(bot) for user, bot in history), MAX_CHARS["history"])
-    return [(user, bot) for user, bot in history]
 
 
 def chat_widgets() -> Widgets:
@@ -462,12 +450,7 @@ def chat_extras(tab: Tab) -> None:
 
 
 CHAT = TaskView(
-    api=TaskAPI(TASKS["dialogue"], "chat",
-                (Param("message", str), Param("history", list[list[str]], []), Param("persona", str, "")),
-                make_inputs=lambda message, history, persona: DialogueInputs(
-                    checked_text("message", message), history_pairs(history), checked_text("persona", persona)),
-                description="The bot's reply to message, after history ([user, bot] pairs, oldest first) and a "
-                            "persona line."),
+    api=CHAT_API,
     label="tab_dialogue", run_label="send", intro="intro_dialogue", build=chat_widgets,
     # Requests of the kinds the bundled model learned, each with the persona line of its source.
     examples=[["Hi, I'd like to order a coffee, please.", PERSONAS["taskmaster"]],

@@ -6,11 +6,12 @@ from typing import Callable
 
 import gradio as gr
 
-from engine.generate import brief, new_token_budget
+from engine.generate import new_token_budget
+from serve.apis import GENERATE_API, SUMMARIZE_API, TRANSLATE_API
 from serve.messages import localized
 from serve.model_host import ModelHost
-from serve.running import MAX_EXAMPLE_PAIRS, Param, TaskAPI, check_count, checked_text
-from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, GenerateInputs, SummarizeInputs, TranslateInputs
+from serve.running import checked_text
+from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, SummarizeInputs
 from tasks.translation import goes_through_english
 
 from .i18n import i18n
@@ -34,9 +35,7 @@ def generate_widgets() -> Widgets:
 
 
 GENERATE = TaskView(
-    api=TaskAPI(TASKS["generate"], "generate", (Param("prompt", str),),
-                make_inputs=lambda prompt: GenerateInputs(checked_text("prompt", prompt)),
-                description="Continue the prompt."),
+    api=GENERATE_API,
     label="tab_generate", run_label="generate", intro="intro_generate", build=generate_widgets,
     # Examples are chosen by trying them on the bundled model with the tab's defaults and several seeds:
     # it learned from children's stories, so story openings are what it continues best.
@@ -66,23 +65,6 @@ UNSENT_LINES = 2  # and where it does not
 def example_lines(pairs) -> str:
     """Example pairs as the text box shows them: one `source = target` a line."""
     return "\n".join(f"{source} = {target}" for source, target in pairs)
-
-
-def example_pairs(lines: str | None) -> list[tuple[str, str]] | None:
-    """The pairs written one `source = target` a line (blank lines skipped); None: the task's
-    built-in pairs for the language pair."""
-    if lines is None:
-        return None
-    pairs = []
-    for number, line in enumerate(checked_text("examples", lines).splitlines(), start=1):
-        if not line.strip():
-            continue
-        source, equals, target = line.partition("=")
-        if not (equals and source.strip() and target.strip()):
-            raise ValueError(f"example pairs line {number} is not 'source = target': {brief(line.strip())}")
-        pairs.append((source.strip(), target.strip()))
-    check_count("example pairs", len(pairs), MAX_EXAMPLE_PAIRS)
-    return pairs
 
 
 def translate_widgets() -> Widgets:
@@ -244,16 +226,7 @@ TRANSLATE_EXAMPLES = [("My book is on the table.", "English", "French"),
                       ("Das Buch ist sehr gut.", "German", "French")]
 
 TRANSLATE = TaskView(
-    api=TaskAPI(TASKS["translate"], "translate",
-                (Param("text", str), Param("source", str, "English"), Param("target", str, "French"),
-                 Param("examples", str | None, None)),
-                make_inputs=lambda text, source, target, examples: TranslateInputs(
-                    checked_text("text", text), checked_text("source", source), checked_text("target", target),
-                    example_pairs(examples)),
-                description="Translate text by example pairs (GPT-2 paper style). examples: one `source = target` "
-                            "a line; None for the built-in pairs. French <-> German goes through English (the "
-                            "status line gives the English), unless the adapter is off and examples are your own."),
-
+    api=TRANSLATE_API,
     label="tab_translate", run_label="run_translate", intro="intro_translate", build=translate_widgets,
     examples=[list(example) for example in TRANSLATE_EXAMPLES],
     example_inputs=("text", "source", "target"),
@@ -275,7 +248,7 @@ def article_length(host: ModelHost) -> Callable[[str, float, bool], str]:
     """How much of the context the article's prompt takes, and whether it will be cut to fit:
     the task's own build_prompt decides, so this line says exactly what a run will do."""
     def length_line(article: str, max_new_tokens: float, adapter: bool, request: gr.Request) -> str:
-        if not article.strip():
+        if not article.strip() or host.remote:  # (the tokenizer is the backend's)
             return ""
         loaded = host.current
         lang = language(request)
@@ -319,10 +292,7 @@ DINNER_BOOKING = (
     "that's right.\nAssistant: Your table has been booked. Anything else?\nUser: No, thank you.")
 
 SUMMARIZE = TaskView(
-    api=TaskAPI(TASKS["summarize"], "summarize", (Param("article", str),),
-                make_inputs=lambda article: SummarizeInputs(checked_text("article", article)),
-                description="Summarise an article with `TL;DR:` (GPT-2 paper style): the first 3 sentences of "
-                            "what follows."),
+    api=SUMMARIZE_API,
     label="tab_summarize", run_label="run_summarize", intro="intro_summarize", build=summarize_widgets,
     examples=[[FOX_AND_CROW], [ANT_AND_DOVE], [DINNER_BOOKING]],
     example_inputs=("article",),

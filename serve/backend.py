@@ -1,0 +1,170 @@
+"""A model host on other machines: the page in front of a deployment (serve/cluster.py).
+
+`python app.py --backend URL` serves the page with a RemoteHost in place of a ModelHost: every
+tab's run, comparison and look inside goes to URL's /studio routes (serve/page_api.py), where a
+replica checks it under the same limits and answers with the same outcome records, so the page,
+its API and its errors are as they are with the model here. What the page shows of the model (its
+name, adapters, shape, model line) comes from the backend once, at start.
+
+A backend that does not answer is said within seconds (CONNECT_TIMEOUT_S), in the tab's status
+line; a replica that stops in the middle of a stream ends that run with a message that says to
+try again (another replica answers). Stop closes the stream, which ends the run on its replica
+and frees its decoding row.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import httpx
+
+from engine.generate import resolve_seed
+from model import GPT2Config
+
+from .messages import Message
+from .model_host import ModelLoadError
+from .outcome import DONE, FAULT, Outcome
+from .page_api import PREFIX, update_from_json, view_from_json
+from .running import (LiveView, TaskAPI, adapter_state, asks_random_seed, changed_settings, compared_state,
+                      sampling_params)
+
+CONNECT_TIMEOUT_S = 3  # how long a backend that is down takes to be said so
+STOPPED_NOTE = "stopped: the token counts stay with the backend"
+
+
+class BackendDown(ModelLoadError):
+    """The backend does not answer; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class RemoteModel:
+    """What the page shows of the backend's model."""
+    name: str
+    adapters: list[str]
+    adapters_on: list[str]
+    config: GPT2Config
+    decode_path: str
+    lines: dict[str, str]  # the model line by language, as the backend's replica writes it
+    url: str
+
+    @property
+    def context(self) -> int:
+        return self.config.n_positions
+
+    def describe(self, lang: str = "en") -> str:
+        return self.lines[lang] + (f" · 由 {self.url} 提供" if lang == "zh" else f" · served by {self.url}")
+
+
+class RemoteHost:
+    remote = True
+
+    def __init__(self, url: str):
+        """Ask the backend at `url` what it serves; BackendDown where it does not answer."""
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S))
+        self.loading: str | None = None  # the backend switches nothing from here
+        self._current = self.fetch_model()
+        self.names = (self._current.name,)
+
+    @property
+    def current(self) -> RemoteModel:
+        return self._current
+
+    def switch(self, name: str) -> RemoteModel:
+        if name != self._current.name:
+            raise ModelLoadError(f"{name!r} is not served by the backend {self.url}")
+        return self._current
+
+    def fetch_model(self) -> RemoteModel:
+        try:
+            response = self.http.get(f"{self.url}{PREFIX}/model", timeout=CONNECT_TIMEOUT_S * 2)
+            response.raise_for_status()
+        except httpx.HTTPError as error:
+            raise BackendDown(down_message(self.url, error)) from None
+        info = response.json()
+        return RemoteModel(info["name"], info["adapters"], info["adapters_on"], GPT2Config(**info["config"]),
+                           info["decode_path"], info["line"], self.url)
+
+    def run(self, api: TaskAPI, values: dict[str, Any],
+            cancel: threading.Event | None = None) -> Iterator[tuple[str, Outcome | None, str, list]]:
+        values = with_seed(values)
+        last = ""
+        for update in self.stream(f"run/{api.name}", values, cancel):
+            if isinstance(update, Outcome):  # the run ended here: Stop, or the backend failed
+                yield last, update if update.kind == FAULT else stopped(api, values, adapter_state(
+                    values.get("adapter", False), values.get("adapter_scale", 1.0))), "", []
+                return
+            last = update["text"]
+            yield update["text"], update["outcome"], update["prompt"], update["logprobs"]
+
+    def run_compare(self, api: TaskAPI, values: dict[str, Any],
+                    cancel: threading.Event | None = None) -> Iterator[tuple[list[str], Outcome | None, dict | None]]:
+        values = with_seed(values)
+        last = ["", ""]
+        for update in self.stream(f"compare/{api.name}", values, cancel):
+            if isinstance(update, Outcome):
+                yield last, update if update.kind == FAULT else stopped(api, values, compared_state(
+                    values.get("adapter_scale", 1.0))), None
+                return
+            last = update["texts"]
+            yield update["texts"], update["outcome"], update["comparison"]
+
+    def stream(self, route: str, values: dict, cancel: threading.Event | None) -> Iterator[dict | Outcome]:
+        """The backend's updates, each with its outcome as the record; an Outcome of its own where
+        the stream ends before its last update: done where Stop closed it, a fault where the
+        backend failed."""
+        started = ended = False
+        try:
+            with self.http.stream("POST", f"{self.url}{PREFIX}/{route}", json=values) as response:
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    update = update_from_json(json.loads(line))
+                    started, ended = True, update["outcome"] is not None
+                    yield update
+                    if cancel is not None and cancel.is_set() and not ended:
+                        yield Outcome(DONE)  # leaving the block closes the stream: the replica stops the run
+                        return
+        except httpx.HTTPError as error:
+            if not ended:
+                yield Outcome(FAULT, Message.of(cut_message(self.url) if started else down_message(self.url, error)))
+            return
+        if not ended:  # the replica went away mid-stream
+            yield Outcome(FAULT, Message.of(cut_message(self.url)))
+
+    def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
+        try:
+            response = self.http.post(f"{self.url}{PREFIX}/look_inside",
+                                      json={"prompt": prompt, "layer": layer, "head": head, "adapter": adapter})
+        except httpx.HTTPError as error:
+            raise ValueError(down_message(self.url, error)) from None
+        if response.status_code == 400:
+            raise ValueError(response.json()["refused"])
+        response.raise_for_status()
+        return view_from_json(response.json())
+
+
+def down_message(url: str, error: Exception) -> str:
+    if isinstance(error, httpx.HTTPStatusError):
+        return f"the backend {url} failed (HTTP {error.response.status_code}); please try again"
+    return f"the backend {url} does not answer ({type(error).__name__}); please try again"
+
+
+def cut_message(url: str) -> str:
+    return f"the backend {url} stopped answering in the middle of this run; please try again"
+
+
+def with_seed(values: dict) -> dict:
+    """The values with a random seed drawn here, so that a run stopped before its end still says
+    which seed it ran with."""
+    seed = values.get("seed")
+    return {**values, "seed": resolve_seed(None) if asks_random_seed(seed) else seed}
+
+
+def stopped(api: TaskAPI, values: dict, adapter: str) -> Outcome:
+    """The outcome of a run stopped by its user: what reproduces it, as far as it is known here."""
+    params = sampling_params(api.task, values)
+    return Outcome(DONE, seed=params.seed, stop_reason="cancelled",
+                   adapter=None if api.task.adapter is None else Message.of(adapter),
+                   changed=tuple(changed_settings(params, api.task.defaults)), notes=(Message.of(STOPPED_NOTE),))

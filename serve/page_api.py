@@ -1,0 +1,106 @@
+"""What a page in front needs from a replica on another machine (serve/cluster.py), over HTTP: the
+model's description, each task run as a stream of updates ending in its outcome record, the
+adapter off/on comparison and the Architecture tab's look inside. serve/backend.py is the other
+end. The Gradio page and its API send their work here with `python app.py --backend URL`.
+
+    GET  /studio/model                 the model: name, adapters, config, the model line
+    POST /studio/run/{api_name}        the task's values -> NDJSON: {text, outcome, prompt, logprobs}
+    POST /studio/compare/{api_name}    the same -> NDJSON: {texts, outcome, comparison}
+    POST /studio/look_inside           {prompt, layer, head, adapter} -> the live view
+
+A client that closes a stream ends its run and frees its decoding row, as in the app.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Iterator
+
+import anyio
+import torch
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from train.inspect import Inspection, LogitLens
+
+from .apis import APIS
+from .model_host import ModelHost
+from .outcome import Outcome
+from .running import LiveView, look_inside, run, run_compare
+
+PREFIX = "/studio"
+
+
+def page_routes(host: ModelHost) -> APIRouter:
+    router = APIRouter(prefix=PREFIX)
+
+    async def model(request: Request):
+        loaded = host.current
+        return JSONResponse({"name": loaded.name, "adapters": loaded.adapters, "adapters_on": loaded.adapters_on,
+                             "config": dataclasses.asdict(loaded.config), "decode_path": loaded.decode_path,
+                             "line": {lang: loaded.describe(lang) for lang in ("en", "zh")}})
+
+    async def task_run(api_name: str, request: Request):
+        api, values = APIS.get(api_name), await request.json()
+        if api is None:
+            return JSONResponse({"error": f"no task {api_name!r}"}, status_code=404)
+        updates = ({"text": text, "outcome": outcome and outcome.as_json(), "prompt": prompt, "logprobs": logprobs}
+                   for text, outcome, prompt, logprobs in run(api, host, values))
+        return StreamingResponse(lines(request, updates), media_type="application/x-ndjson")
+
+    async def compare(api_name: str, request: Request):
+        api, values = APIS.get(api_name), await request.json()
+        if api is None:
+            return JSONResponse({"error": f"no task {api_name!r}"}, status_code=404)
+        updates = ({"texts": texts, "outcome": outcome and outcome.as_json(), "comparison": comparison}
+                   for texts, outcome, comparison in run_compare(api, host, values))
+        return StreamingResponse(lines(request, updates), media_type="application/x-ndjson")
+
+    async def inside(request: Request):
+        asked = await request.json()
+        try:
+            view = await anyio.to_thread.run_sync(lambda: look_inside(
+                host, asked.get("prompt"), asked.get("layer"), asked.get("head"), asked.get("adapter")))
+        except ValueError as error:
+            return JSONResponse({"refused": str(error)}, status_code=400)
+        return JSONResponse(view_as_json(view))
+
+    router.add_api_route("/model", model, methods=["GET"])
+    router.add_api_route("/run/{api_name}", task_run, methods=["POST"])
+    router.add_api_route("/compare/{api_name}", compare, methods=["POST"])
+    router.add_api_route("/look_inside", inside, methods=["POST"])
+    return router
+
+
+async def lines(request: Request, updates: Iterator[dict]):
+    """The updates as JSON lines, each as it comes; a client that leaves closes the run."""
+    try:
+        while (update := await anyio.to_thread.run_sync(next, updates, None)) is not None:
+            yield json.dumps(update, ensure_ascii=False) + "\n"
+            if await request.is_disconnected():
+                return
+    finally:
+        await anyio.to_thread.run_sync(updates.close)
+
+
+def view_as_json(view: LiveView) -> dict:
+    def plain(record) -> dict:
+        return {key: value.tolist() if isinstance(value, torch.Tensor) else value
+                for key, value in dataclasses.asdict(record).items()}
+    return {**dataclasses.asdict(view), "seen": plain(view.seen), "lens": plain(view.lens)}
+
+
+def view_from_json(data: dict) -> LiveView:
+    seen, lens = data["seen"], data["lens"]
+    seen = Inspection(**{**seen, "residual_norms": torch.tensor(seen["residual_norms"]),
+                         "attention": torch.tensor(seen["attention"]),
+                         "top_tokens": [tuple(pair) for pair in seen["top_tokens"]]})
+    lens = LogitLens(**{**lens, "probabilities": torch.tensor(lens["probabilities"]),
+                        "changed": None if lens["changed"] is None else torch.tensor(lens["changed"])})
+    return LiveView(data["model"], data["layers"], data["heads"], seen, lens)
+
+
+def update_from_json(update: dict) -> dict[str, Any]:
+    """A streamed update with its outcome as the record again."""
+    outcome = update.get("outcome")
+    return {**update, "outcome": None if outcome is None else Outcome.from_json(outcome)}
