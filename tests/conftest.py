@@ -190,7 +190,7 @@ def studio_app(models, **launch_options) -> Iterator[tuple]:
     from bench.load import free_port
     from serve.model_host import ModelHost
 
-    host = models if isinstance(models, ModelHost) else ModelHost(models, device="cpu")
+    host = models if hasattr(models, "remote") else ModelHost(models, device="cpu")  # a ModelHost or a RemoteHost
     demo = app.build_app(host)
     _, url, _ = app.launch(demo, models=host.names, host=host,
                            server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
