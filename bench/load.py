@@ -3,8 +3,10 @@
     python -m bench.load [--clients N] [--seconds S] [--warm-up S] [--json PATH] [--seed N]
                          [--url URL [--pid PID] | --model NAME --device D]
 
-With --url it drives an app already running on loopback; without, it starts `python app.py` on
-a free loopback port (the bundled model unless --model) and stops it at the end.
+With --url it drives an app already running on loopback, or a deployment of replicas
+(`python -m serve.cluster`, which has no Gradio: then every request goes through /v1); without,
+it starts `python app.py` on a free loopback port (the bundled model unless --model) and stops it
+at the end.
 
 Each user loops until the time is up, picking one of:
 - a *replay*: one of a fixed set of seeded or greedy requests whose answer was taken alone, one
@@ -289,13 +291,14 @@ def answer(client: Client, rng: random.Random, references: dict[int, Reference],
     return outcome
 
 
-def user(client: Client, name: str, deadline: float, references: dict[int, Reference], v1: V1 | None,
+def user(client: Client | None, name: str, deadline: float, references: dict[int, Reference], v1: V1 | None,
          run: Run) -> None:
     """One user: requests one after another until the deadline, its choices seeded by its name."""
     rng = random.Random(name)
     with httpx.Client() as http:
         while time.monotonic() < deadline:
-            roll, through_v1 = rng.random(), v1 is not None and rng.random() < V1_SHARE
+            # (a deployment of replicas, with no Gradio: every request through /v1)
+            roll, through_v1 = rng.random(), v1 is not None and (rng.random() < V1_SHARE or client is None)
             try:
                 if roll < MIX["invalid"]:
                     if through_v1:
@@ -311,7 +314,7 @@ def user(client: Client, name: str, deadline: float, references: dict[int, Refer
                 run.add(Outcome("?", error_kind(error), explained=False))
 
 
-def drive(clients: list[Client], seed: str, seconds: float, references: dict[int, Reference],
+def drive(clients: list[Client | None], seed: str, seconds: float, references: dict[int, Reference],
           v1: V1 | None) -> tuple[list[Outcome], float]:
     """Every user at once until `seconds` have passed (each finishes the request it is on);
     what they saw, and how long it took."""
@@ -518,6 +521,13 @@ def v1_api(url: str, timeout_s: float = 600) -> V1 | None:
         time.sleep(1)
 
 
+def serves_gradio(url: str) -> bool:
+    try:
+        return httpx.get(url.rstrip("/") + "/config", timeout=30).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def take_v1_references(v1: V1) -> None:
     """Each /v1 replay's answer alone, not streamed."""
     with httpx.Client() as http:
@@ -669,7 +679,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=30, help="how long they keep sending requests (default 30)")
     p.add_argument("--warm-up", type=float, default=30,
                    help="seconds of the same load before the app's memory at start is read (default 30)")
-    p.add_argument("--url", help="an app already running on loopback; default: start one here")
+    p.add_argument("--url", help="an app already running on loopback, or a deployment of replicas (serve/cluster.py: "
+                                 "/v1 alone); default: start one here")
     p.add_argument("--pid", type=int, help="with --url: the app's pid, for its memory (default: found by its port)")
     p.add_argument("--model", default="bundled", help="without --url: the model to start the app with")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="without --url: where it runs")
@@ -693,8 +704,13 @@ def main(argv=None) -> None:
         pid = process.pid
     try:
         v1 = v1_api(url)  # first: it waits for the decode path to settle
-        clients = [Client(url, verbose=False) for _ in range(args.clients)]
-        references = take_references(clients[0])
+        if serves_gradio(url):
+            clients = [Client(url, verbose=False) for _ in range(args.clients)]
+            references = take_references(clients[0])
+        elif v1 is not None:  # a deployment of replicas (serve/cluster.py): /v1 alone
+            clients, references = [None] * args.clients, {}
+        else:
+            raise SystemExit(f"{url} serves neither the app's Gradio API nor /v1")
         if v1 is not None:
             take_v1_references(v1)
         replays = len(references) + (len(v1.replays) if v1 else 0)

@@ -25,6 +25,8 @@ import torch
 from fastapi import FastAPI
 from ray import serve
 
+from engine.scheduler import MAX_BATCH
+
 from .model_host import BUNDLED, ModelHost
 from .replica import DEFAULT_CAPACITY, replica_app
 
@@ -46,19 +48,29 @@ class Replica:
         return replica_app(self.host, replica, self.api_key, self.capacity)
 
 
+def replica_options(replicas: int = 2, cpus_per_replica: float = 1, min_replicas: int | None = None,
+                    max_replicas: int | None = None, device: str = "cpu", capacity: int = DEFAULT_CAPACITY) -> dict:
+    """Ray Serve's options for the replicas: `replicas` of them, or with min/max_replicas as many
+    as the load asks for between them (Ray's autoscaling: about 8 requests in flight per replica,
+    the rows of its decode batch), each with `cpus_per_replica` CPUs reserved."""
+    if min_replicas is None and max_replicas is None:
+        scaling = {"num_replicas": replicas}
+    else:
+        low = min_replicas or 1
+        scaling = {"autoscaling_config": {"min_replicas": low, "max_replicas": max(max_replicas or replicas, low),
+                                          "initial_replicas": min(max(replicas, low), max(max_replicas or replicas, low)),
+                                          "target_ongoing_requests": MAX_BATCH}}
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {"name": "studio", "max_ongoing_requests": capacity, **scaling,
+            "ray_actor_options": {"num_cpus": cpus_per_replica, "num_gpus": 1 if device == "cuda" else 0,
+                                  "runtime_env": {"env_vars": {"PYTHONPATH": path}}}}
+
+
 def deployment(models: list[str], replicas: int = 2, cpus_per_replica: float = 1, min_replicas: int | None = None,
                max_replicas: int | None = None, device: str = "cpu", quantize: str | None = None,
                api_key: str | None = None, capacity: int = DEFAULT_CAPACITY):
-    """The Ray Serve application: `replicas` replicas, or with min/max_replicas as many as the
-    load asks for between them (Ray's autoscaling: about 8 requests in flight per replica, the
-    rows of its decode batch)."""
-    scaling = {} if min_replicas is None and max_replicas is None else {"autoscaling_config": {
-        "min_replicas": min_replicas or 1, "max_replicas": max_replicas or max(replicas, min_replicas or 1),
-        "initial_replicas": replicas, "target_ongoing_requests": 8}}
-    options = dict(name="studio", ray_actor_options={
-        "num_cpus": cpus_per_replica, "num_gpus": 1 if device == "cuda" else 0,
-        "runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}}},
-        max_ongoing_requests=capacity, **({"num_replicas": replicas} if not scaling else scaling))
+    """The Ray Serve application: replicas of `models` (replica_options)."""
+    options = replica_options(replicas, cpus_per_replica, min_replicas, max_replicas, device, capacity)
     threads = max(1, int(cpus_per_replica))
     return serve.deployment(Replica).options(**options).bind(models, device, quantize, threads, api_key, capacity)
 

@@ -209,3 +209,25 @@ def listening(url: str) -> bool:
         return httpx.get(f"{url}/studio/model", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_the_flags_set_the_replicas_their_cpus_and_the_autoscaling_bounds():
+    from ray import serve
+
+    from serve.cluster import Replica, build, parse_args, replica_options
+
+    args = parse_args(["--replicas", "3", "--cpus-per-replica", "0.5", "--min-replicas", "1", "--max-replicas", "4",
+                       "--port", "9000", "--address", "auto"])
+    assert (args.replicas, args.cpus_per_replica, args.min_replicas, args.max_replicas, args.port, args.address) \
+        == (3, 0.5, 1, 4, 9000, "auto")
+    assert parse_args([]).port == 8000  # Ray Serve's own
+    fixed = replica_options(3, 0.5)
+    assert fixed["num_replicas"] == 3 and fixed["ray_actor_options"]["num_cpus"] == 0.5
+    assert "autoscaling_config" not in fixed
+    scaled = replica_options(2, 1, min_replicas=1, max_replicas=4)
+    assert "num_replicas" not in scaled
+    assert scaled["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 2,
+                                            "target_ongoing_requests": 8}
+    for options in (fixed, scaled):  # Ray takes them
+        serve.deployment(Replica).options(**options)
+    assert build({"model": "bundled", "replicas": "1", "cpus_per_replica": "1"}) is not None  # `serve run`'s builder
