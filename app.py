@@ -145,8 +145,9 @@ def show_model(host: ModelHost, parts: ModelParts, on_load: bool = False):
 
 
 def refreshing(host: ModelHost) -> bool:
-    """Whether the model line may still change by itself: while this process's kernels build."""
-    return not host.remote and not kernels.settled()
+    """Whether the model line may still change by itself: while the decode kernels build (here,
+    or on the backend)."""
+    return host.settling() if host.remote else not kernels.settled()
 
 
 def refresh_model_line(host: ModelHost):
@@ -204,7 +205,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--backend", default=env.get("STUDIO_BACKEND") or None, metavar="URL",
                         help="send every tab's work to a deployment of replicas (python -m serve.cluster) at URL "
                              "rather than loading a model here; --model, --device and --quantize are then the "
-                             "deployment's (env STUDIO_BACKEND)")
+                             "deployment's, and --concurrency bounds what this page sends it: raise it to 8 a "
+                             "replica (env STUDIO_BACKEND)")
+    parser.add_argument("--backend-key", default=env.get("STUDIO_BACKEND_KEY") or None, metavar="KEY",
+                        help="the deployment's --api-key, sent with every request to --backend "
+                             "(env STUDIO_BACKEND_KEY)")
     parser.add_argument("--api-key", default=env.get("STUDIO_API_KEY") or None,
                         help="require this key (Authorization: Bearer KEY) of every request to the OpenAI-compatible "
                              "/v1 API; the page and its Gradio API are unchanged (env STUDIO_API_KEY; default none)")
@@ -218,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     try:
-        host = RemoteHost(args.backend) if args.backend else ModelHost(args.model, device=args.device,
+        host = RemoteHost(args.backend, args.backend_key) if args.backend else ModelHost(args.model, device=args.device,
                                                                       quantize=args.quantize)
     except ModelLoadError as error:
         sys.exit(f"app.py: {error}")

@@ -4,23 +4,25 @@
 tab's run, comparison and look inside goes to URL's /studio routes (serve/page_api.py), where a
 replica checks it under the same limits and answers with the same outcome records, so the page,
 its API and its errors are as they are with the model here. What the page shows of the model (its
-name, adapters, shape, model line) comes from the backend once, at start.
+name, adapters, shape, model line) comes from the backend at start, and again while the
+backend's decode kernels build.
 
-A backend that does not answer is said within seconds (CONNECT_TIMEOUT_S), in the tab's status
-line; a replica that stops in the middle of a stream ends that run with a message that says to
-try again (another replica answers). Stop closes the stream, which ends the run on its replica
-and frees its decoding row.
+A backend that does not take the connection is said within CONNECT_TIMEOUT_S, one that stops
+sending within SILENCE_S, in the tab's status line; a replica that stops in the middle of a stream
+ends that run with a message that says to try again (another replica answers). Stop closes the
+stream at once, which ends the run on its replica and frees its decoding row.
 """
 from __future__ import annotations
 
 import json
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 
 from engine.generate import resolve_seed
+from engine.kernels import BUILDING
 from model import GPT2Config
 
 from .messages import Message
@@ -31,6 +33,9 @@ from .running import (LiveView, TaskAPI, adapter_state, asks_random_seed, change
                       sampling_params)
 
 CONNECT_TIMEOUT_S = 3  # how long a backend that is down takes to be said so
+# How long a run may hear nothing from its replica: a request waiting in a busy replica's queue
+# hears nothing until its first token.
+SILENCE_S = 120
 STOPPED_NOTE = "stopped: the token counts stay with the backend"
 
 
@@ -60,10 +65,12 @@ class RemoteModel:
 class RemoteHost:
     remote = True
 
-    def __init__(self, url: str):
-        """Ask the backend at `url` what it serves; BackendDown where it does not answer."""
+    def __init__(self, url: str, api_key: str | None = None):
+        """Ask the backend at `url` what it serves (with `api_key`, the deployment's --api-key);
+        BackendDown where it does not answer."""
         self.url = url.rstrip("/")
-        self.http = httpx.Client(timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S))
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(SILENCE_S, connect=CONNECT_TIMEOUT_S))
         self.loading: str | None = None  # the backend switches nothing from here
         self._current = self.fetch_model()
         self.names = (self._current.name,)
@@ -74,8 +81,18 @@ class RemoteHost:
 
     def switch(self, name: str) -> RemoteModel:
         if name != self._current.name:
-            raise ModelLoadError(f"{name!r} is not served by the backend {self.url}")
+            raise ModelLoadError(f"'{name}' is not served by the backend {self.url}")
         return self._current
+
+    def settling(self) -> bool:
+        """Whether the model line may still change: the backend's kernels build. Asks again."""
+        if self._current.decode_path != BUILDING:
+            return False
+        try:
+            self._current = self.fetch_model()
+        except BackendDown:
+            return True
+        return self._current.decode_path == BUILDING
 
     def fetch_model(self) -> RemoteModel:
         try:
@@ -89,60 +106,85 @@ class RemoteHost:
 
     def run(self, api: TaskAPI, values: dict[str, Any],
             cancel: threading.Event | None = None) -> Iterator[tuple[str, Outcome | None, str, list]]:
-        values = with_seed(values)
-        last = ""
-        for update in self.stream(f"run/{api.name}", values, cancel):
-            if isinstance(update, Outcome):  # the run ended here: Stop, or the backend failed
-                yield last, update if update.kind == FAULT else stopped(api, values, adapter_state(
-                    values.get("adapter", False), values.get("adapter_scale", 1.0))), "", []
-                return
-            last = update["text"]
-            yield update["text"], update["outcome"], update["prompt"], update["logprobs"]
+        adapter = adapter_state(values.get("adapter", False), values.get("adapter_scale", 1.0))
+        for update in self.updates(f"run/{api.name}", api, values, cancel, adapter, ["text"]):
+            yield update["text"], update["outcome"], update.get("prompt", ""), update.get("logprobs", [])
 
     def run_compare(self, api: TaskAPI, values: dict[str, Any],
                     cancel: threading.Event | None = None) -> Iterator[tuple[list[str], Outcome | None, dict | None]]:
-        values = with_seed(values)
-        last = ["", ""]
-        for update in self.stream(f"compare/{api.name}", values, cancel):
-            if isinstance(update, Outcome):
-                yield last, update if update.kind == FAULT else stopped(api, values, compared_state(
-                    values.get("adapter_scale", 1.0))), None
+        adapter = compared_state(values.get("adapter_scale", 1.0))
+        for update in self.updates(f"compare/{api.name}", api, values, cancel, adapter, ["texts"]):
+            yield update["texts"], update["outcome"], update.get("comparison")
+
+    def updates(self, route: str, api: TaskAPI, values: dict, cancel: threading.Event | None, adapter: str,
+                kept: list[str]) -> Iterator[dict]:
+        """The backend's updates, each with its outcome as the record; where the stream ends
+        before its last update, the text so far (the `kept` fields) with an outcome of its own:
+        stopped by its user (seed, settings and `adapter` state, as far as they are known here),
+        or a fault that says what happened to the backend."""
+        values = {**values, "seed": resolve_seed(None) if asks_random_seed(values.get("seed")) else values["seed"]}
+        last: dict = {name: "" if name == "text" else ["", ""] for name in kept}
+        for update in self.stream(route, values, cancel):
+            if isinstance(update, Outcome):  # the run ended here: Stop, or the backend failed
+                yield {**last, "outcome": update if update.kind == FAULT else stopped(api, values, adapter)}
                 return
-            last = update["texts"]
-            yield update["texts"], update["outcome"], update["comparison"]
+            last = {name: update[name] for name in kept}
+            yield update
 
     def stream(self, route: str, values: dict, cancel: threading.Event | None) -> Iterator[dict | Outcome]:
-        """The backend's updates, each with its outcome as the record; an Outcome of its own where
-        the stream ends before its last update: done where Stop closed it, a fault where the
-        backend failed."""
+        """The backend's updates; an Outcome of its own where the stream ends before its last
+        update: done where Stop closed it, a fault where the backend failed."""
         started = ended = False
         try:
             with self.http.stream("POST", f"{self.url}{PREFIX}/{route}", json=values) as response:
                 response.raise_for_status()
-                for line in response.iter_lines():
-                    update = update_from_json(json.loads(line))
-                    started, ended = True, update["outcome"] is not None
-                    yield update
-                    if cancel is not None and cancel.is_set() and not ended:
-                        yield Outcome(DONE)  # leaving the block closes the stream: the replica stops the run
-                        return
-        except httpx.HTTPError as error:
-            if not ended:
+                with closed_on(cancel, response.close):  # Stop ends a stream that is silent too
+                    for line in response.iter_lines():
+                        update = update_from_json(json.loads(line))
+                        started, ended = True, update["outcome"] is not None
+                        yield update
+        except (httpx.HTTPError, ValueError, KeyError) as error:  # the connection, or a line cut short
+            if cancel is not None and cancel.is_set():
+                yield Outcome(DONE)
+            elif not ended:
                 yield Outcome(FAULT, Message.of(cut_message(self.url) if started else down_message(self.url, error)))
             return
-        if not ended:  # the replica went away mid-stream
+        if cancel is not None and cancel.is_set() and not ended:
+            yield Outcome(DONE)
+        elif not ended:  # the replica went away mid-stream
             yield Outcome(FAULT, Message.of(cut_message(self.url)))
 
     def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
         try:
             response = self.http.post(f"{self.url}{PREFIX}/look_inside",
                                       json={"prompt": prompt, "layer": layer, "head": head, "adapter": adapter})
-        except httpx.HTTPError as error:
+            if response.status_code == 400:
+                raise ValueError(response.json()["refused"])
+            response.raise_for_status()
+            return view_from_json(response.json())
+        except (httpx.HTTPError, KeyError) as error:  # said in the tab's status line, as a refusal is
             raise ValueError(down_message(self.url, error)) from None
-        if response.status_code == 400:
-            raise ValueError(response.json()["refused"])
-        response.raise_for_status()
-        return view_from_json(response.json())
+
+
+class closed_on:
+    """A block during which `close` is called as soon as `event` is set (from any thread)."""
+
+    def __init__(self, event: threading.Event | None, close: Callable[[], None]):
+        self.event, self.close, self.done = event, close, threading.Event()
+
+    def __enter__(self):
+        if self.event is not None:
+            threading.Thread(target=self.watch, daemon=True).start()
+        return self
+
+    def watch(self):
+        while not self.done.is_set():
+            if self.event.wait(0.05):
+                self.close()
+                return
+
+    def __exit__(self, *exc):
+        self.done.set()
 
 
 def down_message(url: str, error: Exception) -> str:
@@ -153,13 +195,6 @@ def down_message(url: str, error: Exception) -> str:
 
 def cut_message(url: str) -> str:
     return f"the backend {url} stopped answering in the middle of this run; please try again"
-
-
-def with_seed(values: dict) -> dict:
-    """The values with a random seed drawn here, so that a run stopped before its end still says
-    which seed it ran with."""
-    seed = values.get("seed")
-    return {**values, "seed": resolve_seed(None) if asks_random_seed(seed) else seed}
 
 
 def stopped(api: TaskAPI, values: dict, adapter: str) -> Outcome:

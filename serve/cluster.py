@@ -56,7 +56,7 @@ def replica_options(replicas: int = 2, cpus_per_replica: float = 1, min_replicas
     if min_replicas is None and max_replicas is None:
         scaling = {"num_replicas": replicas}
     else:
-        low = min_replicas or 1
+        low = 1 if min_replicas is None else min_replicas
         scaling = {"autoscaling_config": {"min_replicas": low, "max_replicas": max(max_replicas or replicas, low),
                                           "initial_replicas": min(max(replicas, low), max(max_replicas or replicas, low)),
                                           "target_ongoing_requests": MAX_BATCH}}
@@ -80,7 +80,8 @@ def build(args: dict):
     models = [name for name in str(args.get("model", BUNDLED)).split(",") if name]
     numbers = {key: float(args[key]) if key == "cpus_per_replica" else int(args[key])
                for key in ("replicas", "cpus_per_replica", "min_replicas", "max_replicas") if key in args}
-    return deployment(models, **numbers, device=args.get("device", "cpu"), api_key=args.get("api_key"))
+    return deployment(models, **numbers, device=args.get("device", "cpu"), quantize=args.get("quantize"),
+                      api_key=args.get("api_key"))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -91,6 +92,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--min-replicas", type=int, help="autoscaling: the fewest replicas")
     p.add_argument("--max-replicas", type=int, help="autoscaling: the most replicas")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where each replica runs its model")
+    p.add_argument("--quantize", choices=["int8"], help="int8 weights in every replica (engine/quantize.py)")
     p.add_argument("--host", default="127.0.0.1", help="the HTTP proxy's address (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="the HTTP proxy's port (default 8000, Ray Serve's)")
     p.add_argument("--address", help="an existing Ray cluster to join ('auto', or ray://HOST:10001); "
@@ -107,7 +109,7 @@ def main(argv=None) -> None:
     ray.init(address=args.address)
     serve.start(http_options={"host": args.host, "port": args.port})
     app = deployment(args.model or [BUNDLED], args.replicas, args.cpus_per_replica, args.min_replicas,
-                     args.max_replicas, args.device, api_key=args.api_key)
+                     args.max_replicas, args.device, args.quantize, api_key=args.api_key)
     print(f"serving on http://{args.host}:{args.port} (/v1, /studio); Ctrl-C stops", flush=True)
     serve.run(app, name="studio", route_prefix="/", blocking=True)
 

@@ -101,6 +101,15 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "same": ("the two are the same", "两者相同"),
     "continued_from": ("continued from token {index} with {token}", "从第 {index} 个词元续写，换为 {token}"),
     "pick_alternative": ("click a token, then one of its alternatives", "请先点击一个词元，再选择它的一个备选"),
+    # a page in front of a deployment's replicas (serve/backend.py)
+    "backend_down": ("the backend {url} does not answer ({kind}); please try again",
+                     "后端 {url} 没有响应（{kind}）；请重试"),
+    "backend_failed": ("the backend {url} failed (HTTP {status}); please try again",
+                       "后端 {url} 出错（HTTP {status}）；请重试"),
+    "backend_cut": ("the backend {url} stopped answering in the middle of this run; please try again",
+                    "后端 {url} 在这次运行中途停止了响应；请重试"),
+    "backend_stopped": ("stopped: the token counts stay with the backend", "已停止：词元计数留在后端"),
+    "backend_only": ("'{name}' is not served by the backend {url}", "后端 {url} 不提供「{name}」"),
     # which path decodes (engine/kernels.py, decode_path)
     "kernels_on": ("decode kernels ({capability})", "解码内核（{capability}）"),
     "kernels_off": ("PyTorch ({reason})", "PyTorch（{reason}）"),

@@ -385,8 +385,9 @@ async def streamed(request: Request, first, runs: list[Iterator], chunk, meta: d
     except BadRequest as failed:
         yield event({"error": {"message": str(failed), "type": failed.kind, "param": failed.param, "code": None}})
     finally:
-        for events in runs:
-            await anyio.to_thread.run_sync(events.close)
+        with anyio.CancelScope(shield=True):  # a client gone cancels this task: the runs must close all the same
+            for events in runs:
+                await anyio.to_thread.run_sync(events.close)
 
 
 def event(data: dict) -> str:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import anyio
 import torch
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from train.inspect import Inspection, LogitLens
@@ -31,8 +31,13 @@ from .running import LiveView, look_inside, run, run_compare
 PREFIX = "/studio"
 
 
-def page_routes(host: ModelHost) -> APIRouter:
-    router = APIRouter(prefix=PREFIX)
+def page_routes(host: ModelHost, api_key: str | None = None) -> APIRouter:
+    """The routes for a page in front of `host`; with `api_key`, each needs it as a bearer token."""
+    def key_checked(request: Request) -> None:
+        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+            raise HTTPException(401, "a valid API key is needed: Authorization: Bearer KEY")
+
+    router = APIRouter(prefix=PREFIX, dependencies=[Depends(key_checked)])
 
     async def model(request: Request):
         loaded = host.current
@@ -40,21 +45,17 @@ def page_routes(host: ModelHost) -> APIRouter:
                              "config": dataclasses.asdict(loaded.config), "decode_path": loaded.decode_path,
                              "line": {lang: loaded.describe(lang) for lang in ("en", "zh")}})
 
-    async def task_run(api_name: str, request: Request):
-        api, values = APIS.get(api_name), await request.json()
-        if api is None:
-            return JSONResponse({"error": f"no task {api_name!r}"}, status_code=404)
-        updates = ({"text": text, "outcome": outcome and outcome.as_json(), "prompt": prompt, "logprobs": logprobs}
-                   for text, outcome, prompt, logprobs in run(api, host, values))
-        return StreamingResponse(lines(request, updates), media_type="application/x-ndjson")
-
-    async def compare(api_name: str, request: Request):
-        api, values = APIS.get(api_name), await request.json()
-        if api is None:
-            return JSONResponse({"error": f"no task {api_name!r}"}, status_code=404)
-        updates = ({"texts": texts, "outcome": outcome and outcome.as_json(), "comparison": comparison}
-                   for texts, outcome, comparison in run_compare(api, host, values))
-        return StreamingResponse(lines(request, updates), media_type="application/x-ndjson")
+    def streamed_route(runner: Callable, fields: tuple[str, ...]):
+        """A route that streams `runner`'s updates for the task named in its path, as JSON lines
+        of `fields`, the outcome as its JSON record."""
+        async def route(api_name: str, request: Request):
+            api, values = APIS.get(api_name), await request.json()
+            if api is None:
+                return JSONResponse({"error": f"no task {api_name!r}"}, status_code=404)
+            updates = ({**dict(zip(fields, update)), "outcome": update[1] and update[1].as_json()}
+                       for update in runner(api, host, values))
+            return StreamingResponse(lines(request, updates), media_type="application/x-ndjson")
+        return route
 
     async def inside(request: Request):
         asked = await request.json()
@@ -66,8 +67,10 @@ def page_routes(host: ModelHost) -> APIRouter:
         return JSONResponse(view_as_json(view))
 
     router.add_api_route("/model", model, methods=["GET"])
-    router.add_api_route("/run/{api_name}", task_run, methods=["POST"])
-    router.add_api_route("/compare/{api_name}", compare, methods=["POST"])
+    router.add_api_route("/run/{api_name}", streamed_route(run, ("text", "outcome", "prompt", "logprobs")),
+                         methods=["POST"])
+    router.add_api_route("/compare/{api_name}", streamed_route(run_compare, ("texts", "outcome", "comparison")),
+                         methods=["POST"])
     router.add_api_route("/look_inside", inside, methods=["POST"])
     return router
 
@@ -80,7 +83,8 @@ async def lines(request: Request, updates: Iterator[dict]):
             if await request.is_disconnected():
                 return
     finally:
-        await anyio.to_thread.run_sync(updates.close)
+        with anyio.CancelScope(shield=True):  # a client gone cancels this task: the run must close all the same
+            await anyio.to_thread.run_sync(updates.close)
 
 
 def view_as_json(view: LiveView) -> dict:

@@ -33,7 +33,7 @@ def replica_app(host: ModelHost, replica: str, api_key: str | None = None,
     """One replica's HTTP app: /v1 and /studio on `host`, every response named by `replica`."""
     app = FastAPI(title="Pre-LN GPT-2 Studio replica", docs_url=None, redoc_url=None)
     app.include_router(openai_routes(host, api_key=api_key, capacity=capacity))
-    app.include_router(page_routes(host))
+    app.include_router(page_routes(host, api_key))
     app.add_middleware(NamedReplica, replica=replica)
     return app
 
@@ -52,11 +52,12 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m serve.replica", description=main.__doc__.split("\n")[0])
     p.add_argument("--model", action="append", help="a model to serve (default: the bundled one)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--quantize", choices=["int8"], help="int8 weights (engine/quantize.py)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("STUDIO_API_KEY") or None)
     args = p.parse_args(argv)
-    host = ModelHost(args.model or [BUNDLED], device=args.device)
+    host = ModelHost(args.model or [BUNDLED], device=args.device, quantize=args.quantize)
     uvicorn.run(replica_app(host, f"{socket.gethostname()}-{os.getpid()}", args.api_key), host=args.host,
                 port=args.port, log_level="warning")
 

@@ -177,21 +177,35 @@ def test_a_replica_killed_mid_stream_ends_its_streams_with_a_retryable_error_and
                       ["kind"] == "done", timeout_s=60)
 
 
-def test_a_backend_that_is_down_is_said_within_seconds(app_models, tmp_path):
+def test_a_backend_that_is_down_is_said_within_seconds_and_stop_reaches_the_replica(app_models):
     from bench.load import free_port
+    from serve.backend import STOPPED_NOTE
 
     start = time.monotonic()
     with pytest.raises(BackendDown, match=r"the backend http://127\.0\.0\.1:\d+ does not answer"):
         RemoteHost(f"http://127.0.0.1:{free_port()}")  # nothing listens there
     assert time.monotonic() - start < 5
-    # a backend that goes away while the page is up: the next run says so in its status line
-    port = free_port()
+    port = free_port()  # one replica without Ray, which wants a key
     replica = subprocess.Popen([sys.executable, "-m", "serve.replica", "--model", app_models[0], "--device", "cpu",
-                                "--port", str(port)], cwd=REPO)
+                                "--port", str(port), "--api-key", "sesame"], cwd=REPO)
     try:
         url = f"http://127.0.0.1:{port}"
         assert wait_until(lambda: listening(url), timeout_s=120)
-        backend = RemoteHost(url)
+        with pytest.raises(BackendDown, match=r"failed \(HTTP 401\)"):
+            RemoteHost(url)
+        backend = RemoteHost(url, api_key="sesame")
+        # Stop ends a remote run at once, with the seed and settings that reproduce it
+        cancel, updates = threading.Event(), []
+        for update in backend.run(APIS["generate"], values_for("generate", prompt="Once upon a time",
+                                                               max_new_tokens=512, seed=21), cancel):
+            updates.append(update)
+            if len(updates) == 1:
+                stop_pressed = time.monotonic()
+                cancel.set()
+        ended = updates[-1][1]
+        assert time.monotonic() - stop_pressed < 2
+        assert ended.stop_reason == "cancelled" and ended.seed == 21 and ended.notes[0].english == STOPPED_NOTE
+        # a backend that goes away while the page is up: the next run says so in its status line
         replica.terminate()
         replica.wait(30)
         with studio_app(backend) as (_, app_url):
@@ -206,7 +220,7 @@ def test_a_backend_that_is_down_is_said_within_seconds(app_models, tmp_path):
 
 def listening(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/studio/model", timeout=2).status_code == 200
+        return httpx.get(f"{url}/studio/model", timeout=2).status_code in (200, 401)
     except httpx.HTTPError:
         return False
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+import httpx
 import pytest
 
 from engine import kernels
 from engine.generate import STOP_REASON_WORDS, Result, SamplingParams, check_prompt_fits
 from model import GPT2, GPT2Config
 from model.adapters import check_adapter
+from serve import backend
 from serve.apis import example_pairs, history_pairs
 from serve.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, localized, translate_one
 from serve.model_host import ModelHost, ModelLoadError
@@ -44,8 +46,8 @@ def test_every_message_reads_in_english_and_in_chinese(key):
     assert localized(message, "en") == message
     translated = localized(message, "zh")
     assert re.search(r"[\u4e00-\u9fff]", translated), translated
-    # names that stay as they are in Chinese: the library, the API's values, the CPU's
-    own_words = set(ENGLISH_WORD.findall(re.sub(r"\{\w+\}", "", english))) - {"PyTorch", "true", "false", "CPU", "AVX"}
+    # names that stay as they are in Chinese: the library, the API's values, the CPU's, the protocol
+    own_words = set(ENGLISH_WORD.findall(re.sub(r"\{\w+\}", "", english))) - {"PyTorch", "true", "false", "CPU", "AVX", "HTTP"}
     left = own_words & set(ENGLISH_WORD.findall(translated))
     assert not left, (translated, left)
 
@@ -122,6 +124,11 @@ def made_messages() -> list[str]:
         *(compared_state(scale) for scale in (1.0, 0.5)),
         SAME_SEED, GREEDY_SAME,
         status_line(Outcome.done(Result("", 7, 4, 16, 0.0, "max_tokens"), None, [], []), "en"),  # no speed
+        # a page in front of a deployment (serve/backend.py)
+        backend.down_message("http://10.0.0.2:8000", httpx.ConnectError("refused")),
+        backend.down_message("http://10.0.0.2:8000", httpx.HTTPStatusError(
+            "", request=httpx.Request("GET", "http://x"), response=httpx.Response(503))),
+        backend.cut_message("http://10.0.0.2:8000"), backend.STOPPED_NOTE,
     ]
     return messages
 
