@@ -71,11 +71,11 @@ def train_command(train_args: dict) -> str:
 
 def headline_changes(before: dict, now: dict) -> tuple[list[str], list[str]]:
     """(worse, better): where `now` is worse, and where it is better, than `before` on bits per byte
-    and on each task's headline row (tasks.eval.HEADLINES) by its better system (prompt or adapter:
+    and on each task's headline row of the validation splits (tasks.eval.HEADLINES) by its better system (prompt or adapter:
     what a user can get), by more than seeds alone move it (a mean over seeds has a standard error;
     an exact or greedy score, or one from a single seed, counts as exact)."""
     def best(evaluation, task, metric, test_set, pick):
-        r = find_row(evaluation["rows"], task, metric, test_set)
+        r = find_row(evaluation["validation_rows"], task, metric, test_set)  # never the test rows
         systems = [s for s in SYSTEMS if r and r[s] is not None]
         if not systems:
             return None

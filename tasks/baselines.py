@@ -14,6 +14,7 @@ those far from all of them), and whether an output loops.
 from __future__ import annotations
 
 import re
+import warnings
 from collections import Counter
 
 import torch
@@ -44,8 +45,10 @@ class TrigramIndex:
                 rows.append(row)
                 columns.append(self.vocabulary.setdefault(gram, len(self.vocabulary)))
                 values.append(len(grams) ** -0.5)
-        self.matrix = torch.sparse_coo_tensor([rows, columns], values, (len(texts), len(self.vocabulary)),
-                                              dtype=torch.float32).to_sparse_csr()
+        with warnings.catch_warnings():  # PyTorch calls its sparse CSR tensors beta: this product is all we use
+            warnings.simplefilter("ignore", UserWarning)
+            self.matrix = torch.sparse_coo_tensor([rows, columns], values, (len(texts), len(self.vocabulary)),
+                                                  dtype=torch.float32).to_sparse_csr()
 
     def nearest(self, queries: list[str]) -> list[tuple[int, float]]:
         """For each query, the index of its most similar text and their similarity (0 to 1)."""

@@ -1,32 +1,42 @@
-"""Evaluate a checkpoint on the held-out test splits, prompting the base model and with each task's adapter.
+"""Evaluate a checkpoint on the held-out splits, prompting the base model and with each task's adapter.
 
     python -m tasks.data --out runs/task-data      # once: the held-out splits (needs ../shared/data)
     python -m tasks.eval --model bundled --data runs/task-data --out docs/eval-bundled.md \
-        --on-by-default assets/adapters      # and let the result pick the adapters the tabs start with
-    python -m tasks.eval --model bundled --limit 5  # a quick run: 5 examples a test set, a short text
+        --on-by-default assets/adapters      # and let the validation rows pick the adapters the tabs start with
+    python -m tasks.eval --model bundled --limit 5  # a quick run: 5 examples a split, a short text
 
-Writes a markdown table and a JSON file with the same numbers (same name, .json):
+Runs every measure twice: on the validation splits, which every decision reads (the adapters the
+tabs start with, the shipping gate of scripts/model_card.py), and on the test splits, for the card
+alone. Writes a markdown table and a JSON file with the same numbers (same name, .json):
 - bits per byte of the TinyStories validation text (train.metrics.bits_per_byte): the base model
   only, since no adapter is on when the app generates freely;
-- translation: chrF and BLEU (sacrebleu, corpus level) per direction and over all directions;
+- translation: chrF and BLEU (sacrebleu, corpus level) per direction and over all directions, and
+  on the test split the generalisation rows: the pairs whose source is far from every training
+  source (FAR_FROM_TRAINING);
 - summarisation: ROUGE-1/2/L F1 (rouge-score, Porter stemming), mean over the Aesop fables, and
-  apart from them over the derived dialogue summaries when that test file is there;
-- dialogue: per-token loss (nats) of the held-out responses given their transcripts, teacher
-  forced, which needs no sampling and so no seed.
+  apart from them over the derived dialogue summaries;
+- dialogue: the loss of the held-out responses given their transcripts, teacher forced;
+- each task's loop rate: the outputs that repeat a word 3-gram three times or run past 2.5 times
+  their reference (tasks/baselines.py, loops);
+- beside each chrF, BLEU and ROUGE, what answers with no model in them score on the same items
+  (tasks/baselines.py), and in plain words where the model does not beat them.
 Generation goes through run_task with each task's own defaults, as the app runs it: the base
 with the GPT-2 paper's prompt (translation: four example pairs and greedy decoding; summary:
 `TL;DR:`, top-k 2, the first 3 sentences of at most 100 tokens), the adapter with the format it
 was trained on. Summarisation samples, so it is generated once with each of SEEDS and scored as
 the mean over them, with its standard error: on 30 fables one seed's ROUGE-L spans about 4 points
-over five seeds, more than an adapter gains. Fixed seeds make a run repeat exactly.
+over five seeds, more than an adapter gains. A greedy or exact score's standard error is a
+bootstrap over its items (BOOTSTRAP resamples). Fixed seeds make a run repeat exactly.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import random
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,66 +45,143 @@ import torch
 from rouge_score import rouge_scorer
 from tqdm import tqdm
 
+from engine.scheduler import MAX_BATCH, Scheduler
 from model.adapters import active_adapter, adapter_names, load_adapters, write_on_by_default
 from model.checkpoint import load_pretrained, pick_device
 from train.corpus import DATA_DIR, TINYSTORIES_DIR, tinystories_validation_text
 from train.metrics import bits_per_byte
 
 from . import TASKS, TaskDone, run_task
+from .baselines import loops, nearest_training_similarity, summary_baselines, translation_baselines
 from .data import example_from_record, read_records
 from .finetune import completion_nll, encode_records, shown_path
 
 SEEDS = (0, 1, 2, 3, 4)  # summarisation samples, so it runs once with each; greedy translation once
-TEST_FILES = ("translate-test.jsonl", "summarize-test.jsonl", "dialogue-test.jsonl")
+TEST_FILES = tuple(f"{task}-{split}.jsonl" for split in ("train", "val", "test")
+                   for task in ("translate", "summarize", "dialogue"))
 BPB_CHARS_PER_LIMIT = 2000  # with --limit N, bits per byte over the first N * this many characters
 SYSTEMS = ("base", "adapter")  # the base model with the task's prompt; the same base with the task's adapter
+SYSTEM_NAMES = {"base": "prompt", "adapter": "adapter"}
+BOOTSTRAP = 200  # resamples of the items for the standard error of a greedy or exact score
+FAR_FROM_TRAINING = 0.5  # the generalisation set: no training source this similar (character trigrams)
+LOOP_METRIC = "loop rate (% of outputs, lower is better)"
+SUMMARY_SETS = {"aesop": "Aesop fable -> lesson", "sgd-derived": "derived: SGD dialogue -> services"}
 
 
 def generate_all(task_name: str, model, tokenizer, records: list[dict], adapter_on: bool,
                  seed: int = SEEDS[0]) -> list[str]:
-    """What the app would show for each record's inputs, sampled with `seed`."""
+    """What the app would show for each record's inputs, sampled with `seed`: through a
+    Scheduler, MAX_BATCH records at once, which gives each the bits it gets alone."""
     task = TASKS[task_name]
     params = replace(task.defaults, seed=seed)
-    outputs = []
     label = f"{task_name} ({'adapter' if adapter_on else 'base'}, seed {seed})"
-    for record in tqdm(records, desc=label, leave=False, dynamic_ncols=True):
+    scheduler = Scheduler(model)
+
+    def answer(record: dict) -> str:
         inputs, _ = example_from_record(task_name, record)
-        done = next(e for e in run_task(task, model, tokenizer, inputs, params, adapter_on) if isinstance(e, TaskDone))
-        outputs.append(done.text)
-    return outputs
+        events = run_task(task, scheduler, tokenizer, inputs, params, adapter_on)
+        return next(e for e in events if isinstance(e, TaskDone)).text
+
+    try:
+        with ThreadPoolExecutor(MAX_BATCH) as pool:
+            return list(tqdm(pool.map(answer, records), total=len(records), desc=label, leave=False,
+                             dynamic_ncols=True))
+    finally:
+        scheduler.close()
 
 
-def translation_rows(model, tokenizer, records: list[dict], systems: list[str]) -> list[dict]:
-    # One run, with no standard error, holds only while translation decodes greedily.
+def translation_rows(model, tokenizer, records: list[dict], systems: list[str], train: list[dict],
+                     far_only: bool = False) -> list[dict]:
+    """chrF and BLEU per direction and over all, each with the baselines' scores on the same
+    records and a bootstrap standard error (greedy decoding has no seed noise, but 50 to 800
+    sentences do); the loop rate; and, on the test split, the generalisation rows: the records
+    whose source is far from every training source (FAR_FROM_TRAINING)."""
+    # One run, with no standard error over seeds, holds only while translation decodes greedily.
     assert TASKS["translate"].defaults.greedy, "translation samples now: score it over SEEDS as summarisation is"
     outputs = {system: generate_all("translate", model, tokenizer, records, system == "adapter") for system in systems}
+    baselines = translation_baselines(train, records)
     groups = {}
     for i, r in enumerate(records):
         groups.setdefault(f"{r['source']}->{r['target']}", []).append(i)
     groups = {**dict(sorted(groups.items())), "all directions": list(range(len(records)))}
-    rows = []
-    for name, chosen in groups.items():
-        references = [[records[i]["translation"] for i in chosen]]
-        for metric, score in (("chrF", sacrebleu.corpus_chrf), ("BLEU", sacrebleu.corpus_bleu)):
-            values = {system: score([outputs[system][i] for i in chosen], references).score for system in systems}
-            rows.append(row("translate", metric, f"Tatoeba {name}", len(chosen), values))
+    rows = translation_scores(groups, records, outputs, baselines, "Tatoeba")
+    rows.append(loop_row("translate", "Tatoeba all directions", records, outputs, "translation"))
+    if far_only:
+        far = generalisation_set(train, records)
+        far_groups = {name: [i for i in chosen if i in far] for name, chosen in groups.items()}
+        rows += translation_scores({name: chosen for name, chosen in far_groups.items() if chosen}, records, outputs,
+                                   baselines, f"far from training (trigram similarity < {FAR_FROM_TRAINING})")
     return rows
 
 
-def summarization_rows(model, tokenizer, records: list[dict], test_set: str, systems: list[str]) -> list[dict]:
+def translation_scores(groups: dict[str, list[int]], records: list[dict], outputs: dict[str, list[str]],
+                       baselines: dict[str, list[str]], test_set: str) -> list[dict]:
+    rows = []
+    for name, chosen in groups.items():
+        references = [records[i]["translation"] for i in chosen]
+        for metric, score in (("chrF", sacrebleu.corpus_chrf), ("BLEU", sacrebleu.corpus_bleu)):
+            def scored(texts: list[str]) -> float:
+                return score([texts[i] for i in chosen], [references]).score
+            values = {system: scored(texts) for system, texts in outputs.items()}
+            errors = {system: bootstrap_error([texts[i] for i in chosen], references, score)
+                      for system, texts in outputs.items()} if metric == "chrF" else None
+            rows.append(row("translate", metric, f"{test_set} {name}", len(chosen), values, errors,
+                            {baseline: scored(texts) for baseline, texts in baselines.items()}))
+    return rows
+
+
+def bootstrap_error(outputs: list[str], references: list[str], score, resamples: int = BOOTSTRAP) -> float:
+    """The standard error of a corpus score over the sentences: its spread over resamples of them
+    (with replacement, a fixed generator)."""
+    rng = random.Random(0)
+    n = len(outputs)
+    values = []
+    for _ in range(resamples):
+        picked = [rng.randrange(n) for _ in range(n)]
+        values.append(score([outputs[i] for i in picked], [[references[i] for i in picked]]).score)
+    return statistics.stdev(values)
+
+
+def generalisation_set(train: list[dict], records: list[dict]) -> set[int]:
+    """The records whose source is far from every training source: no training source has a
+    character-trigram similarity of FAR_FROM_TRAINING or more with it."""
+    similarity = nearest_training_similarity(train, records)
+    return {i for i, s in enumerate(similarity) if s < FAR_FROM_TRAINING}
+
+
+def loop_row(task: str, test_set: str, records: list[dict], outputs: dict[str, list[str]], reference_key: str,
+             per_seed: int = 1) -> dict:
+    """The share of outputs that loop (tasks.baselines.loops), in percent; `outputs` may hold
+    `per_seed` runs of the records one after another."""
+    references = [r[reference_key] for r in records] * per_seed
+    return row(task, LOOP_METRIC, test_set, len(records),
+               {system: 100 * sum(map(loops, texts, references)) / len(texts) for system, texts in outputs.items()})
+
+
+def summarization_rows(model, tokenizer, records: list[dict], test_set: str, systems: list[str],
+                       train: list[dict]) -> list[dict]:
     scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
     keys = ("rouge1", "rouge2", "rougeL")
+
+    def mean_scores(outputs: list[str]) -> dict[str, float]:
+        scores = [scorer.score(r["summary"], output) for r, output in zip(records, outputs)]
+        return {key: 100 * sum(s[key].fmeasure for s in scores) / len(records) for key in keys}
+
     per_seed = {system: {key: [] for key in keys} for system in systems}  # one mean over the records a seed
+    every_output = {system: [] for system in systems}
     for system in systems:
         for seed in SEEDS:
             outputs = generate_all("summarize", model, tokenizer, records, system == "adapter", seed)
-            scores = [scorer.score(r["summary"], output) for r, output in zip(records, outputs)]
-            for key in keys:
-                per_seed[system][key].append(100 * sum(s[key].fmeasure for s in scores) / len(records))
-    return [row("summarize", f"ROUGE-{key[5:]} F1", test_set, len(records),
-                {system: statistics.mean(per_seed[system][key]) for system in systems},
-                {system: standard_error(per_seed[system][key]) for system in systems})
-            for key in keys]
+            every_output[system] += outputs
+            for key, value in mean_scores(outputs).items():
+                per_seed[system][key].append(value)
+    baselines = {name: mean_scores(texts) for name, texts in summary_baselines(train, records).items()}
+    return [*(row("summarize", f"ROUGE-{key[5:]} F1", test_set, len(records),
+                  {system: statistics.mean(per_seed[system][key]) for system in systems},
+                  {system: standard_error(per_seed[system][key]) for system in systems},
+                  {name: scores[key] for name, scores in baselines.items()})
+              for key in keys),
+            loop_row("summarize", test_set, records, every_output, "summary", per_seed=len(SEEDS))]
 
 
 def standard_error(values: list[float]) -> float | None:
@@ -103,19 +190,37 @@ def standard_error(values: list[float]) -> float | None:
 
 
 def dialogue_rows(model, tokenizer, records: list[dict], systems: list[str]) -> list[dict]:
+    """The held-out responses' loss given their transcripts, with a bootstrap standard error over
+    the responses; the base model with the prompt alone is the baseline the adapter must beat.
+    And the loop rate of the replies the tab's defaults write."""
     examples = encode_records("dialogue", records, tokenizer, model.config.n_positions).examples
     # Bits per byte as well as nats per token: a byte count does not depend on the tokenizer, so
     # models with different vocabularies compare.
-    response_bytes = sum(len(tokenizer.decode(e.ids[e.prompt_tokens:]).encode("utf-8")) for e in examples)
-    per_token, per_byte = {}, {}
+    response_bytes = [len(tokenizer.decode(e.ids[e.prompt_tokens:]).encode("utf-8")) for e in examples]
+    tokens = [len(e.ids) - e.prompt_tokens for e in examples]
+    per_token, per_byte, token_errors, byte_errors = {}, {}, {}, {}
     for system in systems:
         with active_adapter(TASKS["dialogue"].adapter if system == "adapter" else None):
-            total, count = completion_nll(model, examples, tokenizer.eos_id)
-        per_token[system], per_byte[system] = total / count, total / math.log(2) / response_bytes
+            nats = [completion_nll(model, [e], tokenizer.eos_id)[0] for e in examples]
+        per_token[system], token_errors[system] = ratio_and_error(nats, tokens)
+        per_byte[system], byte_errors[system] = ratio_and_error([n / math.log(2) for n in nats], response_bytes)
+    replies = {system: generate_all("dialogue", model, tokenizer, records, system == "adapter") for system in systems}
     return [row("dialogue", "response loss (nats/token, lower is better)", "held-out responses", len(examples),
-                per_token),
+                per_token, token_errors),
             row("dialogue", "response loss (bits per byte, lower is better)", "held-out responses", len(examples),
-                per_byte)]
+                per_byte, byte_errors),
+            loop_row("dialogue", "held-out responses", records, replies, "response")]
+
+
+def ratio_and_error(amounts: list[float], sizes: list[int], resamples: int = BOOTSTRAP) -> tuple[float, float]:
+    """sum(amounts) / sum(sizes), and its standard error over resamples of the items."""
+    rng = random.Random(0)
+    n = len(amounts)
+    values = []
+    for _ in range(resamples):
+        picked = [rng.randrange(n) for _ in range(n)]
+        values.append(sum(amounts[i] for i in picked) / sum(sizes[i] for i in picked))
+    return sum(amounts) / sum(sizes), statistics.stdev(values)
 
 
 # The base model's own row (task, metric, test set): it has no adapter, and lower is better.
@@ -126,6 +231,7 @@ HEADLINES = {
     "summarize": ("ROUGE-L F1", "Aesop fable -> lesson", True),
     "dialogue": ("response loss (bits per byte, lower is better)", "held-out responses", False),
 }
+BASELINE_METRICS = ("chrF", "ROUGE-L F1")  # the scores the card checks against their baselines
 
 
 def find_row(rows: list[dict], task: str, metric: str, test_set: str) -> dict | None:
@@ -165,48 +271,78 @@ def adapters_that_help(rows: list[dict]) -> list[str]:
 
 
 def row(task: str, metric: str, test_set: str, n: int, values: dict[str, float],
-        standard_errors: dict[str, float | None] | None = None) -> dict:
-    """One line of the table; standard_errors (over seeds) only for a sampled metric."""
+        standard_errors: dict[str, float | None] | None = None, baselines: dict[str, float] | None = None) -> dict:
+    """One line of the table; standard_errors (over seeds, or a bootstrap over the items) where
+    the row has them; baselines: what answers with no model in them score on the same items."""
     r = {"task": task, "metric": metric, "test_set": test_set, "n": n,
          **{system: values.get(system) for system in SYSTEMS}}
     if standard_errors and any(e is not None for e in standard_errors.values()):
         r["standard_error"] = {system: standard_errors.get(system) for system in SYSTEMS}
+    if baselines:
+        r["baselines"] = baselines
     return r
 
 
-def evaluate(model, tokenizer, data_dir: Path, limit: int = 0, bpb_chars: int = 0) -> list[dict]:
-    """Every row of the table. limit: at most this many records per test file (0 = all); translation
-    takes at most `limit` per direction."""
-    def test_records(name: str, task: str) -> list[dict]:
-        records = read_records(data_dir / name, task)
+def evaluate(model, tokenizer, data_dir: Path, limit: int = 0, bpb_chars: int = 0, split: str = "test",
+             language_modelling: dict | None = None) -> list[dict]:
+    """Every row of the table on `split` ("test", or "val": what decisions are made on), the
+    baselines computed from the training split. limit: at most this many records per file
+    (0 = all); translation takes at most `limit` per direction. language_modelling: the bits per
+    byte row, where it was measured already (it reads the TinyStories validation text either way)."""
+    def records(name: str, task: str) -> list[dict]:
+        found = read_records(data_dir / name, task)
         if not limit:
-            return records
+            return found
         if task == "translate":
             kept, per_direction = [], {}
-            for r in records:
+            for r in found:
                 direction = (r["source"], r["target"])
                 if per_direction.get(direction, 0) < limit:
                     kept.append(r)
                     per_direction[direction] = per_direction.get(direction, 0) + 1
             return kept
-        return records[:limit]
+        return found[:limit]
 
     def systems(task: str) -> list[str]:
         return ["base", "adapter"] if TASKS[task].adapter in adapter_names(model) else ["base"]
 
-    text = tinystories_validation_text()
-    bpb_chars = bpb_chars or limit * BPB_CHARS_PER_LIMIT
-    text = text[:bpb_chars] if bpb_chars else text
-    rows = [row(*LANGUAGE_MODELLING, len(text.encode("utf-8")),
-                {"base": bits_per_byte(model, tokenizer, text, progress=True)})]
-    rows += translation_rows(model, tokenizer, test_records("translate-test.jsonl", "translate"), systems("translate"))
-    rows += summarization_rows(model, tokenizer, test_records("summarize-test.jsonl", "summarize"),
-                               "Aesop fable -> lesson", systems("summarize"))
-    if (data_dir / "summarize-derived-test.jsonl").is_file():
-        rows += summarization_rows(model, tokenizer, test_records("summarize-derived-test.jsonl", "summarize"),
-                                   "derived: SGD dialogue -> services", systems("summarize"))
-    rows += dialogue_rows(model, tokenizer, test_records("dialogue-test.jsonl", "dialogue"), systems("dialogue"))
+    def train(task: str) -> list[dict]:
+        return read_records(data_dir / f"{task}-train.jsonl", task)
+
+    if language_modelling is None:
+        text = tinystories_validation_text()
+        bpb_chars = bpb_chars or limit * BPB_CHARS_PER_LIMIT
+        text = text[:bpb_chars] if bpb_chars else text
+        language_modelling = row(*LANGUAGE_MODELLING, len(text.encode("utf-8")),
+                                 {"base": bits_per_byte(model, tokenizer, text, progress=True)})
+    rows = [language_modelling]
+    rows += translation_rows(model, tokenizer, records(f"translate-{split}.jsonl", "translate"), systems("translate"),
+                             train("translate"), far_only=split == "test")
+    summaries = records(f"summarize-{split}.jsonl", "summarize")
+    if split == "test" and (data_dir / "summarize-derived-test.jsonl").is_file():
+        summaries += records("summarize-derived-test.jsonl", "summarize")
+    summary_train = train("summarize")
+    for source, test_set in SUMMARY_SETS.items():
+        chosen = [r for r in summaries if r.get("source", "aesop") == source]
+        if chosen:
+            rows += summarization_rows(model, tokenizer, chosen, test_set, systems("summarize"), summary_train)
+    rows += dialogue_rows(model, tokenizer, records(f"dialogue-{split}.jsonl", "dialogue"), systems("dialogue"))
     return rows
+
+
+def below_baselines(rows: list[dict]) -> list[str]:
+    """In plain words, each chrF or ROUGE-L score (the row's better system) that does not beat one
+    of its baselines by more than its noise."""
+    said = []
+    for r in rows:
+        if r["metric"] not in BASELINE_METRICS or not r.get("baselines"):
+            continue
+        best = max((s for s in SYSTEMS if r[s] is not None), key=lambda s: r[s])
+        for name, value in r["baselines"].items():
+            if not better_beyond_noise(r[best], standard_error_of(r, best), value, 0.0, True):
+                said.append(f"{r['task']}, {r['test_set']}: the model's {r['metric']} {r[best]:.1f} "
+                            f"(base + {SYSTEM_NAMES[best]}) does not beat the baseline \"{name}\", {value:.1f}")
+    return said
 
 
 def score_text(row: dict, system: str) -> str:
@@ -220,11 +356,16 @@ def score_text(row: dict, system: str) -> str:
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    lines = [header, "", "| task | metric | test set | n | base + prompt | base + adapter |",
-             "|---|---|---|---:|---:|---:|"]
+    lines = [header, "", "| task | metric | test set | n | base + prompt | base + adapter | baselines (no model) |",
+             "|---|---|---|---:|---:|---:|---|"]
     for r in rows:
+        baselines = " · ".join(f"{name} {value:.1f}" for name, value in r.get("baselines", {}).items()) or ""
         lines.append(f"| {r['task']} | {r['metric']} | {r['test_set']} | {r['n']:,} | {score_text(r, 'base')} | "
-                     f"{score_text(r, 'adapter')} |")
+                     f"{score_text(r, 'adapter')} | {baselines} |")
+    below = below_baselines(rows)
+    if below:
+        lines += ["", "Where the model does not beat an answer with no model in it:", "",
+                  *(f"- {line}." for line in below)]
     return "\n".join(lines) + "\n"
 
 
@@ -259,7 +400,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.on_by_default is not None and not args.on_by_default.is_dir():
         p.error(f"--on-by-default: {args.on_by_default} is not a directory of adapters")
     if args.on_by_default is not None and args.limit:
-        p.error("--on-by-default takes the whole test sets: a --limit run is too small to decide which adapters "
+        p.error("--on-by-default takes the whole splits: a --limit run is too small to decide which adapters "
                 "start on")
     if args.out is None:
         args.out = Path("docs") / f"eval-{Path(str(args.model)).name}.md"
@@ -295,7 +436,10 @@ def main(argv=None) -> list[dict]:
     if args.adapters is not None:
         if not load_adapters(model, args.adapters):
             raise FileNotFoundError(f"no adapters (<task>/adapter_config.json) in {args.adapters}")
-    rows = evaluate(model, tokenizer, args.data, args.limit, args.bpb_chars)
+    # Decisions (which adapters start on, whether an edition ships) read the validation rows; the
+    # test rows are for the card alone.
+    validation_rows = evaluate(model, tokenizer, args.data, args.limit, args.bpb_chars, split="val")
+    rows = evaluate(model, tokenizer, args.data, args.limit, args.bpb_chars, language_modelling=validation_rows[0])
     minutes = (time.perf_counter() - started) / 60
     c = model.config
     command = " ".join(["python -m tasks.eval", f"--model {shown_path(args.model)}", f"--data {shown_path(args.data)}"]
@@ -313,13 +457,18 @@ def main(argv=None) -> list[dict]:
               "0-100 scale, higher is better; — means the checkpoint has no adapter for the task (bits per byte "
               f"is measured without adapters). Measured in {minutes:.1f} minutes with `{command}`.")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(markdown(rows, header), encoding="utf-8")
+    helped = adapters_that_help(validation_rows)
+    decided = (f"\n\n## Decisions, on the validation splits\n\nWhich adapters the tabs start with is decided "
+               f"on these rows, never on the test splits: an adapter starts on where it beats the prompt alone by "
+               f"more than twice the standard error of the difference. On: {', '.join(helped) or 'none'}.")
+    text = markdown(rows, header) + markdown(validation_rows, decided)
+    args.out.write_text(text, encoding="utf-8")
     numbers = {"model": shown_path(args.model), "seeds": list(SEEDS), "limit": args.limit, "rows": rows,
-               "adapters_that_help": adapters_that_help(rows)}
+               "validation_rows": validation_rows, "adapters_that_help": helped}
     args.out.with_suffix(".json").write_text(json.dumps(numbers, indent=2), encoding="utf-8")
     if args.on_by_default is not None:
         write_on_by_default(args.on_by_default, numbers["adapters_that_help"])
-    print(markdown(rows, header))
+    print(text)
     return rows
 
 

@@ -65,13 +65,23 @@ def test_a_new_edition_ships_only_where_its_evaluation_improves(tmp_path):
         def r(task, metric, test_set, base, adapter=None, errors=None):
             return {"task": task, "metric": metric, "test_set": test_set, "base": base, "adapter": adapter,
                     **({"standard_error": errors} if errors else {})}
-        return {"rows": [r(*LANGUAGE_MODELLING, bpb),
-                         r("translate", "chrF", "Tatoeba all directions", chrf_base, chrf_adapter),
-                         r("summarize", "ROUGE-L F1", "Aesop fable -> lesson", 5.0, rouge_adapter,
-                           {"base": 0.5, "adapter": rouge_error} if rouge_error else None)]}
+        rows = [r(*LANGUAGE_MODELLING, bpb), r("translate", "chrF", "Tatoeba all directions", chrf_base, chrf_adapter),
+                r("summarize", "ROUGE-L F1", "Aesop fable -> lesson", 5.0, rouge_adapter,
+                  {"base": 0.5, "adapter": rouge_error} if rouge_error else None)]
+        return {"validation_rows": rows, "rows": rows}
+
+    def poisoned(evaluation, value):
+        """The same evaluation with every test score replaced: what the gate must not read."""
+        return {**evaluation, "rows": [{**x, "base": value, "adapter": None if x["adapter"] is None else value}
+                                       for x in evaluation["rows"]]}
 
     before = evaluation(1.28, 7.1, 10.6, 9.0)
     assert regressions(before, evaluation(1.05, 12.0, 25.0, 16.0)) == []
+    # decisions read the validation rows alone: test rows far worse or far better change nothing
+    for value in (-99.0, 99.0):
+        assert card.headline_changes(before, poisoned(evaluation(1.05, 12.0, 25.0, 16.0), value)) \
+            == card.headline_changes(before, evaluation(1.05, 12.0, 25.0, 16.0))
+        assert card.headline_changes(before, poisoned(before, value)) == ([], [])
     # the prompt alone overtaking the adapter still counts: the task's best is what a user can get
     assert regressions(before, evaluation(1.05, 22.0, 9.0, 16.0)) == []
     worse = regressions(before, evaluation(1.30, 12.0, 25.0, 7.5))
@@ -106,7 +116,8 @@ def test_a_new_edition_ships_only_where_its_evaluation_improves(tmp_path):
     rouge = next(line for line in table.splitlines() if "ROUGE-L" in line)
     assert "| 5.00 ± 0.50 | 9.00 ± 0.30 | 5.00 ± 0.50 | 8.01 ± 0.40 |" in rouge, rouge
     # a headline the new evaluation lacks is a regression, not a crash
-    no_rouge = {"rows": [r for r in evaluation(1.05, 12.0, 25.0, 16.0)["rows"] if r["task"] != "summarize"]}
+    no_rouge = {"validation_rows": [r for r in evaluation(1.05, 12.0, 25.0, 16.0)["validation_rows"]
+                                    if r["task"] != "summarize"]}
     missing = regressions(before, no_rouge)
     assert len(missing) == 1 and "no such row now" in missing[0]
 
@@ -117,7 +128,8 @@ def test_the_adapters_that_start_on_are_those_its_evaluation_found_better(bundle
 
     evaluation = json.loads((REPO / "docs" / "eval-bundled.json").read_text())
     model, _ = bundled
-    assert adapters_on_by_default(model) == adapters_that_help(evaluation["rows"]) == evaluation["adapters_that_help"]
+    validation = evaluation["validation_rows"]  # decisions never read the test rows
+    assert adapters_on_by_default(model) == adapters_that_help(validation) == evaluation["adapters_that_help"]
     assert "translate" in adapters_on_by_default(model)  # the tab that gains most starts with its adapter on
 
 

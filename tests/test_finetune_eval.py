@@ -194,11 +194,7 @@ def test_eval_writes_every_metric(task_splits, tiny_base, tokenizer, tmp_path):
     base_model, _ = load_pretrained(checkpoint)
     for seed, task in enumerate(("dialogue", "translate", "summarize")):
         make_lora_adapter(base_model, checkpoint / "adapters" / task, seed=seed)
-    test_data = tmp_path / "data"
-    for task, of_task in task_splits.items():
-        for name, records in of_task.items():
-            if name in ("test", "derived-test"):
-                write_jsonl(test_data / f"{task}-{name}.jsonl", records)
+    test_data = write_splits(task_splits, tmp_path / "data")
     out = tmp_path / "docs" / "eval.md"
     rows = task_eval.main(["--model", str(checkpoint), "--data", str(test_data), "--out", str(out), "--limit", "1"])
     table = out.read_text()
@@ -209,7 +205,7 @@ def test_eval_writes_every_metric(task_splits, tiny_base, tokenizer, tmp_path):
     for r in rows:
         assert math.isfinite(r["base"]) and (r["adapter"] is None) == (r["metric"].startswith("bits per byte"))
     assert str(tmp_path) not in table  # no machine paths in a table meant for docs/
-    per_token, per_byte = [r for r in rows if r["task"] == "dialogue"]
+    per_token, per_byte = [r for r in rows if r["task"] == "dialogue" and "loss" in r["metric"]]
     assert per_token["adapter"] != per_token["base"] and "bits per byte" in per_byte["metric"]
     # the same responses scored, counted per byte instead of per token: the two rows' ratios agree
     assert per_byte["adapter"] / per_byte["base"] == pytest.approx(per_token["adapter"] / per_token["base"])
@@ -217,44 +213,73 @@ def test_eval_writes_every_metric(task_splits, tiny_base, tokenizer, tmp_path):
     # --limit bounds bits per byte too: the first limit x BPB_CHARS_PER_LIMIT characters
     bpb = next(r for r in rows if r["metric"].startswith("bits per byte"))
     assert bpb["n"] == len(tinystories_validation_text()[:task_eval.BPB_CHARS_PER_LIMIT].encode())
-    # summarisation is sampled: its rows carry a standard error over the seeds, greedy translation's none
+    # summarisation is sampled: its rows carry a standard error over the seeds; chrF and the dialogue
+    # loss one over their items (a bootstrap); BLEU, bits per byte and the loop rate none
     assert json.loads(out.with_suffix(".json").read_text())["seeds"] == list(task_eval.SEEDS)
     for r in rows:
-        sampled = r["task"] == "summarize"
-        assert ("standard_error" in r) == sampled, r
+        noisy = r["task"] in ("summarize", "dialogue") and "loop" not in r["metric"] or r["metric"] == "chrF"
+        assert ("standard_error" in r) == noisy, r
         line = next(line for line in table.splitlines() if f"| {r['metric']} | {r['test_set']} |" in line)
-        assert line.count(" ± ") == (2 if sampled else 0), line
-        if sampled:
+        assert line.count(" ± ") == (2 if noisy else 0), line
+        if noisy:
             assert all(r["standard_error"][system] >= 0 for system in ("base", "adapter"))
+    # beside each chrF, BLEU and ROUGE, the baselines; each task's loop rate
+    for r in rows:
+        kinds = {"translate": {"copy the source", "nearest training pair"},
+                 "summarize": {"best constant answer", "last sentence"}}.get(r["task"], set())
+        assert set(r.get("baselines", {})) == (kinds if r["metric"] in ("chrF", "BLEU") or "ROUGE" in r["metric"]
+                                               else set()), r
+    assert {r["task"] for r in rows if r["metric"] == task_eval.LOOP_METRIC} == {"translate", "summarize", "dialogue"}
 
 
-def test_eval_picks_the_adapters_that_start_on_from_whole_test_sets_only(task_splits, tiny_base, tmp_path, capsys):
-    """--on-by-default writes the adapters that beat the prompt alone, which the checkpoint then
-    starts with; with --limit (a quick run) it is refused, and nothing is written."""
+def test_eval_picks_the_adapters_that_start_on_from_the_validation_splits_only(task_splits, tiny_base, tmp_path,
+                                                                               capsys):
+    """--on-by-default writes the adapters that beat the prompt alone on the validation rows, which
+    the checkpoint then starts with; test splits that say otherwise change nothing; with --limit
+    (a quick run) it is refused, and nothing is written."""
     checkpoint = tmp_path / "model"
     shutil.copytree(tiny_base, checkpoint)
     base_model, _ = load_pretrained(checkpoint)
     for seed, task in enumerate(("dialogue", "translate", "summarize")):
         make_lora_adapter(base_model, checkpoint / "adapters" / task, seed=seed)
-    test_data = tmp_path / "data"  # small test sets: a record a file, and a translation a direction
-    for task, of_task in task_splits.items():
-        for name in ("test", "derived-test"):
-            records = of_task.get(name, [])
-            if task == "translate":
-                records = list({(r["source"], r["target"]): r for r in reversed(records)}.values())
-            if records:
-                write_jsonl(test_data / f"{task}-{name}.jsonl", records if task == "translate" else records[:1])
-    common = ["--model", str(checkpoint), "--data", str(test_data), "--on-by-default", str(checkpoint / "adapters")]
+    data = write_splits(task_splits, tmp_path / "data", small=True)
+    common = ["--model", str(checkpoint), "--data", str(data), "--on-by-default", str(checkpoint / "adapters"),
+              "--bpb-chars", "2000"]
     with pytest.raises(SystemExit):
-        task_eval.main([*common, "--out", str(tmp_path / "quick.md"), "--limit", "1"])
-    assert "--on-by-default takes the whole test sets" in capsys.readouterr().err
+        task_eval.main([*common[:-2], "--out", str(tmp_path / "quick.md"), "--limit", "1"])
+    assert "--on-by-default takes the whole splits" in capsys.readouterr().err
     assert not (checkpoint / "adapters" / "on_by_default.json").exists()
     out = tmp_path / "docs" / "eval.md"
-    rows = task_eval.main([*common, "--out", str(out), "--bpb-chars", "2000"])
-    helped = json.loads(out.with_suffix(".json").read_text())["adapters_that_help"]
+    rows = task_eval.main([*common, "--out", str(out)])
+    evaluation = json.loads(out.with_suffix(".json").read_text())
+    helped = evaluation["adapters_that_help"]
     assert json.loads((checkpoint / "adapters" / "on_by_default.json").read_text()) == {"on": helped}
-    assert adapters_on_by_default(load_pretrained(checkpoint)[0]) == helped == task_eval.adapters_that_help(rows)
+    assert adapters_on_by_default(load_pretrained(checkpoint)[0]) == helped
+    assert helped == task_eval.adapters_that_help(evaluation["validation_rows"])
     assert {r["n"] for r in rows if r["task"] == "translate" and "all" not in r["test_set"]} == {1}
+    # poisoned test splits (each reference another record's, each response empty of sense): the same choice
+    for name in ("translate-test.jsonl", "summarize-test.jsonl", "dialogue-test.jsonl"):
+        records = [json.loads(line) for line in (data / name).read_text().splitlines()]
+        key = {"translate": "translation", "summarize": "summary", "dialogue": "response"}[name.split("-")[0]]
+        write_jsonl(data / name, [{**r, key: "zzz qqq " * 20} for r in records])
+    task_eval.main([*common, "--out", str(out)])
+    assert json.loads(out.with_suffix(".json").read_text())["adapters_that_help"] == helped
+    assert json.loads(out.with_suffix(".json").read_text())["rows"] != evaluation["rows"]  # the test rows did move
+
+
+def write_splits(task_splits: dict, directory: Path, small: bool = False) -> Path:
+    """The task splits as tasks.data writes them, training cut to 2,000 records a task (enough for the
+    baselines); small: one record a file, and a translation a direction."""
+    for task, of_task in task_splits.items():
+        for name, records in of_task.items():
+            if name == "train":
+                records = records[:2000]
+            elif small and task == "translate":
+                records = list({(r["source"], r["target"]): r for r in reversed(records)}.values())
+            elif small:
+                records = records[:1]
+            write_jsonl(directory / f"{task}-{name}.jsonl", records)
+    return directory
 
 
 def test_a_sampled_score_is_the_mean_of_its_seeds_scores(task_splits, tiny_base, monkeypatch):

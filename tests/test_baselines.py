@@ -1,0 +1,63 @@
+"""The baselines beside every score (tasks/baselines.py): computed from the splits they are given,
+the generalisation set far from every training source, and what counts as a loop."""
+from __future__ import annotations
+
+import pytest
+
+from tasks.baselines import (TrigramIndex, best_constant, last_sentence, loops, nearest_training_similarity,
+                             summary_baselines, translation_baselines, trigrams)
+
+
+def pair(text: str, translation: str, source: str = "English", target: str = "French") -> dict:
+    return {"source": source, "target": target, "text": text, "translation": translation}
+
+
+TRAIN = [pair("The cat sleeps.", "Le chat dort."), pair("I like apples.", "J'aime les pommes."),
+         pair("Le chat dort.", "The cat sleeps.", "French", "English")]
+
+
+def test_the_nearest_training_pair_comes_from_the_training_split_in_the_same_direction():
+    test = [pair("The cat is sleeping.", "Le chat dort."), pair("I like red apples.", "J'aime les pommes rouges.")]
+    found = translation_baselines(TRAIN, test)
+    assert found["copy the source"] == ["The cat is sleeping.", "I like red apples."]
+    assert found["nearest training pair"] == ["Le chat dort.", "J'aime les pommes."]
+    # a changed split moves the baseline: it is looked up, not copied
+    moved = translation_baselines([pair("The cat is sleeping!", "Le chat est en train de dormir."), *TRAIN], test)
+    assert moved["nearest training pair"][0] == "Le chat est en train de dormir."
+    # the other direction's pairs are never the answer
+    french = [pair("Le chat dort bien.", "The cat sleeps well.", "French", "English")]
+    assert translation_baselines(TRAIN, french)["nearest training pair"] == ["The cat sleeps."]
+
+
+def test_the_similarity_is_the_cosine_of_the_trigram_sets():
+    a, b = "The cat sleeps.", "The cat is sleeping."
+    expected = len(trigrams(a) & trigrams(b)) / (len(trigrams(a)) * len(trigrams(b))) ** 0.5
+    (index, similarity), = TrigramIndex([a]).nearest([b])
+    assert index == 0 and similarity == pytest.approx(expected, rel=1e-5)
+    assert TrigramIndex([a]).nearest([a])[0][1] == pytest.approx(1.0, rel=1e-5)
+    assert nearest_training_similarity(TRAIN, [pair("Zebras vex wolves.", "")])[0] < 0.3
+
+
+def test_the_best_constant_summary_is_chosen_on_the_training_split():
+    lessons = ["Slow and steady wins the race.", "Slow and steady wins.", "Do not count your chickens.",
+               "Steady wins the race."]
+    assert best_constant(lessons) == "Slow and steady wins the race."
+    train = [{"summary": lesson, "source": "aesop"} for lesson in lessons]
+    test = [{"article": "A hare ran. A tortoise walked. The tortoise won.", "summary": "x", "source": "aesop"}]
+    found = summary_baselines(train, test)
+    assert found["best constant answer"] == ["Slow and steady wins the race."]
+    assert found["last sentence"] == ["The tortoise won."]
+    other = [{"summary": "Look before you leap.", "source": "aesop"}] * 3 + train
+    assert summary_baselines(other, test)["best constant answer"] == ["Look before you leap."]
+    # the derived summaries' constant comes from their own kind
+    derived = [{"summary": "The user asks the assistant for help with music.", "source": "sgd-derived"}]
+    assert summary_baselines(train + derived, [{**test[0], "source": "sgd-derived"}])["best constant answer"] \
+        == [derived[0]["summary"]]
+    assert last_sentence('He said "no." Then he left!  ') == "Then he left!"
+
+
+def test_a_loop_is_a_word_trigram_three_times_or_an_output_far_longer_than_its_reference():
+    assert loops("Où est la train de train de train de train de", "Où est la gare ?")
+    assert not loops("Où est la gare ?", "Où est la gare ?")
+    assert loops("a b c d e f g h i j k l", "a b c")  # 23 characters against 5
+    assert not loops("the cat and the cat and the dog", "the cat and the cat and the dog")  # twice is not a loop
