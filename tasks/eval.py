@@ -123,23 +123,28 @@ def translation_scores(groups: dict[str, list[int]], records: list[dict], output
             def scored(texts: list[str]) -> float:
                 return score([texts[i] for i in chosen], [references]).score
             values = {system: scored(texts) for system, texts in outputs.items()}
-            errors = {system: bootstrap_error([texts[i] for i in chosen], references, score)
-                      for system, texts in outputs.items()} if metric == "chrF" else None
+            errors, difference = (None, None) if metric != "chrF" else bootstrap(
+                lambda picked, system: score([outputs[system][chosen[i]] for i in picked],
+                                             [[references[i] for i in picked]]).score, len(chosen), list(outputs))
             rows.append(row("translate", metric, f"{test_set} {name}", len(chosen), values, errors,
-                            {baseline: scored(texts) for baseline, texts in baselines.items()}))
+                            {baseline: scored(texts) for baseline, texts in baselines.items()}, difference))
     return rows
 
 
-def bootstrap_error(outputs: list[str], references: list[str], score, resamples: int = BOOTSTRAP) -> float:
-    """The standard error of a corpus score over the sentences: its spread over resamples of them
-    (with replacement, a fixed generator)."""
+def bootstrap(score, n: int, systems: list[str], resamples: int = BOOTSTRAP) -> tuple[dict[str, float], float | None]:
+    """The standard error of each system's score over its n items, from resamples of them (with
+    replacement, a fixed generator): score(picked item indices, system) -> the score. And, where
+    there are two systems, that of the adapter's score minus the base's on the same resamples: the
+    two are scored on the same items, so their difference varies far less than either."""
     rng = random.Random(0)
-    n = len(outputs)
-    values = []
+    values = {system: [] for system in systems}
     for _ in range(resamples):
         picked = [rng.randrange(n) for _ in range(n)]
-        values.append(score([outputs[i] for i in picked], [[references[i] for i in picked]]).score)
-    return statistics.stdev(values)
+        for system in systems:
+            values[system].append(score(picked, system))
+    differences = [a - b for a, b in zip(values.get("adapter", []), values.get("base", []))]
+    return ({system: statistics.stdev(v) for system, v in values.items()},
+            statistics.stdev(differences) if differences else None)
 
 
 def generalisation_set(train: list[dict], records: list[dict]) -> set[int]:
@@ -198,29 +203,21 @@ def dialogue_rows(model, tokenizer, records: list[dict], systems: list[str]) -> 
     # models with different vocabularies compare.
     response_bytes = [len(tokenizer.decode(e.ids[e.prompt_tokens:]).encode("utf-8")) for e in examples]
     tokens = [len(e.ids) - e.prompt_tokens for e in examples]
-    per_token, per_byte, token_errors, byte_errors = {}, {}, {}, {}
+    nats = {}
     for system in systems:
         with active_adapter(TASKS["dialogue"].adapter if system == "adapter" else None):
-            nats = [completion_nll(model, [e], tokenizer.eos_id)[0] for e in examples]
-        per_token[system], token_errors[system] = ratio_and_error(nats, tokens)
-        per_byte[system], byte_errors[system] = ratio_and_error([n / math.log(2) for n in nats], response_bytes)
+            nats[system] = [completion_nll(model, [e], tokenizer.eos_id)[0] for e in examples]
     replies = {system: generate_all("dialogue", model, tokenizer, records, system == "adapter") for system in systems}
-    return [row("dialogue", "response loss (nats/token, lower is better)", "held-out responses", len(examples),
-                per_token, token_errors),
-            row("dialogue", "response loss (bits per byte, lower is better)", "held-out responses", len(examples),
-                per_byte, byte_errors),
-            loop_row("dialogue", "held-out responses", records, replies, "response")]
-
-
-def ratio_and_error(amounts: list[float], sizes: list[int], resamples: int = BOOTSTRAP) -> tuple[float, float]:
-    """sum(amounts) / sum(sizes), and its standard error over resamples of the items."""
-    rng = random.Random(0)
-    n = len(amounts)
-    values = []
-    for _ in range(resamples):
-        picked = [rng.randrange(n) for _ in range(n)]
-        values.append(sum(amounts[i] for i in picked) / sum(sizes[i] for i in picked))
-    return sum(amounts) / sum(sizes), statistics.stdev(values)
+    rows = []
+    for metric, sizes, scale in (("response loss (nats/token, lower is better)", tokens, 1.0),
+                                 ("response loss (bits per byte, lower is better)", response_bytes, 1 / math.log(2))):
+        def loss(picked: list[int], system: str) -> float:
+            return scale * sum(nats[system][i] for i in picked) / sum(sizes[i] for i in picked)
+        everything = list(range(len(examples)))
+        errors, difference = bootstrap(loss, len(examples), systems)
+        rows.append(row("dialogue", metric, "held-out responses", len(examples),
+                        {system: loss(everything, system) for system in systems}, errors, None, difference))
+    return [*rows, loop_row("dialogue", "held-out responses", records, replies, "response")]
 
 
 # The base model's own row (task, metric, test set): it has no adapter, and lower is better.
@@ -256,30 +253,39 @@ def better_beyond_noise(a: float, a_error: float, b: float, b_error: float, high
 
 
 def adapters_that_help(rows: list[dict]) -> list[str]:
-    """The tasks whose adapter beat the base with the task's prompt on its headline row, by more
-    than seeds alone move it: where the two are within noise, the prompt alone, the simpler of
-    the two, stays."""
+    """The tasks whose adapter beat the base with the task's prompt on its headline row by more
+    than noise moves it: twice the standard error of the difference, from a paired bootstrap where
+    both ran on the same items, from the seeds otherwise. Where the two are within noise, the
+    prompt alone, the simpler of the two, stays."""
     helped = []
     for task, (metric, test_set, higher_is_better) in HEADLINES.items():
         r = find_row(rows, task, metric, test_set)
         if r is None or r["adapter"] is None:
             continue
-        if better_beyond_noise(r["adapter"], standard_error_of(r, "adapter"), r["base"], standard_error_of(r, "base"),
-                               higher_is_better):
+        if "difference_error" in r:  # paired: both on the same items
+            gain = (r["adapter"] - r["base"]) * (1 if higher_is_better else -1)
+            if gain > 2 * r["difference_error"]:
+                helped.append(task)
+        elif better_beyond_noise(r["adapter"], standard_error_of(r, "adapter"), r["base"],
+                                 standard_error_of(r, "base"), higher_is_better):
             helped.append(task)
     return helped
 
 
 def row(task: str, metric: str, test_set: str, n: int, values: dict[str, float],
-        standard_errors: dict[str, float | None] | None = None, baselines: dict[str, float] | None = None) -> dict:
+        standard_errors: dict[str, float | None] | None = None, baselines: dict[str, float] | None = None,
+        difference_error: float | None = None) -> dict:
     """One line of the table; standard_errors (over seeds, or a bootstrap over the items) where
-    the row has them; baselines: what answers with no model in them score on the same items."""
+    the row has them; baselines: what answers with no model in them score on the same items;
+    difference_error: the standard error of adapter minus base, where both ran on the same items."""
     r = {"task": task, "metric": metric, "test_set": test_set, "n": n,
          **{system: values.get(system) for system in SYSTEMS}}
     if standard_errors and any(e is not None for e in standard_errors.values()):
         r["standard_error"] = {system: standard_errors.get(system) for system in SYSTEMS}
     if baselines:
         r["baselines"] = baselines
+    if difference_error is not None:
+        r["difference_error"] = difference_error
     return r
 
 

@@ -106,6 +106,11 @@ def test_the_adapters_the_evaluation_found_better_start_switched_on(checkpoint, 
     rouge = {**rows[2], "base": 10.0, "adapter": 11.9, "standard_error": {"base": 0.6, "adapter": 0.8}}
     assert adapters_that_help([rouge]) == []
     assert adapters_that_help([{**rouge, "adapter": 12.1}]) == ["summarize"]
+    # scores on the same items (a paired bootstrap): twice the standard error of the difference
+    chrf = {**rows[0], "base": 40.0, "adapter": 41.0, "standard_error": {"base": 2.0, "adapter": 2.0}}
+    assert adapters_that_help([{**chrf, "difference_error": 0.4}]) == ["translate"]
+    assert adapters_that_help([{**chrf, "difference_error": 0.6}]) == []
+    assert adapters_that_help([chrf]) == []  # unpaired, 2 x hypot(2, 2) = 5.7 would hide it
 
     with_defaults = tmp_path / "model"
     shutil.copytree(checkpoint, with_defaults)

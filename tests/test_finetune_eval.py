@@ -328,8 +328,7 @@ def test_eval_without_the_data_folder_names_it_and_the_variable_that_moves_it(tm
 
 
 def test_eval_of_a_model_that_cannot_load_is_one_line(task_splits, tmp_path):
-    for task, of_task in task_splits.items():
-        write_jsonl(tmp_path / "data" / f"{task}-test.jsonl", of_task["test"])
+    write_splits(task_splits, tmp_path / "data", small=True)
     done = run_eval("--model", str(tmp_path / "no-model"), "--data", str(tmp_path / "data"))
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
