@@ -40,9 +40,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import sacrebleu
 import torch
 from rouge_score import rouge_scorer
+from sacrebleu.metrics import CHRF
 from tqdm import tqdm
 
 from engine.scheduler import MAX_BATCH, Scheduler
@@ -124,11 +126,21 @@ def translation_scores(groups: dict[str, list[int]], records: list[dict], output
                 return score([texts[i] for i in chosen], [references]).score
             values = {system: scored(texts) for system, texts in outputs.items()}
             errors, difference = (None, None) if metric != "chrF" else bootstrap(
-                lambda picked, system: score([outputs[system][chosen[i]] for i in picked],
-                                             [[references[i] for i in picked]]).score, len(chosen), list(outputs))
+                resampled_chrf({system: [texts[i] for i in chosen] for system, texts in outputs.items()}, references),
+                len(chosen), list(outputs))
             rows.append(row("translate", metric, f"{test_set} {name}", len(chosen), values, errors,
                             {baseline: scored(texts) for baseline, texts in baselines.items()}, difference))
     return rows
+
+
+def resampled_chrf(outputs: dict[str, list[str]], references: list[str]):
+    """score(picked sentence indices, system) -> corpus chrF of those sentences. sacrebleu sums
+    per-sentence statistics into a corpus score, so each sentence's are extracted once and a
+    resample's summed: the same score as corpus_chrf on the resample, a hundred times faster."""
+    chrf = CHRF()
+    statistics_of = {system: np.array(chrf._extract_corpus_statistics(texts, [references]))
+                     for system, texts in outputs.items()}
+    return lambda picked, system: chrf._compute_score_from_stats(statistics_of[system][picked].sum(0)).score
 
 
 def bootstrap(score, n: int, systems: list[str], resamples: int = BOOTSTRAP) -> tuple[dict[str, float], float | None]:
