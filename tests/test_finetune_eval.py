@@ -292,7 +292,8 @@ def test_a_sampled_score_is_the_mean_of_its_seeds_scores(task_splits, tiny_base,
 
     def rouge_l(seeds):
         monkeypatch.setattr(task_eval, "SEEDS", seeds)
-        rows = task_eval.summarization_rows(model, tokenizer, records, "fables", ["base"])
+        rows = task_eval.summarization_rows(model, tokenizer, records, "fables", ["base"],
+                                            task_splits["summarize"]["train"])
         return next(r for r in rows if r["metric"] == "ROUGE-L F1")
 
     each = [rouge_l((seed,))["base"] for seed in (0, 1, 2)]
