@@ -91,7 +91,9 @@ def view_as_json(view: LiveView) -> dict:
     def plain(record) -> dict:
         return {key: value.tolist() if isinstance(value, torch.Tensor) else value
                 for key, value in dataclasses.asdict(record).items()}
-    return {**dataclasses.asdict(view), "seen": plain(view.seen), "lens": plain(view.lens)}
+    # (not dataclasses.asdict(view): it would deep-copy every tensor only for them to be replaced)
+    return {"model": view.model, "layers": view.layers, "heads": view.heads, "seen": plain(view.seen),
+            "lens": plain(view.lens)}
 
 
 def view_from_json(data: dict) -> LiveView:
