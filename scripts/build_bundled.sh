@@ -51,4 +51,4 @@ mkdir -p docs/training
 cp "$BASE/log.jsonl" docs/training/pretrain-log.jsonl
 cp "$BASE/train_args.json" docs/training/pretrain-args.json
 for task in translate dialogue summarize; do cp "runs/adapters/$task/train_log.jsonl" "docs/training/$task-log.jsonl"; done
-$PY scripts/model_card.py --train-dir "$BASE" --eval docs/eval-bundled.json --training-time "$1" --notes "${2:-}"
+$PY scripts/model_card.py --eval docs/eval-bundled.json --training-time "$1" --notes "${2:-}"

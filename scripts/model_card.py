@@ -1,6 +1,10 @@
 """Write the bundled model's card, assets/README.md, from what the project measured.
 
-    python scripts/model_card.py [--train-dir runs/bundled] [--eval docs/eval-bundled.json]
+    python scripts/model_card.py [--eval docs/eval-bundled.json]   # after a change to the shipped files or defaults
+    python scripts/model_card.py --training-time "1.5 hours" --notes "..."  # a new edition (build_bundled.sh)
+
+The pretraining run's arguments and log are read from docs/training/, where build_bundled.sh
+copies them. Without --training-time, --hardware or --notes, the card keeps the ones it has.
 
 The samples are generated here, from the shipped files in assets/, with the seeds and settings
 the card states; they are also written to assets/samples.json, which tests/test_bundled.py
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from dataclasses import asdict, replace
@@ -119,28 +124,49 @@ def before_and_now(before: dict, now: dict) -> str:
     return "\n".join(lines)
 
 
+TRAINING_ROW = re.compile(r"^\| training time \| (?P<training_time>.+) on (?P<hardware>.+) \(pretraining\), ", re.M)
+NOTES_AFTER = "adds the new run's tokens to the count above).\n"
+
+
+def card_as_it_is() -> dict[str, str]:
+    """The training time, hardware and notes of the card shipped now: what a card rewritten for
+    the same weights keeps."""
+    path = BUNDLED_DIR / "README.md"
+    text = path.read_text() if path.is_file() else ""
+    found = TRAINING_ROW.search(text)
+    kept = found.groupdict() if found else {}
+    if NOTES_AFTER in text:
+        kept["notes"] = text.split(NOTES_AFTER, 1)[1].strip()
+    return kept
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--train-dir", type=Path, default=REPO / "runs" / "bundled",
-                   help="the pretraining run (train_args.json, log.jsonl)")
+    p.add_argument("--train-records", type=Path, default=REPO / "docs" / "training",
+                   help="the pretraining run's pretrain-args.json and pretrain-log.jsonl")
     p.add_argument("--eval", type=Path, default=REPO / "docs" / "eval-bundled.json", help="tasks.eval's JSON")
     p.add_argument("--before", type=Path, default=REPO / "docs" / "training" / "eval-previous.json",
                    help="tasks.eval's JSON of the model this one replaces (build_bundled.sh keeps it there), "
                         "for the now-and-before table")
     p.add_argument("--sweep", type=Path, default=REPO / "docs" / "training" / "size-sweep.md",
                    help="the size sweep's table (scripts/size_sweep.py)")
-    p.add_argument("--hardware", default=f"{cpu_name()}, 2 cores, no GPU", help="what the model was trained on")
+    p.add_argument("--hardware", default=None,
+                   help=f"what the model was trained on (default: as the card says, else {cpu_name()}, 2 cores, no GPU)")
     p.add_argument("--check-improves", action="store_true",
                    help="only say whether --eval improves on --before: better on bits per byte or a task's "
                         "best headline and worse on none, beyond what seeds move a sampled one; exit 1 if not")
     p.add_argument("--training-time", required=False, help='wall-clock pretraining time, e.g. "1.4 hours"')
-    p.add_argument("--notes", default="", help="anything about the run the logs do not say (a resume, a change)")
+    p.add_argument("--notes", default=None, help="anything about the run the logs do not say (a resume, a change)")
     args = p.parse_args(argv)
     if args.check_improves:
         worse, better = headline_changes(json.loads(args.before.read_text()), json.loads(args.eval.read_text()))
         print("\n".join([*(f"worse: {line}" for line in worse), *(f"better: {line}" for line in better)]
                         or [f"{args.eval} is neither better nor worse than {args.before}"]))
         raise SystemExit(0 if better and not worse else 1)
+    kept = card_as_it_is()
+    args.training_time = args.training_time or kept.get("training_time")
+    args.hardware = args.hardware or kept.get("hardware") or f"{cpu_name()}, 2 cores, no GPU"
+    args.notes = kept.get("notes", "") if args.notes is None else args.notes
     if not args.training_time:
         p.error("--training-time is needed to write the card")
 
@@ -149,8 +175,8 @@ def main(argv=None) -> None:
     load_seconds = time.perf_counter() - started
     prepare_for_serving(model)  # the samples are what the app writes: on the decode kernels where they build
     kernels.wait_until_built()
-    train_args = json.loads((args.train_dir / "train_args.json").read_text())
-    log = [json.loads(line) for line in (args.train_dir / "log.jsonl").read_text().splitlines()]
+    train_args = json.loads((args.train_records / "pretrain-args.json").read_text())
+    log = [json.loads(line) for line in (args.train_records / "pretrain-log.jsonl").read_text().splitlines()]
     final = [r for r in log if "val_loss" in r][-1]
     evaluation = json.loads(args.eval.read_text())
     bpb = find_row(evaluation["rows"], *LANGUAGE_MODELLING)["base"]

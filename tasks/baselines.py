@@ -117,9 +117,18 @@ def summary_baselines(train: list[dict], test: list[dict]) -> dict[str, list[str
             "last sentence": [last_sentence(r["article"]) for r in test]}
 
 
-def loops(output: str, reference: str) -> bool:
+def typical_length(references: list[str]) -> int:
+    """The median length, in characters, of a task's training references: how long an answer of
+    its kind usually is."""
+    lengths = sorted(len(reference) for reference in references)
+    return lengths[len(lengths) // 2] if lengths else 0
+
+
+def loops(output: str, reference: str, typical: int = 0) -> bool:
     """Whether an output repeats without end: a word 3-gram three times or more, or an output
-    over 2.5 times its reference's length."""
+    over 2.5 times its reference's length. A reference shorter than its task's typical answer
+    (typical_length) counts as that long: a chat reply of one ordinary sentence to a quiz whose
+    answer is "Paris" runs longer than the answer, not on without end."""
     words = output.lower().split()
     repeated = Counter(zip(words, words[1:], words[2:]))
-    return bool(repeated) and max(repeated.values()) >= 3 or len(output) > 2.5 * max(len(reference), 1)
+    return bool(repeated) and max(repeated.values()) >= 3 or len(output) > 2.5 * max(len(reference), typical, 1)

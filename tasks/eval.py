@@ -16,8 +16,9 @@ alone. Writes a markdown table and a JSON file with the same numbers (same name,
 - summarisation: ROUGE-1/2/L F1 (rouge-score, Porter stemming), mean over the Aesop fables, and
   apart from them over the derived dialogue summaries;
 - dialogue: the loss of the held-out responses given their transcripts, teacher forced;
-- each task's loop rate: the outputs that repeat a word 3-gram three times or run past 2.5 times
-  their reference (tasks/baselines.py, loops);
+- each task's loop rate at its tab's defaults: the outputs that repeat a word 3-gram three times
+  or run past 2.5 times their reference, or their task's typical answer where the reference is
+  shorter (tasks/baselines.py, loops); over every seed where the task samples;
 - beside each chrF, BLEU and ROUGE, what answers with no model in them score on the same items
   (tasks/baselines.py), and in plain words where the model does not beat them.
 Generation goes through run_task with each task's own defaults, as the app runs it: the base
@@ -54,7 +55,7 @@ from train.corpus import DATA_DIR, TINYSTORIES_DIR, tinystories_validation_text
 from train.metrics import bits_per_byte
 
 from . import TASKS, TaskDone, run_task
-from .baselines import loops, nearest_training_similarity, summary_baselines, translation_baselines
+from .baselines import loops, nearest_training_similarity, summary_baselines, translation_baselines, typical_length
 from .data import example_from_record, read_records
 from .finetune import completion_nll, encode_records, shown_path
 
@@ -107,7 +108,8 @@ def translation_rows(model, tokenizer, records: list[dict], systems: list[str], 
         groups.setdefault(f"{r['source']}->{r['target']}", []).append(i)
     groups = {**dict(sorted(groups.items())), "all directions": list(range(len(records)))}
     rows = translation_scores(groups, records, outputs, baselines, "Tatoeba")
-    rows.append(loop_row("translate", "Tatoeba all directions", records, outputs, "translation"))
+    rows.append(loop_row("translate", "Tatoeba all directions", records, outputs, "translation",
+                         typical_length([r["translation"] for r in train])))
     if far_only:
         far = generalisation_set(train, records)
         far_groups = {name: [i for i in chosen if i in far] for name, chosen in groups.items()}
@@ -167,12 +169,14 @@ def generalisation_set(train: list[dict], records: list[dict]) -> set[int]:
 
 
 def loop_row(task: str, test_set: str, records: list[dict], outputs: dict[str, list[str]], reference_key: str,
-             per_seed: int = 1) -> dict:
-    """The share of outputs that loop (tasks.baselines.loops), in percent; `outputs` may hold
-    `per_seed` runs of the records one after another."""
+             typical: int, per_seed: int = 1) -> dict:
+    """The share of outputs that loop (tasks.baselines.loops, with the task's typical answer
+    length from its training split), in percent; `outputs` may hold `per_seed` runs of the
+    records one after another."""
     references = [r[reference_key] for r in records] * per_seed
     return row(task, LOOP_METRIC, test_set, len(records),
-               {system: 100 * sum(map(loops, texts, references)) / len(texts) for system, texts in outputs.items()})
+               {system: 100 * sum(loops(text, reference, typical) for text, reference in zip(texts, references))
+                / len(texts) for system, texts in outputs.items()})
 
 
 def summarization_rows(model, tokenizer, records: list[dict], test_set: str, systems: list[str],
@@ -193,12 +197,14 @@ def summarization_rows(model, tokenizer, records: list[dict], test_set: str, sys
             for key, value in mean_scores(outputs).items():
                 per_seed[system][key].append(value)
     baselines = {name: mean_scores(texts) for name, texts in summary_baselines(train, records).items()}
+    sources = {r.get("source") for r in records}
+    typical = typical_length([r["summary"] for r in train if r.get("source") in sources])
     return [*(row("summarize", f"ROUGE-{key[5:]} F1", test_set, len(records),
                   {system: statistics.mean(per_seed[system][key]) for system in systems},
                   {system: standard_error(per_seed[system][key]) for system in systems},
                   {name: scores[key] for name, scores in baselines.items()})
               for key in keys),
-            loop_row("summarize", test_set, records, every_output, "summary", per_seed=len(SEEDS))]
+            loop_row("summarize", test_set, records, every_output, "summary", typical, per_seed=len(SEEDS))]
 
 
 def standard_error(values: list[float]) -> float | None:
@@ -206,10 +212,10 @@ def standard_error(values: list[float]) -> float | None:
     return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
 
 
-def dialogue_rows(model, tokenizer, records: list[dict], systems: list[str]) -> list[dict]:
+def dialogue_rows(model, tokenizer, records: list[dict], systems: list[str], train: list[dict]) -> list[dict]:
     """The held-out responses' loss given their transcripts, with a bootstrap standard error over
     the responses; the base model with the prompt alone is the baseline the adapter must beat.
-    And the loop rate of the replies the tab's defaults write."""
+    And the loop rate of the replies the tab's defaults write, sampled with each of SEEDS."""
     examples = encode_records("dialogue", records, tokenizer, model.config.n_positions).examples
     # Bits per byte as well as nats per token: a byte count does not depend on the tokenizer, so
     # models with different vocabularies compare.
@@ -219,7 +225,9 @@ def dialogue_rows(model, tokenizer, records: list[dict], systems: list[str]) -> 
     for system in systems:
         with active_adapter(TASKS["dialogue"].adapter if system == "adapter" else None):
             nats[system] = [completion_nll(model, [e], tokenizer.eos_id)[0] for e in examples]
-    replies = {system: generate_all("dialogue", model, tokenizer, records, system == "adapter") for system in systems}
+    replies = {system: [reply for seed in SEEDS
+                        for reply in generate_all("dialogue", model, tokenizer, records, system == "adapter", seed)]
+               for system in systems}
     rows = []
     for metric, sizes, scale in (("response loss (nats/token, lower is better)", tokens, 1.0),
                                  ("response loss (bits per byte, lower is better)", response_bytes, 1 / math.log(2))):
@@ -229,7 +237,8 @@ def dialogue_rows(model, tokenizer, records: list[dict], systems: list[str]) -> 
         errors, difference = bootstrap(loss, len(examples), systems)
         rows.append(row("dialogue", metric, "held-out responses", len(examples),
                         {system: loss(everything, system) for system in systems}, errors, None, difference))
-    return [*rows, loop_row("dialogue", "held-out responses", records, replies, "response")]
+    return [*rows, loop_row("dialogue", "held-out responses", records, replies, "response",
+                            typical_length([r["response"] for r in train]), per_seed=len(SEEDS))]
 
 
 # The base model's own row (task, metric, test set): it has no adapter, and lower is better.
@@ -344,7 +353,8 @@ def evaluate(model, tokenizer, data_dir: Path, limit: int = 0, bpb_chars: int = 
         chosen = [r for r in summaries if r.get("source", "aesop") == source]
         if chosen:
             rows += summarization_rows(model, tokenizer, chosen, test_set, systems("summarize"), summary_train)
-    rows += dialogue_rows(model, tokenizer, records(f"dialogue-{split}.jsonl", "dialogue"), systems("dialogue"))
+    rows += dialogue_rows(model, tokenizer, records(f"dialogue-{split}.jsonl", "dialogue"), systems("dialogue"),
+                          train("dialogue"))
     return rows
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tasks.baselines import (TrigramIndex, best_constant, last_sentence, loops, nearest_training_similarity,
-                             summary_baselines, translation_baselines, trigrams)
+                             summary_baselines, translation_baselines, trigrams, typical_length)
 
 
 def pair(text: str, translation: str, source: str = "English", target: str = "French") -> dict:
@@ -61,3 +61,12 @@ def test_a_loop_is_a_word_trigram_three_times_or_an_output_far_longer_than_its_r
     assert not loops("Où est la gare ?", "Où est la gare ?")
     assert loops("a b c d e f g h i j k l", "a b c")  # 23 characters against 5
     assert not loops("the cat and the cat and the dog", "the cat and the cat and the dog")  # twice is not a loop
+    # a reference shorter than its task's typical answer counts as that long: one ordinary reply to a quiz
+    reply = "I think it is the capital of France, the city of light."
+    assert loops(reply, "Paris") and not loops(reply, "Paris", typical_length(["Hello there, how are you?"] * 3))
+    assert loops(reply * 3, "Paris", typical=20)  # but not without limit
+
+
+def test_the_typical_length_is_the_median_of_the_training_references():
+    assert typical_length(["a", "abc", "abcdefghij"]) == 3
+    assert typical_length([]) == 0
