@@ -20,6 +20,8 @@ from collections import Counter
 import torch
 from rouge_score import rouge_scorer
 
+from .translation import PIVOT
+
 CHUNK = 256  # queries scored against the whole index at once
 MAX_CONSTANT_CANDIDATES = 300  # training summaries tried as the constant answer (a fixed sample beyond)
 
@@ -65,23 +67,52 @@ class TrigramIndex:
         return found
 
 
-def translation_baselines(train: list[dict], test: list[dict]) -> dict[str, list[str]]:
+class TranslationLookup:
+    """The training pairs, indexed by their sources once for all the lookups of a run: per
+    direction for the nearest training pair, and all directions together for how near a
+    sentence comes to anything trained on."""
+
+    def __init__(self, train: list[dict]):
+        self.train = train
+        self.indexes: dict[tuple[str, str] | None, tuple[TrigramIndex | None, list[dict]]] = {}
+
+    def index(self, direction: tuple[str, str] | None) -> tuple[TrigramIndex | None, list[dict]]:
+        """The index of one direction's training sources (None: every distinct source), and its
+        pairs; no index where there are none."""
+        if direction not in self.indexes:
+            if direction is None:
+                pairs = [{"text": text} for text in sorted({r["text"] for r in self.train})]
+            else:
+                pairs = [r for r in self.train if (r["source"], r["target"]) == direction]
+            self.indexes[direction] = TrigramIndex([r["text"] for r in pairs]) if pairs else None, pairs
+        return self.indexes[direction]
+
+    def translations(self, texts: list[str], source: str, target: str) -> list[str]:
+        """For each text, the translation of the training pair whose source is nearest in that
+        direction; for a direction with no training pairs (French <-> German), looked up through
+        English, as the Translate tab translates it."""
+        index, pairs = self.index((source, target))
+        if pairs:
+            return [pairs[j]["translation"] for j, _ in index.nearest(texts)]
+        if PIVOT in (source, target):
+            return [""] * len(texts)
+        return self.translations(self.translations(texts, source, PIVOT), PIVOT, target)
+
+    def similarity(self, texts: list[str]) -> list[float]:
+        """How similar each text is to the nearest training source of any direction."""
+        index, _ = self.index(None)
+        return [similarity for _, similarity in index.nearest(texts)] if index else [0.0] * len(texts)
+
+
+def translation_baselines(lookup: TranslationLookup, test: list[dict]) -> dict[str, list[str]]:
     """Each baseline's output for each test record: the source itself, and the translation of the
     training pair whose source is nearest, in the same direction."""
     nearest = [""] * len(test)
-    for direction in {(r["source"], r["target"]) for r in test}:
-        pairs = [r for r in train if (r["source"], r["target"]) == direction]
-        chosen = [i for i, r in enumerate(test) if (r["source"], r["target"]) == direction]
-        index = TrigramIndex([r["text"] for r in pairs])
-        for i, (j, _) in zip(chosen, index.nearest([test[i]["text"] for i in chosen])):
-            nearest[i] = pairs[j]["translation"]
+    for source, target in {(r["source"], r["target"]) for r in test}:
+        chosen = [i for i, r in enumerate(test) if (r["source"], r["target"]) == (source, target)]
+        for i, translation in zip(chosen, lookup.translations([test[i]["text"] for i in chosen], source, target)):
+            nearest[i] = translation
     return {"copy the source": [r["text"] for r in test], "nearest training pair": nearest}
-
-
-def nearest_training_similarity(train: list[dict], records: list[dict]) -> list[float]:
-    """How similar each record's source is to the nearest training source of any direction."""
-    index = TrigramIndex(sorted({r["text"] for r in train}))
-    return [similarity for _, similarity in index.nearest([r["text"] for r in records])]
 
 
 ROUGE = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)

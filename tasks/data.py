@@ -28,7 +28,9 @@ takes at most DIALOGUE_TRAIN responses per source, as the sources differ 20-fold
 Translation (Tatoeba eng-fra and eng-deu, both directions): sentences that are translations of
 one another, directly or through a shared translation, form one unit (a connected component:
 "Go." - "Va !" - "Go!"), so no sentence of a test pair, in any language, occurs in training.
-`TRANSLATE_TEST` pairs per direction; a test pair has one reference translation.
+`TRANSLATE_TEST` pairs per direction; a test pair has one reference translation. Tatoeba is full of
+near-paraphrases, so a test pair is often close to a training pair; translate-far-test.jsonl, the
+generalisation set, holds pairs whose source is far from every training source (far_from_training).
 
 Summarisation: *The Aesop for Children* fable -> lesson pairs are the real, human-written
 summaries; summarize-test.jsonl holds only those (`AESOP_TEST` fables), so the headline ROUGE
@@ -60,9 +62,10 @@ from train.corpus import DATA_DIR, read_text, translation_pairs
 
 from . import TASKS
 from .base import one_line
+from .baselines import TranslationLookup
 from .dialogue import PERSONAS, DialogueInputs
 from .summarization import SummarizeInputs
-from .translation import TranslateInputs
+from .translation import PIVOT, TranslateInputs
 
 SPLITS = ("train", "val", "test")
 HISTORY_PAIRS = 2  # earlier (user, bot) exchanges kept before the message
@@ -70,6 +73,11 @@ DIALOGUE_TEST, DIALOGUE_VAL, DIALOGUE_TRAIN = 50, 25, 5000  # responses per sour
 TRANSLATE_TEST, TRANSLATE_VAL = 200, 50  # pairs per direction and language; training takes all the rest
 AESOP_TEST, AESOP_VAL = 30, 10  # fables; training takes the rest (106)
 DERIVED_TEST, DERIVED_VAL, DERIVED_TRAIN = 100, 50, 500  # derived summarisation pairs
+# Sentences written for this project, each in English, French and German, of everyday words in
+# combinations Tatoeba does not have ("The goat ate the letter from the mayor."): the
+# generalisation set, kept to the sentences that are FAR_FROM_TRAINING (far_from_training).
+FAR_SENTENCES = Path(__file__).with_name("far_from_training.tsv")
+FAR_FROM_TRAINING = 0.5  # no training source this similar (character-trigram cosine)
 DERIVED_MAX_CHARS = 1500  # so a whole transcript fits a 512-token context next to its summary
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's is ~10x faster, same result
 
@@ -305,8 +313,45 @@ def translation_units() -> list[Unit]:
 def translation_splits() -> dict[str, list[dict]]:
     directions = [f"English->{name}" for name in LANGUAGE_NAMES.values()] + \
                  [f"{name}->English" for name in LANGUAGE_NAMES.values()]
-    return split_units(translation_units(), test=dict.fromkeys(directions, TRANSLATE_TEST),
-                       val=dict.fromkeys(directions, TRANSLATE_VAL))
+    splits = split_units(translation_units(), test=dict.fromkeys(directions, TRANSLATE_TEST),
+                         val=dict.fromkeys(directions, TRANSLATE_VAL))
+    return {**splits, "far-test": far_from_training(splits["train"])}
+
+
+EXAMPLE_WORDS = range(4, 9)  # a Translate example is a sentence of this many words
+# The directions the Translate tab offers, in the order of its examples.
+EXAMPLE_DIRECTIONS = [("English", "French"), ("English", "German"), ("French", "English"), ("German", "English"),
+                      ("French", "German"), ("German", "French")]
+
+
+def translation_examples(val: list[dict]) -> list[tuple[str, str, str]]:
+    """The Translate tab's examples, (text, source, target): for each of EXAMPLE_DIRECTIONS, the
+    first validation source in the split's order with EXAMPLE_WORDS words, from a unit no earlier
+    example used. French <-> German has no pairs of its own, so its text is the source of a
+    French or German validation pair into English."""
+    examples, used = [], set()
+    for source, target in EXAMPLE_DIRECTIONS:
+        into = target if PIVOT in (source, target) else PIVOT
+        record = next(r for r in val if (r["source"], r["target"]) == (source, into) and r["id"] not in used
+                      and len(r["text"].split()) in EXAMPLE_WORDS)
+        examples.append((record["text"], source, target))
+        used.add(record["id"])
+    return examples
+
+
+def far_from_training(train: list[dict]) -> list[dict]:
+    """The generalisation set: the pairs of FAR_SENTENCES in every direction the Translate tab
+    offers (French <-> German too), each whose source has no training source, of any direction,
+    with a character-trigram similarity of FAR_FROM_TRAINING or more."""
+    lines = FAR_SENTENCES.read_text(encoding="utf-8").splitlines()
+    languages = lines[0].split("\t")
+    records = []
+    for number, line in enumerate(lines[1:], 1):
+        sentences = dict(zip(languages, line.split("\t"), strict=True))
+        records += [{"source": source, "target": target, "text": sentences[source], "translation": sentences[target],
+                     "id": f"far:{number}"} for source in languages for target in languages if source != target]
+    similarity = TranslationLookup(train).similarity([r["text"] for r in records])
+    return [r for r, near in zip(records, similarity) if near < FAR_FROM_TRAINING]
 
 
 # --- summarisation ----------------------------------------------------------------------------

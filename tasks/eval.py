@@ -11,8 +11,9 @@ alone. Writes a markdown table and a JSON file with the same numbers (same name,
 - bits per byte of the TinyStories validation text (train.metrics.bits_per_byte): the base model
   only, since no adapter is on when the app generates freely;
 - translation: chrF and BLEU (sacrebleu, corpus level) per direction and over all directions, and
-  on the test split the generalisation rows: the pairs whose source is far from every training
-  source (FAR_FROM_TRAINING);
+  on the test split the generalisation rows: sentences written for the purpose whose source is far
+  from every training source (tasks.data.far_from_training), in the four directions to and from
+  English and French <-> German, which the tab translates through English;
 - summarisation: ROUGE-1/2/L F1 (rouge-score, Porter stemming), mean over the Aesop fables, and
   apart from them over the derived dialogue summaries;
 - dialogue: the loss of the held-out responses given their transcripts, teacher forced;
@@ -48,6 +49,7 @@ from rouge_score import rouge_scorer
 from sacrebleu.metrics import CHRF
 from tqdm import tqdm
 
+from engine.generate import ContextLengthError
 from engine.scheduler import MAX_BATCH, Scheduler
 from model.adapters import active_adapter, adapter_names, load_adapters, write_on_by_default
 from model.checkpoint import load_pretrained, pick_device
@@ -55,18 +57,21 @@ from train.corpus import DATA_DIR, TINYSTORIES_DIR, tinystories_validation_text
 from train.metrics import bits_per_byte
 
 from . import TASKS, TaskDone, run_task
-from .baselines import loops, nearest_training_similarity, summary_baselines, translation_baselines, typical_length
-from .data import example_from_record, read_records
+from .translation import PIVOT
+from .baselines import TranslationLookup, loops, summary_baselines, translation_baselines, typical_length
+from .data import FAR_FROM_TRAINING, example_from_record, read_records
 from .finetune import completion_nll, encode_records, shown_path
 
 SEEDS = (0, 1, 2, 3, 4)  # summarisation samples, so it runs once with each; greedy translation once
 TEST_FILES = tuple(f"{task}-{split}.jsonl" for split in ("train", "val", "test")
-                   for task in ("translate", "summarize", "dialogue"))
+                   for task in ("translate", "summarize", "dialogue")) + ("translate-far-test.jsonl",)
 BPB_CHARS_PER_LIMIT = 2000  # with --limit N, bits per byte over the first N * this many characters
 SYSTEMS = ("base", "adapter")  # the base model with the task's prompt; the same base with the task's adapter
 SYSTEM_NAMES = {"base": "prompt", "adapter": "adapter"}
 BOOTSTRAP = 200  # resamples of the items for the standard error of a greedy or exact score
-FAR_FROM_TRAINING = 0.5  # the generalisation set: no training source this similar (character trigrams)
+TATOEBA = "Tatoeba"
+FAR = "new sentences far from training"  # the generalisation set (tasks.data.far_from_training)
+TO_AND_FROM_ENGLISH, THROUGH_ENGLISH = "to and from English", "French<->German (through English)"
 LOOP_METRIC = "loop rate (% of outputs, lower is better)"
 SUMMARY_SETS = {"aesop": "Aesop fable -> lesson", "sgd-derived": "derived: SGD dialogue -> services"}
 
@@ -83,7 +88,10 @@ def generate_all(task_name: str, model, tokenizer, records: list[dict], adapter_
     def answer(record: dict) -> str:
         inputs, _ = example_from_record(task_name, record)
         events = run_task(task, scheduler, tokenizer, inputs, params, adapter_on)
-        return next(e for e in events if isinstance(e, TaskDone)).text
+        try:
+            return next(e for e in events if isinstance(e, TaskDone)).text
+        except ContextLengthError:  # a run in two steps whose first step ran too long to go on from
+            return ""
 
     try:
         with ThreadPoolExecutor(MAX_BATCH) as pool:
@@ -93,28 +101,29 @@ def generate_all(task_name: str, model, tokenizer, records: list[dict], adapter_
         scheduler.close()
 
 
-def translation_rows(model, tokenizer, records: list[dict], systems: list[str], train: list[dict],
-                     far_only: bool = False) -> list[dict]:
+def translation_rows(model, tokenizer, records: list[dict], systems: list[str], lookup: TranslationLookup,
+                     typical: int, test_set: str = TATOEBA) -> list[dict]:
     """chrF and BLEU per direction and over all, each with the baselines' scores on the same
     records and a bootstrap standard error (greedy decoding has no seed noise, but 50 to 800
-    sentences do); the loop rate; and, on the test split, the generalisation rows: the records
-    whose source is far from every training source (FAR_FROM_TRAINING)."""
+    sentences do); and the loop rate. A set with French <-> German pairs (the generalisation
+    set) is scored over the four directions to and from English, and over French <-> German,
+    apart."""
     # One run, with no standard error over seeds, holds only while translation decodes greedily.
     assert TASKS["translate"].defaults.greedy, "translation samples now: score it over SEEDS as summarisation is"
     outputs = {system: generate_all("translate", model, tokenizer, records, system == "adapter") for system in systems}
-    baselines = translation_baselines(train, records)
+    baselines = translation_baselines(lookup, records)
     groups = {}
     for i, r in enumerate(records):
         groups.setdefault(f"{r['source']}->{r['target']}", []).append(i)
-    groups = {**dict(sorted(groups.items())), "all directions": list(range(len(records)))}
-    rows = translation_scores(groups, records, outputs, baselines, "Tatoeba")
-    rows.append(loop_row("translate", "Tatoeba all directions", records, outputs, "translation",
-                         typical_length([r["translation"] for r in train])))
-    if far_only:
-        far = generalisation_set(train, records)
-        far_groups = {name: [i for i in chosen if i in far] for name, chosen in groups.items()}
-        rows += translation_scores({name: chosen for name, chosen in far_groups.items() if chosen}, records, outputs,
-                                   baselines, f"far from training (trigram similarity < {FAR_FROM_TRAINING})")
+    groups = dict(sorted(groups.items()))
+    english = [i for i, r in enumerate(records) if PIVOT in (r["source"], r["target"])]
+    if len(english) < len(records):
+        groups[TO_AND_FROM_ENGLISH] = english
+        groups[THROUGH_ENGLISH] = [i for i, r in enumerate(records) if PIVOT not in (r["source"], r["target"])]
+    else:
+        groups["all directions"] = english
+    rows = translation_scores(groups, records, outputs, baselines, test_set)
+    rows.append(loop_row("translate", f"{test_set} all directions", records, outputs, "translation", typical))
     return rows
 
 
@@ -159,13 +168,6 @@ def bootstrap(score, n: int, systems: list[str], resamples: int = BOOTSTRAP) -> 
     differences = [a - b for a, b in zip(values.get("adapter", []), values.get("base", []))]
     return ({system: statistics.stdev(v) for system, v in values.items()},
             statistics.stdev(differences) if differences else None)
-
-
-def generalisation_set(train: list[dict], records: list[dict]) -> set[int]:
-    """The records whose source is far from every training source: no training source has a
-    character-trigram similarity of FAR_FROM_TRAINING or more with it."""
-    similarity = nearest_training_similarity(train, records)
-    return {i for i, s in enumerate(similarity) if s < FAR_FROM_TRAINING}
 
 
 def loop_row(task: str, test_set: str, records: list[dict], outputs: dict[str, list[str]], reference_key: str,
@@ -245,7 +247,7 @@ def dialogue_rows(model, tokenizer, records: list[dict], systems: list[str], tra
 LANGUAGE_MODELLING = ("language modelling", "bits per byte (lower is better)", "TinyStories validation (n in bytes)")
 # Per task, the row that says whether its adapter beats the prompt alone, and whether higher is better.
 HEADLINES = {
-    "translate": ("chrF", "Tatoeba all directions", True),
+    "translate": ("chrF", f"{TATOEBA} all directions", True),
     "summarize": ("ROUGE-L F1", "Aesop fable -> lesson", True),
     "dialogue": ("response loss (bits per byte, lower is better)", "held-out responses", False),
 }
@@ -311,7 +313,7 @@ def row(task: str, metric: str, test_set: str, n: int, values: dict[str, float],
 
 
 def evaluate(model, tokenizer, data_dir: Path, limit: int = 0, bpb_chars: int = 0, split: str = "test",
-             language_modelling: dict | None = None) -> list[dict]:
+             language_modelling: dict | None = None, lookup: TranslationLookup | None = None) -> list[dict]:
     """Every row of the table on `split` ("test", or "val": what decisions are made on), the
     baselines computed from the training split. limit: at most this many records per file
     (0 = all); translation takes at most `limit` per direction. language_modelling: the bits per
@@ -343,8 +345,13 @@ def evaluate(model, tokenizer, data_dir: Path, limit: int = 0, bpb_chars: int = 
         language_modelling = row(*LANGUAGE_MODELLING, len(text.encode("utf-8")),
                                  {"base": bits_per_byte(model, tokenizer, text, progress=True)})
     rows = [language_modelling]
+    lookup = lookup or TranslationLookup(train("translate"))
+    typical = typical_length([r["translation"] for r in lookup.train])
     rows += translation_rows(model, tokenizer, records(f"translate-{split}.jsonl", "translate"), systems("translate"),
-                             train("translate"), far_only=split == "test")
+                             lookup, typical)
+    if split == "test":
+        rows += translation_rows(model, tokenizer, records("translate-far-test.jsonl", "translate"),
+                                 systems("translate"), lookup, typical, FAR)
     summaries = records(f"summarize-{split}.jsonl", "summarize")
     if split == "test" and (data_dir / "summarize-derived-test.jsonl").is_file():
         summaries += records("summarize-derived-test.jsonl", "summarize")
@@ -466,8 +473,10 @@ def main(argv=None) -> list[dict]:
             raise FileNotFoundError(f"no adapters (<task>/adapter_config.json) in {args.adapters}")
     # Decisions (which adapters start on, whether an edition ships) read the validation rows; the
     # test rows are for the card alone.
-    validation_rows = evaluate(model, tokenizer, args.data, args.limit, args.bpb_chars, split="val")
-    rows = evaluate(model, tokenizer, args.data, args.limit, args.bpb_chars, language_modelling=validation_rows[0])
+    lookup = TranslationLookup(read_records(args.data / "translate-train.jsonl", "translate"))  # indexed once
+    validation_rows = evaluate(model, tokenizer, args.data, args.limit, args.bpb_chars, split="val", lookup=lookup)
+    rows = evaluate(model, tokenizer, args.data, args.limit, args.bpb_chars, language_modelling=validation_rows[0],
+                    lookup=lookup)
     minutes = (time.perf_counter() - started) / 60
     c = model.config
     command = " ".join(["python -m tasks.eval", f"--model {shown_path(args.model)}", f"--data {shown_path(args.data)}"]
@@ -479,9 +488,14 @@ def main(argv=None) -> list[dict]:
               f"context {c.n_positions}), "
               f"{tokenizer.name} tokenizer ({tokenizer.vocab_size:,} tokens); adapters: "
               f"{', '.join(adapter_names(model)) or 'none'}. Held-out test splits made by `python -m tasks.data`. "
-              "Generation uses each task's defaults through run_task: translation greedy, summarisation top-k 2 "
-              f"(first 3 sentences of at most 100 tokens), sampled with each of the seeds {', '.join(map(str, SEEDS))}: "
-              "its scores are the mean over the seeds ± their standard error. chrF, BLEU and ROUGE are on a "
+              "Generation uses each task's defaults through run_task, as its tab starts: translation greedy, "
+              "summaries and replies sampled with each of the seeds "
+              f"{', '.join(map(str, SEEDS))}, their scores the mean over the seeds ± its standard error (a greedy "
+              "score's ± is a bootstrap over the items). "
+              f"The rows \"{FAR}\" are sentences written for the purpose (tasks/far_from_training.tsv), each "
+              f"source with no training source at a character-trigram similarity of {FAR_FROM_TRAINING} or more. "
+              "A loop is an output that repeats a word 3-gram three times or runs past 2.5 times its reference "
+              "(or the task's median training reference, where that is longer). chrF, BLEU and ROUGE are on a "
               "0-100 scale, higher is better; — means the checkpoint has no adapter for the task (bits per byte "
               f"is measured without adapters). Measured in {minutes:.1f} minutes with `{command}`.")
     args.out.parent.mkdir(parents=True, exist_ok=True)

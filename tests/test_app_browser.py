@@ -483,7 +483,7 @@ def test_translate_swaps_a_repeated_language_and_keeps_the_users_example_pairs(p
     expect(hint).not_to_contain_text("your own pairs")
     # German -> French goes through English with each step's own pairs: the hint says these are not sent
     expect(hint).to_contain_text("French <-> German goes through English")
-    page.get_by_text("English → German: I like my new car.").click()  # an example sets both
+    page.get_by_text("English → German: We laugh a lot.").click()  # an example sets both
     expect(examples).to_have_value(example_lines(DEFAULT_EXAMPLES["English", "German"]))
     expect(hint).to_contain_text("Sent only with the adapter off")
 

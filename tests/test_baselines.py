@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.baselines import (TrigramIndex, best_constant, last_sentence, loops, nearest_training_similarity,
-                             summary_baselines, translation_baselines, trigrams, typical_length)
+from tasks.baselines import (TranslationLookup, TrigramIndex, best_constant, last_sentence, loops, summary_baselines,
+                             translation_baselines, trigrams, typical_length)
 
 
 def pair(text: str, translation: str, source: str = "English", target: str = "French") -> dict:
@@ -18,15 +18,21 @@ TRAIN = [pair("The cat sleeps.", "Le chat dort."), pair("I like apples.", "J'aim
 
 def test_the_nearest_training_pair_comes_from_the_training_split_in_the_same_direction():
     test = [pair("The cat is sleeping.", "Le chat dort."), pair("I like red apples.", "J'aime les pommes rouges.")]
-    found = translation_baselines(TRAIN, test)
+    found = translation_baselines(TranslationLookup(TRAIN), test)
     assert found["copy the source"] == ["The cat is sleeping.", "I like red apples."]
     assert found["nearest training pair"] == ["Le chat dort.", "J'aime les pommes."]
     # a changed split moves the baseline: it is looked up, not copied
-    moved = translation_baselines([pair("The cat is sleeping!", "Le chat est en train de dormir."), *TRAIN], test)
+    moved = translation_baselines(TranslationLookup([pair("The cat is sleeping!", "Le chat est en train de dormir."),
+                                                     *TRAIN]), test)
     assert moved["nearest training pair"][0] == "Le chat est en train de dormir."
     # the other direction's pairs are never the answer
     french = [pair("Le chat dort bien.", "The cat sleeps well.", "French", "English")]
-    assert translation_baselines(TRAIN, french)["nearest training pair"] == ["The cat sleeps."]
+    assert translation_baselines(TranslationLookup(TRAIN), french)["nearest training pair"] == ["The cat sleeps."]
+    # French -> German has no pairs of its own: it is looked up through English, as the tab translates it
+    through = [*TRAIN, pair("The cat sleeps.", "Die Katze schläft.", "English", "German")]
+    german = [pair("Le chat dort!", "Die Katze schläft!", "French", "German")]
+    assert translation_baselines(TranslationLookup(through), german)["nearest training pair"] == ["Die Katze schläft."]
+    assert translation_baselines(TranslationLookup(TRAIN), german)["nearest training pair"] == [""]
 
 
 def test_the_similarity_is_the_cosine_of_the_trigram_sets():
@@ -35,7 +41,8 @@ def test_the_similarity_is_the_cosine_of_the_trigram_sets():
     (index, similarity), = TrigramIndex([a]).nearest([b])
     assert index == 0 and similarity == pytest.approx(expected, rel=1e-5)
     assert TrigramIndex([a]).nearest([a])[0][1] == pytest.approx(1.0, rel=1e-5)
-    assert nearest_training_similarity(TRAIN, [pair("Zebras vex wolves.", "")])[0] < 0.3
+    far, trained = TranslationLookup(TRAIN).similarity(["Zebras vex wolves.", "Le chat dort."])
+    assert far < 0.3 and trained == pytest.approx(1.0, rel=1e-5)  # any direction's source counts
 
 
 def test_the_best_constant_summary_is_chosen_on_the_training_split():
@@ -70,3 +77,18 @@ def test_a_loop_is_a_word_trigram_three_times_or_an_output_far_longer_than_its_r
 def test_the_typical_length_is_the_median_of_the_training_references():
     assert typical_length(["a", "abc", "abcdefghij"]) == 3
     assert typical_length([]) == 0
+
+
+@pytest.mark.slow  # the real training split
+def test_no_generalisation_source_comes_near_a_training_source(task_splits):
+    from tasks.data import FAR_FROM_TRAINING, far_from_training
+
+    train, far = task_splits["translate"]["train"], task_splits["translate"]["far-test"]
+    directions = {(r["source"], r["target"]) for r in far}
+    assert len(directions) == 6 and all(sum((r["source"], r["target"]) == d for r in far) >= 100 for d in directions)
+    index = TrigramIndex(sorted({r["text"] for r in train}))
+    assert max(similarity for _, similarity in index.nearest([r["text"] for r in far])) < FAR_FROM_TRAINING
+    # a sentence that training comes to know leaves the set, in each direction it is the source of
+    known = far[0]["text"]
+    assert any(r["text"] == known for r in far_from_training(train[:1000]))
+    assert not any(r["text"] == known for r in far_from_training([pair(known, "x"), *train[:1000]]))

@@ -133,32 +133,14 @@ def test_the_adapters_that_start_on_are_those_its_evaluation_found_better(bundle
     assert "translate" in adapters_on_by_default(model)  # the tab that gains most starts with its adapter on
 
 
-# What each Translate example means, written by hand, to tell whether the model still gets them right.
-EXAMPLE_REFERENCES = {"My book is on the table.": "Mon livre est sur la table.",
-                      "I like my new car.": "Ich mag mein neues Auto.",
-                      "Je veux aller à la plage.": "I want to go to the beach.",
-                      "Wir haben einen Hund.": "We have a dog.",
-                      "Nous avons une grande maison.": "Wir haben ein großes Haus.",
-                      "Das Buch ist sehr gut.": "Le livre est très bon."}
-
-
-def test_the_translate_examples_are_ones_the_model_translates_and_never_trained_on(bundled, task_splits):
-    import sacrebleu
-    from model.adapters import adapters_on_by_default
-    from tasks import TranslateInputs
+def test_the_translate_examples_are_drawn_from_validation_never_trained_on(task_splits):
+    from tasks.data import translation_examples
     from ui.views import TRANSLATE_EXAMPLES
 
-    model, tokenizer = bundled
-    task = TASKS["translate"]
-    adapter_on = task.adapter in adapters_on_by_default(model)
-    assert {text for text, *_ in TRANSLATE_EXAMPLES} == set(EXAMPLE_REFERENCES)
-    assert len({(source, target) for _, source, target in TRANSLATE_EXAMPLES}) == len(TRANSLATE_EXAMPLES)
-    trained_on = {sentence for r in task_splits["translate"]["train"] for sentence in (r["text"], r["translation"])}
-    for text, source, target in TRANSLATE_EXAMPLES:
-        assert text not in trained_on and EXAMPLE_REFERENCES[text] not in trained_on, text
-        done = next(e for e in run_task(task, model, tokenizer, TranslateInputs(text, source, target),
-                                        task.defaults, adapter_on) if isinstance(e, TaskDone))
-        assert sacrebleu.sentence_chrf(done.text, [EXAMPLE_REFERENCES[text]]).score >= 60, (text, done.text)
+    splits = task_splits["translate"]
+    assert TRANSLATE_EXAMPLES == translation_examples(splits["val"])
+    trained_on = {sentence for r in splits["train"] for sentence in (r["text"], r["translation"])}
+    assert not any(text in trained_on for text, *_ in TRANSLATE_EXAMPLES)
 
 
 def test_the_summarise_conversation_example_is_summarised_by_what_the_user_asked_for(bundled):
