@@ -267,7 +267,10 @@ torch and transformers.
   sets below (`tasks/data.py`; `tasks.data.pretraining_documents` for the pretraining text);
   their test and validation splits were cut first and never trained on.
 - Translation: Tatoeba English-French and English-German sentence pairs (Tatoeba.org, CC BY 2.0
-  FR), both directions.
+  FR), both directions. The generalisation rows ("new sentences far from training") are 148
+  sentences written by this project in all three languages (`tasks/far_from_training.tsv`), each
+  used as a source only where no training source comes within a character-trigram similarity of
+  0.5; never trained on.
 - Dialogue: Topical-Chat (Amazon, CDLA-Sharing-1.0), Schema-Guided Dialogue (Google,
   CC BY-SA 4.0), Taskmaster-4 (Byrne and Ganesh, Google, CC BY 4.0), chatterbot-corpus
   (BSD-3-Clause).
