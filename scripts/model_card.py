@@ -151,7 +151,8 @@ def main(argv=None) -> None:
     p.add_argument("--sweep", type=Path, default=REPO / "docs" / "training" / "size-sweep.md",
                    help="the size sweep's table (scripts/size_sweep.py)")
     p.add_argument("--hardware", default=None,
-                   help=f"what the model was trained on (default: as the card says, else {cpu_name()}, 2 cores, no GPU)")
+                   help=f"what the model was trained on (default: as the card says, else {cpu_name()}, 2 cores, "
+                        "no GPU)")
     p.add_argument("--check-improves", action="store_true",
                    help="only say whether --eval improves on --before: better on bits per byte or a task's "
                         "best headline and worse on none, beyond what seeds move a sampled one; exit 1 if not")

@@ -57,12 +57,12 @@ from train.corpus import DATA_DIR, TINYSTORIES_DIR, tinystories_validation_text
 from train.metrics import bits_per_byte
 
 from . import TASKS, TaskDone, run_task
-from .translation import PIVOT
 from .baselines import TranslationLookup, loops, summary_baselines, translation_baselines, typical_length
 from .data import FAR_FROM_TRAINING, example_from_record, read_records
 from .finetune import completion_nll, encode_records, shown_path
+from .translation import PIVOT
 
-SEEDS = (0, 1, 2, 3, 4)  # summarisation samples, so it runs once with each; greedy translation once
+SEEDS = (0, 1, 2, 3, 4)  # summaries and chat replies are sampled, so they run once with each; greedy translation once
 TEST_FILES = tuple(f"{task}-{split}.jsonl" for split in ("train", "val", "test")
                    for task in ("translate", "summarize", "dialogue")) + ("translate-far-test.jsonl",)
 BPB_CHARS_PER_LIMIT = 2000  # with --limit N, bits per byte over the first N * this many characters
