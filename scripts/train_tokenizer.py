@@ -8,8 +8,9 @@ German (against GPT-2's BPE), and the byte-fallback rate, the share of tokens th
 bytes because no piece covered the text (accented letters, umlauts).
 
 Training text: the pretraining train split (Gutenberg + TinyStories) plus the
-task data (Tatoeba English/French/German, dialogue turns, Aesop), so French
-and German words get their own pieces. Each part is cut to a byte budget by
+task data's training splits (Tatoeba English/French/German, dialogues, Aesop,
+as tasks.data.pretraining_documents writes them for pretraining), so French
+and German words get their own pieces; no validation or test record is read. Each part is cut to a byte budget by
 keeping every k-th line, which is deterministic: the same data and flags
 always give the same tokenizer.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+from tasks.data import pretraining_documents  # noqa: E402
 from train import corpus  # noqa: E402
 from model.tokenizer import GPT2BPETokenizer, SentencePieceTokenizer, Tokenizer, train_sentencepiece  # noqa: E402
 
@@ -32,6 +34,12 @@ def every_kth_line(texts, budget_mb: float) -> list[str]:
     lines = [line for text in texts for line in text.split("\n") if line.strip()]
     total = sum(len(line.encode()) for line in lines)
     return lines[::max(1, math.ceil(total / (budget_mb * 1e6)))]
+
+
+def task_documents(splits: dict | None = None) -> list[str]:
+    """The task data's training splits, as pretraining reads them (splits: tasks.data's, where
+    the caller has them): the held-out units cut for validation and test never reach the tokenizer."""
+    return [document for documents in pretraining_documents(splits).values() for document in documents]
 
 
 def bytes_per_token(tokenizer: Tokenizer, texts: list[str]) -> float:
@@ -55,7 +63,7 @@ def report(tokenizer: Tokenizer) -> None:
         "French (Tatoeba)": [french for _, french in corpus.translation_pairs("fra")],
         "German (Tatoeba)": [german for _, german in corpus.translation_pairs("deu")],
     }
-    print(f"| text | bytes per token, this | GPT-2 | byte fallback, this |\n|---|---:|---:|---:|")
+    print("| text | bytes per token, this | GPT-2 | byte fallback, this |\n|---|---:|---:|---:|")
     for name, texts in samples.items():
         fallback = byte_fallback_rate(tokenizer, texts)
         print(f"| {name} | {bytes_per_token(tokenizer, texts):.2f} | {bytes_per_token(gpt2, texts):.2f} | "
@@ -81,7 +89,7 @@ def main():
 
     start = time.perf_counter()
     lines = (every_kth_line(corpus.pretrain_documents("train"), args.pretrain_mb)
-             + every_kth_line(corpus.task_texts(), args.task_mb))
+             + every_kth_line(task_documents(), args.task_mb))
     megabytes = sum(len(line.encode()) for line in lines) / 1e6
     print(f"training on {len(lines):,} lines, {megabytes:.1f} MB")
     tokenizer = train_sentencepiece(lines, args.out, args.vocab_size)

@@ -115,11 +115,9 @@ def test_tinystories_validation_file_is_never_training_text(corpus_data):
     assert not paragraphs([validation]) & paragraphs(corpus.pretrain_documents("train"))
 
 
-def test_task_texts(corpus_data):
+def test_translation_pairs(corpus_data):
     assert len(corpus.translation_pairs("fra")) == 76_037
     assert corpus.translation_pairs("deu")[0] == ("Go.", "Geh.")  # the junk "1<TAB>2" line is gone
-    texts = list(corpus.task_texts())
-    assert "Ma montre retarde de cinq minutes." in texts
-    assert "Hier hat niemand ein Auto." in texts
-    assert "Pride goes before a fall." in texts
-    assert not any("\r" in text or "\t" in text for text in texts[:200_000])
+    pairs = corpus.translation_pairs("fra") + corpus.translation_pairs("deu")
+    assert ("My watch is five minutes slow.", "Ma montre retarde de cinq minutes.") in pairs
+    assert not any("\r" in text or "\t" in text for pair in pairs for text in pair)

@@ -3,7 +3,9 @@ resume and load."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from train.corpus import pretrain_documents, tinystories_validation_text
 from train.pretrain import (DEFAULT_MIX, TrainSettings, learning_rate, main, mixed_batches, rows_per_source, train)
 
 pytestmark = pytest.mark.slow  # training runs
+REPO = Path(__file__).resolve().parent.parent
 
 TINY = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--block-size", "32", "--batch-size", "8",
         "--warmup-steps", "5", "--lr", "3e-3", "--eval-every", "10", "--save-every", "10", "--device", "cpu"]
@@ -128,6 +131,18 @@ def test_the_pretraining_mix_never_holds_a_test_item(task_splits):
     assert aesop_tests and not aesop_tests & sentences
     prose = " ".join(" ".join(pretrain_documents("train")).split())  # nor is a test fable in the books or stories
     assert all(" ".join(r["article"].split()[:12]) not in prose for r in task_splits["summarize"]["test"])
+
+
+def test_the_tokenizer_reads_no_held_out_sentence(task_splits):
+    """scripts/train_tokenizer.py's task text is the training splits alone."""
+    spec = importlib.util.spec_from_file_location("train_tokenizer", REPO / "scripts" / "train_tokenizer.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    lines = {fingerprint(part) for document in script.task_documents(task_splits)
+             for line in document.split("\n") for part in line.split(" = ")}
+    held_out = [r for split in ("val", "test", "far-test") for r in task_splits["translate"][split]]
+    assert len(lines) > 100_000 and held_out
+    assert not any(fingerprint(r["text"]) in lines or fingerprint(r["translation"]) in lines for r in held_out)
 
 
 def test_init_continues_from_a_checkpoint_with_a_fresh_schedule_and_counts_every_token(tmp_path):

@@ -46,12 +46,11 @@ TinyStories (one document per story)
   never training text: it is only exposed by tinystories_validation_text(),
   for bits-per-byte evaluation (with the same mojibake repair).
 
-Task data (Tatoeba eng-fra and eng-deu, dialogue turns, Aesop) is exposed by
-task_texts() only to train the tokenizer, so French and German are covered.
+Task data (Tatoeba eng-fra and eng-deu, dialogue, Aesop) is read here; its training splits, the
+only part any training sees (the tokenizer's included), are cut by tasks/data.py.
 """
 
 import functools
-import json
 import os
 import re
 from collections import Counter, defaultdict
@@ -313,20 +312,6 @@ def translation_pairs(language: Literal["fra", "deu"]) -> list[tuple[str, str]]:
     if any(len(pair) != 2 for pair in pairs):
         raise ValueError(f"{path}: expected english<TAB>translation on every line")
     return [(english, translation) for english, translation in pairs]
-
-
-def task_texts() -> Iterator[str]:
-    """Raw text of the task data: Tatoeba pairs (both sides), dialogue turns, Aesop."""
-    for language in ("fra", "deu"):
-        for pair in translation_pairs(language):
-            yield from pair
-    for name in ("topicalchat.jsonl", "sgd.jsonl", "taskmaster4_coffee.jsonl"):
-        for line in read_text(DATA_DIR / "dialogue" / name).splitlines():
-            if line.strip():
-                yield from (turn["text"] for turn in json.loads(line)["turns"])
-    for fable in json.loads(read_text(DATA_DIR / "summarization" / "aesop4children.json")):
-        yield fable["fable"]
-        yield fable["lesson"]
 
 
 if __name__ == "__main__":
