@@ -1,6 +1,6 @@
 """Summarisation as in the GPT-2 paper: the article, then `TL;DR:`; 100 tokens sampled with top-k 2,
-of which the first 3 sentences are the summary, with no 4-gram repeated. The adapter was trained on
-this same format."""
+of which the first 3 sentences of the first line are the summary, with no 4-gram repeated. The
+adapter was trained on this same format."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,9 +40,11 @@ def format_example(inputs: SummarizeInputs, summary: str) -> tuple[str, str]:
 
 # A 4-gram block stops the repeats seen in sampled lessons ("The best is the best is the best is ...");
 # a 3-gram block cost the derived summaries ROUGE on validation, since it also forbids the
-# article's own 3-grams, which a summary copies (tasks.eval's loop rate; docs/app.md).
+# article's own 3-grams, which a summary copies. The summary is the first line, as the adapter
+# learnt it: without the adapter the model could go on into a story or a transcript on the next
+# lines. Both chosen on the validation summaries, over 15 seeds (tasks.eval's loop rate; docs/app.md).
 SUMMARIZE = Task(
     name="summarize", title="Summarise", inputs=SummarizeInputs, build_prompt=build_prompt,
-    defaults=SamplingParams(top_k=2, no_repeat_ngram_size=4, max_new_tokens=100),
+    defaults=SamplingParams(top_k=2, no_repeat_ngram_size=4, max_new_tokens=100, stop=("\n",)),
     postprocess=first_sentences(3), adapter="summarize", format_example=format_example,
 )
