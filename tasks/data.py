@@ -3,8 +3,9 @@
     python -m tasks.data --out runs/task-data
 
 writes {task}-train.jsonl, {task}-val.jsonl and {task}-test.jsonl for dialogue, translate and
-summarize (plus summarize-derived-test.jsonl, see below): one JSON object per line, in the
-formats of RECORD_FORMATS, which is also what `python -m tasks.finetune --data` reads.
+summarize (plus summarize-derived-test.jsonl and translate-far-test.jsonl, see below): one JSON
+object per line, in the formats of RECORD_FORMATS, which is also what `python -m tasks.finetune
+--data` reads.
 
 How the splits are made
 - A split is by *unit*, never by record: a conversation (dialogue), a group of sentences linked
