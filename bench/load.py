@@ -345,6 +345,7 @@ def take_references(client: Client) -> dict[int, Reference]:
 # --- OpenAI's /v1 API ----------------------------------------------------------------------------
 
 V1_SHARE = 0.3  # of each user's requests, those sent through /v1
+V1_GRACE_S = 10  # how long a 404 from /v1/models may still mean "not mounted yet"
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 V1_BASE = {COMPLETIONS: dict(prompt="Hello", max_tokens=8),
            CHAT: dict(messages=[{"role": "user", "content": "Hi"}], max_tokens=8)}
@@ -509,12 +510,17 @@ def v1_answer(http: httpx.Client, rng: random.Random, v1: V1, cancel: tuple[bool
 def v1_api(url: str, timeout_s: float = 600) -> V1 | None:
     """The app's /v1 API once its decode path has settled (the kernels built, or known not to be),
     so that the replays' solo answers are taken on the path they are checked against; None where
-    the app has no /v1."""
+    the app has no /v1 (one in front of a backend), after V1_GRACE_S of 404s: the /v1 routes join
+    Gradio's server just after it starts answering (app.launch), so a first 404 may only be early."""
     base, deadline = url.rstrip("/"), time.monotonic() + timeout_s
+    grace = time.monotonic() + V1_GRACE_S
     while True:
         response = httpx.get(base + "/v1/models", timeout=30)
         if response.status_code == 404:
-            return None
+            if time.monotonic() > grace:
+                return None
+            time.sleep(0.5)
+            continue
         path = response.headers.get("x-decode-path", "")
         if path != BUILDING or time.monotonic() > deadline:
             return V1(base, [model["id"] for model in response.json()["data"]], path)
