@@ -140,6 +140,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "finetune_args.json")
     p.add_argument("--base", default=None,
                    help="base model: a checkpoint directory or a hub id such as gpt2 (default: the bundled model)")
+    p.add_argument("--init-adapter", type=Path, default=None, metavar="ADAPTER_DIR",
+                   help="continue training this PEFT adapter (its rank, alpha and target modules) instead of a "
+                        "new one; --rank, --alpha and --dropout are then ignored")
     p.add_argument("--rank", type=int, default=8, help="LoRA rank r: the width of each low-rank update")
     p.add_argument("--alpha", type=float, default=16, help="LoRA alpha; updates are scaled by alpha / rank")
     p.add_argument("--dropout", type=float, default=0.05, help="dropout on the LoRA input during training")
@@ -167,7 +170,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> list[dict]:
     """Train and save the adapter; returns the logged records (step 0 is before training)."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model
 
     args = parse_args(argv)
     if args.threads:
@@ -187,8 +190,13 @@ def main(argv=None) -> list[dict]:
                if args.val else None)
 
     base_parameters = model.num_parameters()  # counted before PEFT adds the LoRA matrices to the model
-    lora = LoraConfig(r=args.rank, lora_alpha=args.alpha, lora_dropout=args.dropout, target_modules=TARGET_MODULES)
-    peft_model = get_peft_model(model, lora)
+    if args.init_adapter:
+        peft_model = PeftModel.from_pretrained(model, args.init_adapter, is_trainable=True)
+        args.rank = peft_model.peft_config["default"].r
+    else:
+        lora = LoraConfig(r=args.rank, lora_alpha=args.alpha, lora_dropout=args.dropout,
+                          target_modules=TARGET_MODULES)
+        peft_model = get_peft_model(model, lora)
     peft_model.peft_config["default"].base_model_name_or_path = shown_path(args.base or "bundled")
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     print(f"base {args.base or 'bundled'}: {base_parameters:,} parameters (frozen), "
@@ -226,7 +234,7 @@ def main(argv=None) -> list[dict]:
 
     if val_set is not None:
         peft_model.eval()
-        log({"step": 0, **evaluate()})  # LoRA starts as a no-op: this is the base model's loss
+        log({"step": 0, **evaluate()})  # a new LoRA starts as a no-op: then this is the base model's loss
     history = train(peft_model, next_batch, settings, evaluate=evaluate, log=log)
     if not math.isfinite(history[-1]["loss"]):
         raise RuntimeError(f"training diverged at step {history[-1]['step']} (loss {history[-1]['loss']}); "

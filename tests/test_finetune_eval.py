@@ -173,6 +173,21 @@ def test_finetune_learns_and_saves_a_loadable_adapter(task_splits, tiny_base, tm
     assert (on - off).abs().max() > 1e-2
 
 
+def test_finetune_continues_a_saved_adapter(task_splits, tiny_base, tmp_path):
+    """--init-adapter starts from the saved adapter's weights (step 0 scores as it does) and its rank."""
+    records = write_jsonl(tmp_path / "train.jsonl", task_splits["translate"]["train"][:24])
+    common = ["--task", "translate", "--data", str(records), "--val", str(records), "--base", str(tiny_base),
+              "--batch-size", "8", "--lr", "3e-2", "--warmup-steps", "3", "--eval-every", "10"]
+    first = finetune.main([*common, "--out", str(tmp_path / "first"), "--steps", "10", "--rank", "4"])
+    more = finetune.main([*common, "--out", str(tmp_path / "more"), "--steps", "10",
+                          "--init-adapter", str(tmp_path / "first")])
+    assert more[0]["val_loss"] == pytest.approx(first[-1]["val_loss"], rel=1e-4)
+    assert more[-1]["val_loss"] < more[0]["val_loss"]
+    assert json.loads((tmp_path / "more" / "adapter_config.json").read_text())["r"] == 4
+    recorded = json.loads((tmp_path / "more" / "finetune_args.json").read_text())
+    assert recorded["rank"] == 4 and str(tmp_path.parent) not in recorded["init_adapter"]
+
+
 def test_finetune_on_a_transformers_gpt2_checkpoint(task_splits, tmp_path):
     """`--base` a GPT-2 checkpoint in HF layout: the adapter gives the same logits in PEFT + transformers."""
     base = make_hf_checkpoint(tmp_path / "hf", n_positions=64, n_embd=32, n_layer=2, n_head=2)
