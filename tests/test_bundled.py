@@ -212,7 +212,7 @@ def test_the_tabs_defaults_give_no_loop_on_the_validation_items(bundled, task_sp
         return record.get("source") if task_name == "summarize" else None
 
     train = task_splits[task_name]["train"]
-    typical = {k: typical_length([reference(r) for r in train if kind(r) == k]) for k in map(kind, records)}
+    typical = {k: typical_length([reference(r) for r in train if kind(r) == k]) for k in set(map(kind, records))}
     adapter_on = TASKS[task_name].adapter in adapters_on_by_default(model)
     outputs = generate_all(task_name, model, tokenizer, records, adapter_on, SEEDS[0])
     looped = [(output, reference(r)) for output, r in zip(outputs, records)
