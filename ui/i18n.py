@@ -32,7 +32,7 @@ ENGLISH = {
                        "about as well as looking up the most similar sentence it was trained on, and unusual ones "
                        "much worse.",
     "intro_summarize": "Summarise a text or a conversation: the model reads it followed by `TL;DR:` (\"too long; "
-                       "didn't read\", the cue GPT-2's paper used), and the first few sentences it writes are the "
+                       "didn't read\", the cue GPT-2's paper used), and the first line it writes is the "
                        "summary. The bundled model's lessons for fables score below one fixed lesson: read them for "
                        "their form, not their content.",
     # buttons
@@ -185,7 +185,7 @@ CHINESE = {
     "intro_generate": "模型接着你的文字写下去。**续写**会把它写的内容加到提示词后面，你可以改正后接着写。",
     "intro_dialogue": "和模型对话。角色设定交代场景；每条回复是模型在对话记录里的下一句。",
     "intro_translate": "在英语、法语和德语之间翻译一句话。关闭适配器时，示例句对向模型示范要做什么。内置模型翻译日常句子的水平与查找它训练过的最相似句子相当，翻译不常见的句子则差得多。",
-    "intro_summarize": "为一段文字或一段对话写摘要：模型读完全文和其后的 `TL;DR:`（\"too long; didn't read\"，即“太长不看”，GPT-2 论文用的提示词），写出的前几句就是摘要。内置模型为寓言写的教训，得分低于一句固定的教训：请看它的形式，而非内容。",
+    "intro_summarize": "为一段文字或一段对话写摘要：模型读完全文和其后的 `TL;DR:`（\"too long; didn't read\"，即“太长不看”，GPT-2 论文用的提示词），写出的第一行就是摘要。内置模型为寓言写的教训，得分低于一句固定的教训：请看它的形式，而非内容。",
     "generate": "生成",
     "send": "发送",
     "run_translate": "翻译",
