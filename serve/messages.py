@@ -80,6 +80,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                          "为放入上下文，删去了 {total} 个示例中的 {count} 个"),
     "no_examples": ("no example pairs sent: only the first line names the languages, and the model may still answer "
                     "in the wrong language", "未发送示例对：只有第一行写明了语言，模型仍可能用错误的语言回答"),
+    "first_sentence_only": ("only the first sentence is translated: the model learnt one at a time, so give it the "
+                            "others one by one", "只翻译第一句：模型是逐句学会翻译的，其余句子请逐句输入"),
     "prompt_cut": ("prompt cut to its last {room} of {tokens} tokens to fit the context",
                    "为放入上下文，提示词只保留了最后 {room} 个词元（共 {tokens} 个）"),
     "article_cut": ("article cut to its first {room} of {tokens} tokens to fit the context",

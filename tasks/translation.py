@@ -79,11 +79,20 @@ NO_EXAMPLES = ("no example pairs sent: only the first line names the languages, 
                "the wrong language")
 
 
+# serve.messages: first_sentence_only. The translation is cut at its first sentence (TRANSLATE's
+# postprocess), as the model learnt it: said, so that a paragraph's missing rest is not a surprise.
+FIRST_SENTENCE_ONLY = ("only the first sentence is translated: the model learnt one at a time, so give it the others "
+                       "one by one")
+
+
 def build_prompt(inputs: TranslateInputs, tokenizer: Tokenizer, max_prompt_tokens: int, adapter_on: bool) -> Prompt:
     first, examples, query = prompt_parts(inputs, adapter_on)
     prompt, dropped = fit_newest(tokenizer, max_prompt_tokens, first, examples, query, required="the text to translate")
     if dropped:
         prompt.notes.append(f"dropped {dropped:,} of the {len(examples):,} examples to fit the context")
+    text = one_line(inputs.text)
+    if first_sentences(1)(text) != text:
+        prompt.notes.append(FIRST_SENTENCE_ONLY)
     if not adapter_on and not examples:  # an emptied box: said, since only the first line then names the languages
         prompt.notes.append(NO_EXAMPLES)
     return prompt

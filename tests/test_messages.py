@@ -112,6 +112,7 @@ def made_messages() -> list[str]:
         refusal(lambda: ModelHost(["bundled"], device="cpu").switch("elsewhere")),
         TASKS["summarize"].prompt(SummarizeInputs(long), tokenizer, 512, 16, False).notes[0],
         TASKS["translate"].prompt(TranslateInputs("Hello.", examples=[]), tokenizer, 512, 16, False).notes[0],
+        TASKS["translate"].prompt(TranslateInputs("Hello. Bye."), tokenizer, 512, 16, False).notes[0],
         TASKS["generate"].prompt(GenerateInputs(long), tokenizer, 512, 16, False).notes[0],
         TASKS["dialogue"].prompt(DialogueInputs(message="Hi", history=[("a " * 200, "b " * 200)] * 3), tokenizer,
                                  512, 16, False).notes[0],

@@ -14,7 +14,7 @@ from model.tokenizer import GPT2BPETokenizer
 from .conftest import GPT2_BPE, make_lora_adapter, need_data
 from tasks import (DEFAULT_EXAMPLES, TASKS, DialogueInputs, GenerateInputs, Prompt, SummarizeInputs, TaskDone,
                    TaskUpdate, TranslateInputs, first_sentences, run_task)
-from tasks.translation import NO_EXAMPLES
+from tasks.translation import FIRST_SENTENCE_ONLY, NO_EXAMPLES
 
 N_CTX = 128
 
@@ -95,6 +95,17 @@ def test_translate_says_when_no_example_pairs_are_sent(tokenizer):
     assert build("translate", TranslateInputs("Der Hund läuft.", "German", "English"), tokenizer).notes == []
     # with the adapter on no pairs are ever sent, nor needed: its language tags say what to do
     assert build("translate", TranslateInputs("Der Hund.", examples=[]), tokenizer, adapter_on=True).notes == []
+
+
+@pytest.mark.parametrize("adapter_on", [False, True])
+def test_translate_says_when_only_the_first_sentence_is_translated(tokenizer, adapter_on):
+    def notes(text: str) -> list[str]:
+        return build("translate", TranslateInputs(text, "English", "French"), tokenizer, adapter_on=adapter_on).notes
+
+    assert notes("I have a dog. It is black.\nWe walk.") == [FIRST_SENTENCE_ONLY]
+    assert notes("Where is it? Here!") == [FIRST_SENTENCE_ONLY]
+    for one_sentence in ("I have a dog.", "Dr. Smith has a dog.", "I have a dog"):
+        assert notes(one_sentence) == []
 
 
 @pytest.mark.parametrize("examples", [[], [("dog", "Hund")], [["dog", "Hund"], ["cat", "Katze"]]])
