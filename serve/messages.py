@@ -92,9 +92,10 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                        "提示词占上下文 {context} 个词元中的 {tokens} 个；摘要最多可用 {left} 个"),
     # the token view (ui/tokens.py)
     "alternatives_to": ("alternatives to token {index} ({token})", "第 {index} 个词元（{token}）的备选"),
-    "tokens_note": ("point at a token for its probability and alternatives; click (or tap) it to list them and "
-                    "continue from one",
-                    "指向一个词元可看其概率和备选；点击（或轻触）它可列出备选，并从其中一个继续"),
+    "tokens_note": ("green: a likely token, through yellow, to red: an unlikely one; point at a token for its "
+                    "probability and alternatives; click (or tap) it to list them and continue from one",
+                    "绿色：可能性高的词元，经黄色，到红色：可能性低的；指向一个词元可看其概率和备选；"
+                    "点击（或轻触）它可列出备选，并从其中一个继续"),
     "differ_from": ("the two differ from token {index}", "两者从第 {index} 个词元起不同"),
     "same_text_differ_from": ("the texts are the same, but their tokens differ from token {index}",
                               "两段文字相同，但词元从第 {index} 个起不同"),

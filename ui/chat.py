@@ -35,9 +35,10 @@ from .tokens import Insight
 
 # The conversation's height is capped on the messages' own scrolling box, not on the Chatbot's
 # (its max_height): Gradio follows the newest reply by scrolling that inner box, which scrolls only
-# where it is the one capped.
+# where it is the one capped. It starts below the label and the clear / copy buttons, which
+# Gradio lays over the top of the messages, where they hid the first line of a scrolled conversation.
 CHAT_CSS = """
-#dialogue-chatbot .bubble-wrap { max-height: 360px; }
+#dialogue-chatbot .bubble-wrap { max-height: 360px; margin-top: 2.75rem; }
 """
 EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations"
 # Every finished turn, undo or clear writes the conversation's export; the newest this many are

@@ -228,6 +228,7 @@ class Insight:
         return gr.update(choices=[], value=None, visible=False)
 
 
-TOKENS_NOTE = "point at a token for its probability and alternatives; click (or tap) it to list them and continue from one"
+TOKENS_NOTE = ("green: a likely token, through yellow, to red: an unlikely one; point at a token for its probability "
+               "and alternatives; click (or tap) it to list them and continue from one")
 NO_TOKENS_NOTE = "tick Show tokens before a run to see its tokens here"
 NO_TOKENS_KEPT = "this output has no tokens to show"
