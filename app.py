@@ -57,7 +57,8 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
         model_info = gr.Markdown(host.current.describe(), elem_id="model-info")
         with gr.Accordion(i18n("model"), open=False):
             model_choice = gr.Dropdown(list(host.names), value=host.current.name, label=i18n("switch_model"),
-                                       info=i18n("switch_model_info"), elem_id="model-choice")
+                                       info=i18n("switch_model_info" if len(host.names) > 1 else "switch_model_info_one"),
+                                       elem_id="model-choice")
         # Wrapped onto a second row rather than folded into an overflow menu: a phone sees every tab.
         # A view's state kept at the page's top level (Chat's conversations): outside the tabs,
         # whose only children must be tabs.

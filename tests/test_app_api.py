@@ -300,10 +300,20 @@ def test_every_interface_text_is_in_english_and_chinese(app_models):
     # Shown only as things happen: "generating" while a run streams, "not_measured" where a lab plot
     # is missing, "example_pairs_kept" after a change of languages, "no_adapter_model" for a model
     # without a task's adapter (this one has them all), "example_pairs_unsent" with the translate
-    # adapter on (this one starts it off), "example_pairs_through_english" for French <-> German.
+    # adapter on (this one starts it off), "example_pairs_through_english" for French <-> German;
+    # "switch_model_info" in an app started with several models (this one has one).
     shown_later = {"generating", "not_measured", "example_pairs_kept", "no_adapter_model", "example_pairs_unsent",
-                   "example_pairs_through_english"}
+                   "example_pairs_through_english", "switch_model_info"}
     assert used | shown_later == ENGLISH.keys()
+
+
+def test_the_model_list_says_how_to_get_more_than_the_one_model_it_started_with(app_models):
+    def hint(models: list[str]) -> str:
+        config = app.build_app(ModelHost(models, device="cpu")).get_config_file()
+        info = next(c["props"]["info"] for c in config["components"] if c["props"].get("elem_id") == "model-choice")
+        return re.search(r'"key": "(\w+)"', json.dumps(info, default=str).replace('\\"', '"')).group(1)
+    assert hint(app_models[:1]) == "switch_model_info_one" and "--model" in ENGLISH["switch_model_info_one"]
+    assert hint(app_models[:2]) == "switch_model_info"
 
 
 def test_translate_greys_out_its_example_pairs_where_its_adapter_starts_on(app_models, tmp_path):
