@@ -28,7 +28,8 @@ $PY -m tasks.finetune --task summarize --data "$DATA/summarize-train.jsonl" --va
   --warmup-steps 30 "${COMMON[@]}"
 
 # Evaluate the run before it replaces anything: assets/ changes only when the held-out evaluation
-# improves on the model shipped now (better somewhere, worse nowhere), whose evaluation then becomes
+# improves on the model shipped now (better somewhere, worse nowhere, beyond the noise of a bootstrap
+# over the same validation items where both evaluations kept them), whose evaluation then becomes
 # the card's "before".
 # The adapters that beat the prompt alone start on: runs/adapters/on_by_default.json, shipped with them.
 $PY -m tasks.eval --model "$BASE" --adapters runs/adapters --data "$DATA" --out runs/eval-candidate.md \

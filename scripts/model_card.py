@@ -30,7 +30,7 @@ from model import load_pretrained  # noqa: E402
 from model.adapters import adapters_on_by_default  # noqa: E402
 from model.checkpoint import BUNDLED_DIR  # noqa: E402
 from tasks.dialogue import PERSONAS  # noqa: E402
-from tasks.eval import (HEADLINES, LANGUAGE_MODELLING, SYSTEMS, better_beyond_noise, find_row, seed_noise,  # noqa: E402
+from tasks.eval import (HEADLINES, LANGUAGE_MODELLING, SYSTEMS, find_row, paired_difference_error, seed_noise,  # noqa: E402
                         score_text, standard_error_of)
 from train.pretrain import PRETRAIN_SOURCES, TRAINING_RECORD  # noqa: E402
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TaskDone, TranslateInputs, run_task  # noqa: E402
@@ -77,15 +77,17 @@ def train_command(train_args: dict) -> str:
 def headline_changes(before: dict, now: dict) -> tuple[list[str], list[str]]:
     """(worse, better): where `now` is worse, and where it is better, than `before` on bits per byte
     and on each task's headline row of the validation splits (tasks.eval.HEADLINES) by its better system (prompt or adapter:
-    what a user can get), by more than seeds alone move it (a mean over seeds has a standard error;
-    an exact or greedy score, or one from a single seed, counts as exact)."""
+    what a user can get), by more than noise moves it: twice the standard error of the difference
+    from a bootstrap over the items where both evaluations kept them (tasks.eval's per_item: the two
+    on the same items), else from the seeds (a mean over seeds has a standard error; an exact or
+    greedy score, or one from a single seed, counts as exact)."""
     def best(evaluation, task, metric, test_set, pick):
         r = find_row(evaluation["validation_rows"], task, metric, test_set)  # never the test rows
         systems = [s for s in SYSTEMS if r and r[s] is not None]
         if not systems:
             return None
         system = pick(systems, key=lambda s: r[s])
-        return r[system], standard_error_of(r, system)
+        return r[system], standard_error_of(r, system), r, system
 
     worse, better = [], []
     checks = [(*LANGUAGE_MODELLING, False), *((task, *rest) for task, rest in HEADLINES.items())]
@@ -98,13 +100,16 @@ def headline_changes(before: dict, now: dict) -> tuple[list[str], list[str]]:
         if latest is None:
             worse.append(f"{task}, {metric}, {test_set}: no such row now, {earlier[0]:.3f} before")
             continue
-        (old, old_error), (new, new_error) = earlier, latest
-        slack = seed_noise(old_error, new_error)
+        (old, old_error, old_row, old_system), (new, new_error, new_row, new_system) = earlier, latest
+        paired = paired_difference_error(new_row, new_system, old_row, old_system)
+        slack = 2 * paired if paired is not None else seed_noise(old_error, new_error)
+        gain = (new - old) * (1 if higher_is_better else -1)
         change = f"{task}, {metric}, {test_set}: {new:.3f} now, {old:.3f} before"
-        noise = f" (more than the {slack:.2f} seeds move it)" if slack else ""
-        if better_beyond_noise(*earlier, *latest, higher_is_better):
+        moved_by = "a bootstrap over the same items" if paired is not None else "the seeds"
+        noise = f" (beyond the {slack:.2f} that {moved_by} can move it)" if slack else ""
+        if -gain > slack:
             worse.append(change + noise)
-        elif better_beyond_noise(*latest, *earlier, higher_is_better):
+        elif gain > slack:
             better.append(change + noise)
     return worse, better
 
@@ -155,7 +160,8 @@ def main(argv=None) -> None:
                         "no GPU)")
     p.add_argument("--check-improves", action="store_true",
                    help="only say whether --eval improves on --before: better on bits per byte or a task's "
-                        "best headline and worse on none, beyond what seeds move a sampled one; exit 1 if not")
+                        "best headline and worse on none, beyond noise (a bootstrap over the same validation items "
+                        "where both kept them, else the seeds' standard errors); exit 1 if not")
     p.add_argument("--training-time", required=False, help='wall-clock pretraining time, e.g. "1.4 hours"')
     p.add_argument("--notes", default=None, help="anything about the run the logs do not say (a resume, a change)")
     args = p.parse_args(argv)

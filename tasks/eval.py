@@ -7,7 +7,9 @@
 
 Runs every measure twice: on the validation splits, which every decision reads (the adapters the
 tabs start with, the shipping gate of scripts/model_card.py), and on the test splits, for the card
-alone. Writes a markdown table and a JSON file with the same numbers (same name, .json):
+alone. Writes a markdown table and a JSON file with the same numbers (same name, .json); the JSON's
+validation headline rows keep their items' statistics too (per_item), so that the gate compares
+two editions on the same items, where their difference varies far less than either score:
 - bits per byte of the TinyStories validation text (train.metrics.bits_per_byte): the base model
   only, since no adapter is on when the app generates freely;
 - translation: chrF and BLEU (sacrebleu, corpus level) per direction and over all directions, and
@@ -33,6 +35,7 @@ bootstrap over its items (BOOTSTRAP resamples). Fixed seeds make a run repeat ex
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import random
@@ -136,38 +139,77 @@ def translation_scores(groups: dict[str, list[int]], records: list[dict], output
             def scored(texts: list[str]) -> float:
                 return score([texts[i] for i in chosen], [references]).score
             values = {system: scored(texts) for system, texts in outputs.items()}
-            errors, difference = (None, None) if metric != "chrF" else bootstrap(
-                resampled_chrf({system: [texts[i] for i in chosen] for system, texts in outputs.items()}, references),
-                len(chosen), list(outputs))
+            errors, difference, items = None, None, None
+            if metric == "chrF":
+                statistics_of = {system: chrf_statistics([texts[i] for i in chosen], references)
+                                 for system, texts in outputs.items()}
+                errors, difference = bootstrap(summed_score("chrF", statistics_of), len(chosen), list(outputs))
+                items = per_item("chrF", statistics_of, references)
             rows.append(row("translate", metric, f"{test_set} {name}", len(chosen), values, errors,
-                            {baseline: scored(texts) for baseline, texts in baselines.items()}, difference))
+                            {baseline: scored(texts) for baseline, texts in baselines.items()}, difference, items))
     return rows
 
 
-def resampled_chrf(outputs: dict[str, list[str]], references: list[str]):
-    """score(picked sentence indices, system) -> corpus chrF of those sentences. sacrebleu sums
-    per-sentence statistics into a corpus score, so each sentence's are extracted once and a
-    resample's summed: the same score as corpus_chrf on the resample, a hundred times faster."""
-    chrf = CHRF()
-    statistics_of = {system: np.array(chrf._extract_corpus_statistics(texts, [references]))
-                     for system, texts in outputs.items()}
-    return lambda picked, system: chrf._compute_score_from_stats(statistics_of[system][picked].sum(0)).score
+# --- Scores over resamples of their items ---------------------------------------------------------
+# Each score here is a sum of per-item statistics turned into a number: chrF (sacrebleu sums each
+# sentence's character n-gram counts into the corpus score), or a ratio of two sums (a loss per
+# byte; a mean, the second column being ones). A resample's score is then its items' statistics
+# summed: the same score as the metric's own on the resample, a hundred times faster.
+CHRF_METRIC = CHRF()  # sacrebleu.corpus_chrf's settings
+
+
+def chrf_statistics(texts: list[str], references: list[str]) -> np.ndarray:
+    """One row of sacrebleu's chrF statistics a sentence."""
+    return np.array(CHRF_METRIC._extract_corpus_statistics(texts, [references]))
+
+
+def score_of_sums(score: str, sums: np.ndarray) -> float:
+    """score: "chrF" or "ratio"."""
+    return CHRF_METRIC._compute_score_from_stats(sums).score if score == "chrF" else float(sums[0] / sums[1])
+
+
+def summed_score(score: str, statistics_of: dict[str, np.ndarray]):
+    """score(picked item indices, system) -> the score of those items, for bootstrap."""
+    return lambda picked, system: score_of_sums(score, statistics_of[system][picked].sum(0))
 
 
 def bootstrap(score, n: int, systems: list[str], resamples: int = BOOTSTRAP) -> tuple[dict[str, float], float | None]:
     """The standard error of each system's score over its n items, from resamples of them (with
     replacement, a fixed generator): score(picked item indices, system) -> the score. And, where
-    there are two systems, that of the adapter's score minus the base's on the same resamples: the
-    two are scored on the same items, so their difference varies far less than either."""
+    there are two systems, that of the second's score minus the first's (the adapter's minus the
+    base's) on the same resamples: the two are scored on the same items, so their difference
+    varies far less than either."""
     rng = random.Random(0)
     values = {system: [] for system in systems}
     for _ in range(resamples):
         picked = [rng.randrange(n) for _ in range(n)]
         for system in systems:
             values[system].append(score(picked, system))
-    differences = [a - b for a, b in zip(values.get("adapter", []), values.get("base", []))]
+    differences = [b - a for a, b in zip(*values.values())] if len(systems) == 2 else []
     return ({system: statistics.stdev(v) for system, v in values.items()},
             statistics.stdev(differences) if differences else None)
+
+
+def per_item(score: str, statistics_of: dict[str, np.ndarray], references: list[str]) -> dict:
+    """What pairs two editions' scores on the same items (paired_difference_error): each system's
+    per-item statistics (as compact JSON text, so that the indented file stays readable), how they
+    make the score, and a digest of the references, which names the items."""
+    return {"score": score, "items": hashlib.sha256("\n".join(references).encode()).hexdigest()[:16],
+            "statistics": {system: json.dumps(np.asarray(s).tolist(), separators=(",", ":"))
+                           for system, s in statistics_of.items()}}
+
+
+def paired_difference_error(now: dict, now_system: str, before: dict, before_system: str) -> float | None:
+    """The standard error of row `now`'s score (its now_system) minus row `before`'s (its
+    before_system), from a bootstrap over the items both were measured on: two editions find the
+    same sentences hard, so the difference varies far less than either score (as the adapter's
+    against the base's does). None unless both rows kept their items (per_item), the same ones."""
+    a, b = now.get("per_item"), before.get("per_item")
+    if not a or not b or (a["score"], a["items"]) != (b["score"], b["items"]):
+        return None
+    statistics_of = {"before": np.array(json.loads(b["statistics"][before_system])),
+                     "now": np.array(json.loads(a["statistics"][now_system]))}
+    return bootstrap(summed_score(a["score"], statistics_of), len(statistics_of["now"]), ["before", "now"])[1]
 
 
 def loop_row(task: str, test_set: str, records: list[dict], outputs: dict[str, list[str]], reference_key: str,
@@ -186,25 +228,32 @@ def summarization_rows(model, tokenizer, records: list[dict], test_set: str, sys
     scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
     keys = ("rouge1", "rouge2", "rougeL")
 
-    def mean_scores(outputs: list[str]) -> dict[str, float]:
+    def item_scores(outputs: list[str]) -> dict[str, list[float]]:
         scores = [scorer.score(r["summary"], output) for r, output in zip(records, outputs)]
-        return {key: 100 * sum(s[key].fmeasure for s in scores) / len(records) for key in keys}
+        return {key: [100 * s[key].fmeasure for s in scores] for key in keys}
+
+    def mean_scores(outputs: list[str]) -> dict[str, float]:
+        return {key: statistics.mean(values) for key, values in item_scores(outputs).items()}
 
     per_seed = {system: {key: [] for key in keys} for system in systems}  # one mean over the records a seed
+    item_rouge_l = {system: np.zeros(len(records)) for system in systems}  # each record's mean over the seeds
     every_output = {system: [] for system in systems}
     for system in systems:
         for seed in SEEDS:
             outputs = generate_all("summarize", model, tokenizer, records, system == "adapter", seed)
             every_output[system] += outputs
-            for key, value in mean_scores(outputs).items():
-                per_seed[system][key].append(value)
+            for key, values in item_scores(outputs).items():
+                per_seed[system][key].append(statistics.mean(values))
+            item_rouge_l[system] += np.array(item_scores(outputs)["rougeL"]) / len(SEEDS)
     baselines = {name: mean_scores(texts) for name, texts in summary_baselines(train, records).items()}
     sources = {r.get("source") for r in records}
     typical = typical_length([r["summary"] for r in train if r.get("source") in sources])
+    items = per_item("ratio", {system: np.stack([values, np.ones(len(records))], 1)
+                               for system, values in item_rouge_l.items()}, [r["summary"] for r in records])
     return [*(row("summarize", f"ROUGE-{key[5:]} F1", test_set, len(records),
                   {system: statistics.mean(per_seed[system][key]) for system in systems},
                   {system: standard_error(per_seed[system][key]) for system in systems},
-                  {name: scores[key] for name, scores in baselines.items()})
+                  {name: scores[key] for name, scores in baselines.items()}, items=items if key == "rougeL" else None)
               for key in keys),
             loop_row("summarize", test_set, records, every_output, "summary", typical, per_seed=len(SEEDS))]
 
@@ -221,7 +270,8 @@ def dialogue_rows(model, tokenizer, records: list[dict], systems: list[str], tra
     examples = encode_records("dialogue", records, tokenizer, model.config.n_positions).examples
     # Bits per byte as well as nats per token: a byte count does not depend on the tokenizer, so
     # models with different vocabularies compare.
-    response_bytes = [len(tokenizer.decode(e.ids[e.prompt_tokens:]).encode("utf-8")) for e in examples]
+    responses = [tokenizer.decode(e.ids[e.prompt_tokens:]) for e in examples]
+    response_bytes = [len(response.encode("utf-8")) for response in responses]
     tokens = [len(e.ids) - e.prompt_tokens for e in examples]
     nats = {}
     for system in systems:
@@ -233,12 +283,14 @@ def dialogue_rows(model, tokenizer, records: list[dict], systems: list[str], tra
     rows = []
     for metric, sizes, scale in (("response loss (nats/token, lower is better)", tokens, 1.0),
                                  ("response loss (bits per byte, lower is better)", response_bytes, 1 / math.log(2))):
-        def loss(picked: list[int], system: str) -> float:
-            return scale * sum(nats[system][i] for i in picked) / sum(sizes[i] for i in picked)
+        statistics_of = {system: np.array([[scale * n, size] for n, size in zip(nats[system], sizes)])
+                         for system in systems}
+        loss = summed_score("ratio", statistics_of)
         everything = list(range(len(examples)))
         errors, difference = bootstrap(loss, len(examples), systems)
         rows.append(row("dialogue", metric, "held-out responses", len(examples),
-                        {system: loss(everything, system) for system in systems}, errors, None, difference))
+                        {system: loss(everything, system) for system in systems}, errors, None, difference,
+                        per_item("ratio", statistics_of, responses)))
     return [*rows, loop_row("dialogue", "held-out responses", records, replies, "response",
                             typical_length([r["response"] for r in train]), per_seed=len(SEEDS))]
 
@@ -251,6 +303,7 @@ HEADLINES = {
     "summarize": ("ROUGE-L F1", "Aesop fable -> lesson", True),
     "dialogue": ("response loss (bits per byte, lower is better)", "held-out responses", False),
 }
+HEADLINE_ROWS = {(task, metric, test_set) for task, (metric, test_set, _) in HEADLINES.items()}
 BASELINE_METRICS = ("chrF", "ROUGE-L F1")  # the scores the card checks against their baselines
 
 
@@ -297,10 +350,12 @@ def adapters_that_help(rows: list[dict]) -> list[str]:
 
 def row(task: str, metric: str, test_set: str, n: int, values: dict[str, float],
         standard_errors: dict[str, float | None] | None = None, baselines: dict[str, float] | None = None,
-        difference_error: float | None = None) -> dict:
+        difference_error: float | None = None, items: dict | None = None) -> dict:
     """One line of the table; standard_errors (over seeds, or a bootstrap over the items) where
     the row has them; baselines: what answers with no model in them score on the same items;
-    difference_error: the standard error of adapter minus base, where both ran on the same items."""
+    difference_error: the standard error of adapter minus base, where both ran on the same items;
+    items: per_item's record, kept on the headline rows of the validation splits alone (where the
+    shipping gate pairs two editions)."""
     r = {"task": task, "metric": metric, "test_set": test_set, "n": n,
          **{system: values.get(system) for system in SYSTEMS}}
     if standard_errors and any(e is not None for e in standard_errors.values()):
@@ -309,6 +364,8 @@ def row(task: str, metric: str, test_set: str, n: int, values: dict[str, float],
         r["baselines"] = baselines
     if difference_error is not None:
         r["difference_error"] = difference_error
+    if items is not None and (task, metric, test_set) in HEADLINE_ROWS:
+        r["per_item"] = items
     return r
 
 
@@ -477,6 +534,8 @@ def main(argv=None) -> list[dict]:
     validation_rows = evaluate(model, tokenizer, args.data, args.limit, args.bpb_chars, split="val", lookup=lookup)
     rows = evaluate(model, tokenizer, args.data, args.limit, args.bpb_chars, language_modelling=validation_rows[0],
                     lookup=lookup)
+    for r in rows:  # the gate pairs editions on the validation items alone
+        r.pop("per_item", None)
     minutes = (time.perf_counter() - started) / 60
     c = model.config
     command = " ".join(["python -m tasks.eval", f"--model {shown_path(args.model)}", f"--data {shown_path(args.data)}"]

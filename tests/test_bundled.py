@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from model import load_pretrained
 from model.adapters import adapter_names
 from model.checkpoint import BUNDLED_DIR
 from tasks import TASKS, TaskDone, run_task
-from tasks.eval import LANGUAGE_MODELLING
+from tasks.eval import LANGUAGE_MODELLING, per_item
 
 from .conftest import serving
 
@@ -53,10 +54,15 @@ def test_card_samples_are_what_the_shipped_files_write(bundled):
         assert f"```text\n{sample['output']}\n```" in card
 
 
-def test_a_new_edition_ships_only_where_its_evaluation_improves(tmp_path):
+def model_card_module():
     spec = importlib.util.spec_from_file_location("model_card", REPO / "scripts" / "model_card.py")
     card = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(card)
+    return card
+
+
+def test_a_new_edition_ships_only_where_its_evaluation_improves(tmp_path):
+    card = model_card_module()
 
     def regressions(before, now):
         return card.headline_changes(before, now)[0]
@@ -218,3 +224,30 @@ def test_the_tabs_defaults_give_no_loop_on_the_validation_items(bundled, task_sp
     looped = [(output, reference(r)) for output, r in zip(outputs, records)
               if loops(output, reference(r), typical[kind(r)])]
     assert len(records) >= 50 and not looped, looped
+
+
+def test_the_gate_pairs_two_editions_on_the_same_validation_items():
+    """Two editions find the same fables hard: where both evaluations kept their items, a gain too
+    small for the seeds' noise but made on nearly every item ships, and a like loss is a regression;
+    items that are not the same ones are not paired (the seeds' noise decides, as before)."""
+    card = model_card_module()
+    rng = np.random.default_rng(0)
+    hard_or_easy = rng.uniform(0, 40, 100)  # each fable's ROUGE-L: far apart, so either mean is noisy
+
+    def evaluation(shift: float, references: str = "lesson"):
+        scores = hard_or_easy + shift + rng.normal(0, 0.3, 100)
+        statistics = np.stack([scores, np.ones(100)], 1)
+        rouge = {"task": "summarize", "metric": "ROUGE-L F1", "test_set": "Aesop fable -> lesson", "n": 100,
+                 "base": 1.0, "adapter": float(scores.mean()), "standard_error": {"base": 0.1, "adapter": 1.5},
+                 "per_item": per_item("ratio", {"base": np.ones((100, 2)), "adapter": statistics},
+                                      [f"{references} {i}" for i in range(100)])}
+        return {"validation_rows": [rouge]}
+
+    before = evaluation(0.0)
+    worse, better = card.headline_changes(before, evaluation(1.0))
+    assert worse == [] and len(better) == 1 and "a bootstrap over the same items" in better[0], better
+    worse, better = card.headline_changes(before, evaluation(-1.0))
+    assert len(worse) == 1 and better == []
+    assert card.headline_changes(before, evaluation(0.0)) == ([], [])  # the items' own noise is not a change
+    # other items (another split): the seeds' noise, 2 x hypot(1.5, 1.5), is more than the gain
+    assert card.headline_changes(before, evaluation(1.0, references="another lesson")) == ([], [])

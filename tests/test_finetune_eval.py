@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -272,6 +273,16 @@ def test_eval_picks_the_adapters_that_start_on_from_the_validation_splits_only(t
     assert json.loads((checkpoint / "adapters" / "on_by_default.json").read_text()) == {"on": helped}
     assert adapters_on_by_default(load_pretrained(checkpoint)[0]) == helped
     assert helped == task_eval.adapters_that_help(evaluation["validation_rows"])
+    # each headline row of the validation splits keeps its items, whose statistics summed give its
+    # scores (what the shipping gate pairs two editions on); the test rows keep none
+    kept = [r for r in evaluation["validation_rows"] if "per_item" in r]
+    assert {(r["task"], r["metric"], r["test_set"]) for r in kept} == task_eval.HEADLINE_ROWS
+    for r in kept:
+        for system in ("base", "adapter"):
+            statistics = np.array(json.loads(r["per_item"]["statistics"][system]))
+            assert len(statistics) == r["n"]
+            assert task_eval.score_of_sums(r["per_item"]["score"], statistics.sum(0)) == pytest.approx(r[system])
+    assert not any("per_item" in r for r in evaluation["rows"])
     per_direction = [r for r in rows if r["task"] == "translate" and re.search(r"\w->\w+$", r["test_set"])]
     assert len(per_direction) == 2 * (4 + 6) and {r["n"] for r in per_direction} == {1}  # Tatoeba, new sentences
     # poisoned test splits (each reference another record's, each response empty of sense): the same choice
