@@ -276,12 +276,16 @@ def test_chat_keeps_a_multi_turn_conversation_and_exports_it(page, tmp_path, mon
 
 
 def test_stop_ends_a_long_generation_and_keeps_its_text(page):
+    """Stop ends a run and keeps its text; it is red only while there is a run to stop."""
+    stop = page.locator("#generate-stop")
+    expect(stop).to_have_class(re.compile(r"\bsecondary\b"))  # grey: nothing runs
     page.locator("#generate-prompt textarea").fill("Once upon a time")
     set_setting(page, "generate", "max_new_tokens", 500)
     set_setting(page, "generate", "seed", 31)
     page.locator("#generate-run").click()
     output = page.locator("#generate-output textarea")
     expect(output).not_to_have_value("")  # text is streaming in
+    expect(stop).to_have_class(re.compile(r"\bstop\b"))
     # The run buttons wait while it goes: a Continue pressed meanwhile would join a second text.
     buttons = page.locator("#generate-run"), page.locator("#generate-continue")
     for button in buttons:
@@ -295,6 +299,7 @@ def test_stop_ends_a_long_generation_and_keeps_its_text(page):
     assert output.input_value().strip(), "the partial text stays"
     for button in buttons:
         expect(button).to_be_enabled()
+    expect(stop).to_have_class(re.compile(r"\bsecondary\b"))
     expect(page.locator("#generate-prompt textarea")).to_have_value("Once upon a time")
     screenshot(page, "stopped")
 

@@ -118,8 +118,11 @@ class Tab:
                                                                           gr.UploadButton)))]
 
     def held(self, busy: bool) -> dict:
-        """The run buttons waiting while a run goes (busy), or pressable again."""
-        return {button: gr.update(interactive=not busy) for button in self.run_buttons}
+        """The run buttons waiting while a run goes (busy), or pressable again; Stop red while there
+        is something to stop, and grey otherwise (it stays pressable: a run still waiting in the
+        queue, which has not turned it red yet, can be stopped too)."""
+        return {**{button: gr.update(interactive=not busy) for button in self.run_buttons},
+                self.stop_button: gr.update(variant="stop" if busy else "secondary")}
 
     def shown(self, outcome: Outcome | None, lang: str) -> dict:
         """The outcome kept and its status line."""
@@ -135,7 +138,7 @@ class Tab:
         view, named_inputs, insight = self.view, self.named_inputs, self.insight
         output = self.widgets.output
         outputs = {output, self.status, self.outcome, self.prompt_sent, insight.view, *insight.compare_texts,
-                   insight.alternatives, insight.last_run, *self.widgets.cleared, *self.run_buttons}
+                   insight.alternatives, insight.last_run, *self.widgets.cleared, *self.run_buttons, self.stop_button}
         reads = {*named_inputs.values(), insight.show_tokens, insight.compare, insight.last_run, insight.selected,
                  insight.alternatives}
         # The tab's run buttons wait while a run goes, as a chat app's Send does: a Continue
@@ -335,7 +338,7 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
             run_button = gr.Button(i18n(view.run_label), variant="primary", elem_id=f"{task.name}-run")
             continue_button = (gr.Button(i18n("continue"), variant="secondary", elem_id=f"{task.name}-continue")
                                if view.notebook else None)
-            stop_button = gr.Button(i18n("stop"), variant="stop", elem_id=f"{task.name}-stop")
+            stop_button = gr.Button(i18n("stop"), variant="secondary", elem_id=f"{task.name}-stop")  # Tab.held
         if not widgets.output.is_rendered:  # input, run, output: the button in reach on a phone's first screen
             widgets.output.render()
         status, outcome = gr.Markdown(elem_id=f"{task.name}-status"), gr.State(None)
@@ -397,6 +400,6 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
     # in the queue or one that did not end in time. A run cancelled so never says it has ended:
     # the run buttons come back with Stop.
     stop_button.click(stop, queue=False, api_visibility="private").then(
-        lambda: tab.held(False), None, set(tab.run_buttons), cancels=tab.run_events, queue=False,
+        lambda: tab.held(False), None, {*tab.run_buttons, stop_button}, cancels=tab.run_events, queue=False,
         api_visibility="private")
     return tab
