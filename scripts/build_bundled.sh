@@ -2,6 +2,8 @@
 # Build what assets/ ships from a pretrained base (python -m train.pretrain --out runs/bundled ...):
 # the task data splits, one LoRA adapter per task, the evaluation table, and the model card.
 # Usage: bash scripts/build_bundled.sh "TRAINING TIME" ["NOTES FOR THE CARD"]
+# STAGE=adapters stops after training the adapters, and STAGE=ship starts after it, from adapters in
+# runs/adapters (scripts/device_build.sh trains them on a lent GPU and ships them here).
 # The adapters' step counts are where their held-out loss stopped falling in the last build (translate
 # nearly so; longer dialogue and summarisation runs did no better: docs/training/<task>-log.jsonl);
 # the evaluation decides which start on (tasks.eval --on-by-default).
@@ -15,17 +17,21 @@ for file in config.json model.safetensors tokenizer.model training.json log.json
 done
 DATA=runs/task-data
 COMMON=(--base "$BASE" --seed 1337)
+STAGE=${STAGE:-all}
 
 $PY -m tasks.data --out "$DATA"
-$PY -m tasks.finetune --task translate --data "$DATA/translate-train.jsonl" --val "$DATA/translate-val.jsonl" \
-  --out runs/adapters/translate --steps "${TRANSLATE_STEPS:-4000}" --batch-size 32 --rank 16 --alpha 32 \
-  --eval-every 500 --lr 3e-3 --warmup-steps 50 "${COMMON[@]}"
-$PY -m tasks.finetune --task dialogue --data "$DATA/dialogue-train.jsonl" --val "$DATA/dialogue-val.jsonl" \
-  --out runs/adapters/dialogue --steps "${DIALOGUE_STEPS:-250}" --batch-size 16 --eval-every 50 --lr 2e-3 \
-  --warmup-steps 30 "${COMMON[@]}"
-$PY -m tasks.finetune --task summarize --data "$DATA/summarize-train.jsonl" --val "$DATA/summarize-val.jsonl" \
-  --out runs/adapters/summarize --steps "${SUMMARIZE_STEPS:-150}" --batch-size 8 --eval-every 50 --lr 2e-3 \
-  --warmup-steps 30 "${COMMON[@]}"
+if [[ $STAGE != ship ]]; then
+  $PY -m tasks.finetune --task translate --data "$DATA/translate-train.jsonl" --val "$DATA/translate-val.jsonl" \
+    --out runs/adapters/translate --steps "${TRANSLATE_STEPS:-4000}" --batch-size 32 --rank 16 --alpha 32 \
+    --eval-every 500 --lr 3e-3 --warmup-steps 50 "${COMMON[@]}"
+  $PY -m tasks.finetune --task dialogue --data "$DATA/dialogue-train.jsonl" --val "$DATA/dialogue-val.jsonl" \
+    --out runs/adapters/dialogue --steps "${DIALOGUE_STEPS:-250}" --batch-size 16 --eval-every 50 --lr 2e-3 \
+    --warmup-steps 30 "${COMMON[@]}"
+  $PY -m tasks.finetune --task summarize --data "$DATA/summarize-train.jsonl" --val "$DATA/summarize-val.jsonl" \
+    --out runs/adapters/summarize --steps "${SUMMARIZE_STEPS:-150}" --batch-size 8 --eval-every 50 --lr 2e-3 \
+    --warmup-steps 30 "${COMMON[@]}"
+fi
+[[ $STAGE == adapters ]] && exit 0
 
 # Evaluate the run before it replaces anything: assets/ changes only when the held-out evaluation
 # improves on the model shipped now (better somewhere, worse nowhere, beyond the noise of a bootstrap
