@@ -107,9 +107,20 @@ def test_chat_follows_its_newest_reply(browser, studio, width):
 def test_on_a_phone_every_part_can_be_read(browser, studio):
     """At 390 px: a folded section's title that wraps keeps its arrow inside the section; the code
     wraps rather than being cut at the screen's edge; the measurement plots keep a readable size
-    and scroll sideways; the example pairs box shows whole lines."""
+    and scroll sideways; the example pairs box shows whole lines; a tab's run buttons stand in one
+    row, so that Generate's output starts on the first screen."""
     _, url = studio
     page = open_page(browser, url, WIDTHS["phone"])
+    for panel, label in TAB_LABELS.items():
+        if panel == "tab-architecture":
+            continue
+        page.get_by_role("tab", name=label).click()
+        task = panel.removeprefix("tab-")
+        tops = {page.locator(f"#{task}-{button}").bounding_box()["y"] for button in ("run", "stop")}
+        assert len(tops) == 1, f"{label}: the run button and Stop are stacked"
+        if task == "generate":
+            assert page.locator("#generate-continue").bounding_box()["y"] in tops
+            assert page.locator("#generate-output").bounding_box()["y"] < 900
     page.get_by_role("tab", name="Chat").click()
     section = page.locator("#dialogue-insight")
     title = section.locator("button.label-wrap")

@@ -35,8 +35,8 @@ ENGLISH = {
                        "much worse.",
     "intro_summarize": "Summarise a text or a conversation: the model reads it followed by `TL;DR:` (\"too long; "
                        "didn't read\", the cue GPT-2's paper used), and the first line it writes is the "
-                       "summary. The bundled model's lessons for fables score below one fixed lesson: read them for "
-                       "their form, not their content.",
+                       "summary. For a fable, the bundled model writes a lesson in the right form, but one fixed "
+                       "lesson scores better than its lessons do.",
     # buttons
     "generate": "Generate",
     "send": "Send",
@@ -95,7 +95,7 @@ ENGLISH = {
     "logit_lens": "Logit lens: what each layer would predict (ln_f and the tied head on the residual stream)",
     "adapter_scale": "Adapter strength",
     "adapter_scale_info": "how much of the adapter's change to the weights to add: 0 = none (the base model, "
-                          "given the adapter's prompt), 1 = as trained; with the adapter on, or when comparing",
+                          "given the adapter's prompt), 1 = as trained; it acts only while the adapter is on or you compare",
     "look_inside_output": "Why this output: tokens, alternatives, adapter off vs on",
     "look_inside_output_plain": "Why this output: tokens and their alternatives",  # a task without an adapter
     "show_tokens": "Show tokens",
@@ -188,7 +188,7 @@ CHINESE = {
     "intro_generate": "模型接着你的文字写下去。**续写**会把它写的内容加到提示词后面，你可以改正后接着写。",
     "intro_dialogue": "和模型对话。角色设定交代场景；每条回复是模型在对话记录里的下一句。",
     "intro_translate": "在英语、法语和德语之间翻译一句话。关闭适配器时，示例句对向模型示范要做什么。内置模型翻译日常句子的水平与查找它训练过的最相似句子相当，翻译不常见的句子则差得多。",
-    "intro_summarize": "为一段文字或一段对话写摘要：模型读完全文和其后的 `TL;DR:`（\"too long; didn't read\"，即“太长不看”，GPT-2 论文用的提示词），写出的第一行就是摘要。内置模型为寓言写的教训，得分低于一句固定的教训：请看它的形式，而非内容。",
+    "intro_summarize": "为一段文字或一段对话写摘要：模型读完全文和其后的 `TL;DR:`（\"too long; didn't read\"，即“太长不看”，GPT-2 论文用的提示词），写出的第一行就是摘要。内置模型为寓言写的教训形式正确，但得分不如一句固定的教训。",
     "generate": "生成",
     "send": "发送",
     "run_translate": "翻译",
@@ -223,7 +223,7 @@ CHINESE = {
     "lens_adapter_info": "启用后，红框标出它改变了首选词元的层和位置",
     "logit_lens": "逻辑透镜：每一层会预测什么（对残差流施加 ln_f 和共享的输出头）",
     "adapter_scale": "适配器强度",
-    "adapter_scale_info": "加入多少适配器对权重的改变：0 = 不加（基础模型，但用适配器的提示词），1 = 训练时的强度；在适配器打开或对比时生效",
+    "adapter_scale_info": "加入多少适配器对权重的改变：0 = 不加（基础模型，但用适配器的提示词），1 = 训练时的强度。仅在适配器打开或对比时起作用。",
     "look_inside_output": "为什么是这个输出：词元、备选、适配器关与开",
     "look_inside_output_plain": "为什么是这个输出：词元及其备选",
     "show_tokens": "显示词元",

@@ -33,6 +33,7 @@ NOTHING = gr.skip()
 GENERATION = "generation"  # the concurrency group of every request that runs the model
 STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
 GENERATING = str(i18n("generating"))  # a status the browser translates
+BUTTON_MIN_WIDTH = 90  # three run buttons side by side on a 390 px phone
 SLIDER_STEPS = {"temperature": 0.05, "top_p": 0.01, "min_p": 0.01, "typical_p": 0.01, "repetition_penalty": 0.05}
 SETTINGS_WITH_INFO = {"temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "no_repeat_ngram_size"}
 # Ctrl+Enter (⌘+Enter on a Mac) in any box of a tab presses its run button, as in notebooks and
@@ -334,11 +335,15 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
     with gr.Tab(i18n(view.label), id=task.name, elem_id=f"tab-{task.name}"):
         gr.Markdown(i18n(view.intro), elem_id=f"{task.name}-intro")
         widgets = view.build()
+        # One row on a phone too (Gradio's least width, 160 px a button, stacked them and pushed the
+        # output below the first screen).
         with gr.Row():
-            run_button = gr.Button(i18n(view.run_label), variant="primary", elem_id=f"{task.name}-run")
-            continue_button = (gr.Button(i18n("continue"), variant="secondary", elem_id=f"{task.name}-continue")
-                               if view.notebook else None)
-            stop_button = gr.Button(i18n("stop"), variant="secondary", elem_id=f"{task.name}-stop")  # Tab.held
+            run_button = gr.Button(i18n(view.run_label), variant="primary", min_width=BUTTON_MIN_WIDTH,
+                                   elem_id=f"{task.name}-run")
+            continue_button = (gr.Button(i18n("continue"), variant="secondary", min_width=BUTTON_MIN_WIDTH,
+                                         elem_id=f"{task.name}-continue") if view.notebook else None)
+            stop_button = gr.Button(i18n("stop"), variant="secondary", min_width=BUTTON_MIN_WIDTH,
+                                    elem_id=f"{task.name}-stop")  # Tab.held
         if not widgets.output.is_rendered:  # input, run, output: the button in reach on a phone's first screen
             widgets.output.render()
         status, outcome = gr.Markdown(elem_id=f"{task.name}-status"), gr.State(None)
