@@ -619,16 +619,19 @@ def test_the_model_panel_switches_models_and_a_failed_load_keeps_the_current_one
 
 
 def test_tokens_show_their_probability_and_alternatives_and_continue_from_one(page):
-    """Show tokens: each token of the output, its probability and alternatives on hover; a clicked
-    token offers its alternatives, and picking one continues from there with the same settings
-    and seed (a random one too: the run's), which the status line gives with the token chosen;
-    the tab runs as before after it."""
+    """Show tokens, on from the start, or switched back on: each token of the output, its
+    probability and alternatives on hover; a clicked token offers its alternatives, and picking one
+    continues from there with the same settings and seed (a random one too: the run's), which the
+    status line gives with the token chosen; the tab runs as before after it."""
     page.locator("#generate-prompt textarea").fill("Once upon a time")
     set_setting(page, "generate", "max_new_tokens", 12)
     set_setting(page, "generate", "seed", 3)
     page.locator("#generate-run").click()
     wait_for_run(page, "generate", 3)
     page.locator("#generate-insight").get_by_text("Why this output").click()
+    expect(page.locator("#generate-tokens .tok").first).to_be_visible()  # a first run's tokens: on by default
+    page.locator("#generate-show-tokens input").uncheck()
+    page.locator("#generate-run").click()
     expect(page.locator("#generate-tokens")).to_contain_text("tick Show tokens before a run")  # it was off
     page.locator("#generate-show-tokens input").check()
     set_setting(page, "generate", "seed", -1)

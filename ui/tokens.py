@@ -127,7 +127,9 @@ class Insight:
         title = "look_inside_output" if has_adapter else "look_inside_output_plain"
         with gr.Accordion(i18n(title), open=False, elem_id=f"{task}-insight"):
             with gr.Row():
-                show_tokens = gr.Checkbox(False, label=i18n("show_tokens"), info=i18n("show_tokens_info"),
+                # On from the start: a person opens this section after a run has surprised them,
+                # and a view that asks for the run again has lost it (it costs a run ~no time).
+                show_tokens = gr.Checkbox(True, label=i18n("show_tokens"), info=i18n("show_tokens_info"),
                                           elem_id=f"{task}-show-tokens")
                 compare = gr.Checkbox(False, label=i18n("compare"), info=i18n("compare_info"),
                                       visible=has_adapter, elem_id=f"{task}-compare")
