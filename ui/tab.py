@@ -335,9 +335,7 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
     with gr.Tab(i18n(view.label), id=task.name, elem_id=f"tab-{task.name}"):
         gr.Markdown(i18n(view.intro), elem_id=f"{task.name}-intro")
         widgets = view.build()
-        # One row on a phone too (Gradio's least width, 160 px a button, stacked them and pushed the
-        # output below the first screen).
-        with gr.Row():
+        with gr.Row():  # BUTTON_MIN_WIDTH: one row on a phone too (Gradio's 160 px stacked them)
             run_button = gr.Button(i18n(view.run_label), variant="primary", min_width=BUTTON_MIN_WIDTH,
                                    elem_id=f"{task.name}-run")
             continue_button = (gr.Button(i18n("continue"), variant="secondary", min_width=BUTTON_MIN_WIDTH,
