@@ -88,6 +88,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                     "为放入上下文，文章只保留了前 {room} 个词元（共 {tokens} 个）"),
     "translated_through": ("translated through {language} (first step: {prompt} prompt + {generated} generated "
                            "tokens): {text}", "经由{language}翻译（第一步：提示词 {prompt} + 生成 {generated} 个词元）：{text}"),
+    "first_step_cut": ("the first step's output cut to its first {kept} of {tokens} tokens to fit the second step's "
+                       "context", "为放入第二步的上下文，第一步的输出只保留了前 {kept} 个词元（共 {tokens} 个）"),
     "article_length": ("{tokens} of {context} context tokens in the prompt; the summary may use up to {left}",
                        "提示词占上下文 {context} 个词元中的 {tokens} 个；摘要最多可用 {left} 个"),
     # the token view (ui/tokens.py)

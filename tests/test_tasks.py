@@ -1,5 +1,6 @@
 """Tasks: exact prompt formats, fitting to the context, post-processing, and run_task end to end
 with a tiny random GPT-2 and the real GPT-2 tokenizer."""
+import re
 import threading
 from dataclasses import replace
 
@@ -415,6 +416,29 @@ def test_an_emptied_box_still_goes_through_english(model, tokenizer):
     assert second.endswith(" =") and "\n" not in second.removeprefix("English = Deutsch\n")
     assert done.prompt.notes.count(NO_EXAMPLES) == 1
     assert any(note.startswith("translated through English (first step: ") for note in done.prompt.notes)
+
+
+def test_a_first_step_too_long_for_the_second_is_cut_to_fit(model, tokenizer):
+    """The first step may write up to max_new_tokens without ending its sentence (sampled, this
+    tiny model always does); that English, the app's and not the user's, is cut at its end to the
+    room the second step leaves it, and the note says so, instead of a refusal that calls it the
+    text to translate."""
+    params = dict(seed=1, temperature=1.0, max_new_tokens=N_CTX // 2)
+    first = run(model, tokenizer, "translate", TranslateInputs("Le chat dort.", "French", "English"), **params)[-1]
+    *_, done = run(model, tokenizer, "translate", TranslateInputs("Le chat dort.", "French", "German"), **params)
+    english_ids = tokenizer.encode(first.text)
+    room = N_CTX - N_CTX // 2
+    assert len(english_ids) + 1 > room  # " =" after the whole English would not fit
+    cut = next(note for note in done.prompt.notes if note.startswith("the first step's output cut"))
+    kept = int(re.search(r"its first (\d+) of", cut)[1])
+    assert cut == f"the first step's output cut to its first {kept} of {len(english_ids)} tokens to fit the second " \
+                  "step's context"
+    assert done.prompt.text.split("\n\n")[1] == f"{tokenizer.decode(english_ids[:kept])} ="
+    assert len(done.prompt.ids) <= room and done.result.generated_tokens > 0
+    # an English that fits is sent whole, with no such note
+    *_, fits = run(model, tokenizer, "translate", TranslateInputs("Le chat dort.", "French", "German"),
+                   **{**params, "max_new_tokens": 4})
+    assert not any(note.startswith("the first step's output cut") for note in fits.prompt.notes)
 
 
 def test_french_to_german_goes_through_english(model, tokenizer):
