@@ -34,7 +34,8 @@ from ui.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
 from ui.chat import CHAT, CHAT_CSS
 from ui.i18n import i18n
 from ui.messages import language, word
-from ui.tab import GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, compare_props, task_tab
+from ui.tab import (GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, compare_props, serves_bundled,
+                    task_tab)
 from ui.views import GENERATE, SUMMARIZE, TRANSLATE, TRANSLATE_CSS
 
 PAGE_CSS = TAB_CSS + CHAT_CSS + TRANSLATE_CSS + ARCHITECTURE_CSS
@@ -123,7 +124,11 @@ class ModelParts:
     @property
     def outputs(self) -> set:
         return {self.line, self.choice, self.lens_adapter, *(tab.adapter for tab in self.tabs),
-                *(tab.insight.compare for tab in self.tabs)}
+                *(tab.insight.compare for tab in self.tabs), *self.bundled_notes}
+
+    @property
+    def bundled_notes(self) -> list[gr.Markdown]:
+        return [tab.bundled_note for tab in self.tabs if tab.bundled_note is not None]
 
 
 def show_model(host: ModelHost, parts: ModelParts, on_load: bool = False):
@@ -141,7 +146,8 @@ def show_model(host: ModelHost, parts: ModelParts, on_load: bool = False):
         return {parts.line: loaded.describe(lang), parts.choice: loaded.name,
                 parts.lens_adapter: lens_choices(loaded, lang),
                 **{tab.adapter: switch_state(tab, loaded) for tab in parts.tabs},
-                **{tab.insight.compare: gr.update(**compare_props(tab.view.task, loaded)) for tab in parts.tabs}}
+                **{tab.insight.compare: gr.update(**compare_props(tab.view.task, loaded)) for tab in parts.tabs},
+                **{note: gr.update(visible=serves_bundled(loaded)) for note in parts.bundled_notes}}
     return model_state
 
 

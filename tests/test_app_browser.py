@@ -580,6 +580,29 @@ def test_ctrl_enter_in_a_box_runs_its_tab(page):
     assert [turn.strip() for turn in chat_turns(page)[0]] == ["Hello there"]
 
 
+def test_the_notes_on_the_bundled_model_show_only_while_it_is_served(browser, app_models):
+    """Translate's and Summarise's lines on how the bundled model does say nothing of another
+    model: they show while the bundled model is served, and go when another is switched to."""
+    plain = app_models[1]
+    with serve_studio(["bundled", plain]) as url:
+        page = open_app(browser, url)
+        try:
+            notes = {task: page.locator(f"#{task}-bundled-note") for task in ("translate", "summarize")}
+            for task, label in (("translate", "Translate"), ("summarize", "Summarise")):
+                page.get_by_role("tab", name=label).click()
+                expect(notes[task]).to_be_visible()
+                expect(notes[task]).to_contain_text(ENGLISH[f"bundled_{task}"])
+            page.get_by_text("Model", exact=True).click()
+            choose(page, "#model-choice", Path(plain).name)
+            expect(page.locator("#model-info")).to_contain_text(Path(plain).name)
+            expect(notes["summarize"]).to_be_hidden()
+            page.get_by_role("tab", name="Translate").click()
+            expect(notes["translate"]).to_be_hidden()
+            expect(page.locator("#translate-intro")).to_be_visible()  # what the tab does stays
+        finally:
+            page.context.close()
+
+
 def test_the_model_panel_switches_models_and_a_failed_load_keeps_the_current_one(page, app_models):
     with_adapters, plain, broken = (Path(m).name for m in app_models)
     info, chat_adapter = page.locator("#model-info"), page.locator("#dialogue-adapter input")

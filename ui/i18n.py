@@ -30,13 +30,15 @@ ENGLISH = {
     "intro_dialogue": "Talk with the model. The persona sets the scene; each reply is the model's next line "
                       "in the transcript.",
     "intro_translate": "Translate a sentence between English, French and German. With the adapter off, the "
-                       "example pairs show the model what to do. The bundled model translates everyday sentences "
-                       "about as well as looking up the most similar sentence it was trained on, and unusual ones "
-                       "much worse.",
+                       "example pairs show the model what to do.",
     "intro_summarize": "Summarise a text or a conversation: the model reads it followed by `TL;DR:` (\"too long; "
                        "didn't read\", the cue GPT-2's paper used), and the first line it writes is the "
-                       "summary. For a fable, the bundled model writes a lesson in the right form, but one fixed "
-                       "lesson scores better than its lessons do.",
+                       "summary.",
+    # how the bundled model does at the task (its card, assets/README.md): shown while it is served
+    "bundled_translate": "The bundled model translates everyday sentences about as well as looking up the most "
+                         "similar sentence it was trained on, and unusual ones much worse.",
+    "bundled_summarize": "For a fable, the bundled model writes a lesson in the right form, but one fixed lesson "
+                         "scores better than its lessons do.",
     # buttons
     "generate": "Generate",
     "send": "Send",
@@ -187,8 +189,10 @@ CHINESE = {
     "tab_architecture": "架构",
     "intro_generate": "模型接着你的文字写下去。**续写**会把它写的内容加到提示词后面，你可以改正后接着写。",
     "intro_dialogue": "和模型对话。角色设定交代场景；每条回复是模型在对话记录里的下一句。",
-    "intro_translate": "在英语、法语和德语之间翻译一句话。关闭适配器时，示例句对向模型示范要做什么。内置模型翻译日常句子的水平与查找它训练过的最相似句子相当，翻译不常见的句子则差得多。",
-    "intro_summarize": "为一段文字或一段对话写摘要：模型读完全文和其后的 `TL;DR:`（\"too long; didn't read\"，即“太长不看”，GPT-2 论文用的提示词），写出的第一行就是摘要。内置模型为寓言写的教训形式正确，但得分不如一句固定的教训。",
+    "intro_translate": "在英语、法语和德语之间翻译一句话。关闭适配器时，示例句对向模型示范要做什么。",
+    "intro_summarize": "为一段文字或一段对话写摘要：模型读完全文和其后的 `TL;DR:`（\"too long; didn't read\"，即“太长不看”，GPT-2 论文用的提示词），写出的第一行就是摘要。",
+    "bundled_translate": "内置模型翻译日常句子的水平与查找它训练过的最相似句子相当，翻译不常见的句子则差得多。",
+    "bundled_summarize": "内置模型为寓言写的教训形式正确，但得分不如一句固定的教训。",
     "generate": "生成",
     "send": "发送",
     "run_translate": "翻译",

@@ -11,7 +11,7 @@ import gradio as gr
 
 from engine.generate import resolve_seed
 from serve.messages import localized
-from serve.model_host import LoadedModel, ModelHost
+from serve.model_host import BUNDLED, LoadedModel, ModelHost
 from serve.outcome import FAULT, Outcome, status_line
 from serve.running import RANDOM_SEED, SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI, asks_random_seed, run, run_compare
 from tasks import Task
@@ -81,6 +81,9 @@ class TaskView:
     extras: Callable[["Tab"], None] | None = None  # wires the task's own events
     notebook: str | None = None  # the input that Continue appends each run's text to (Generate's prompt)
     page_state: Callable[[], gr.Component] | None = None  # makes a state to keep at the page's top level
+    # i18n key of a line under the intro on how the bundled model does at the task: it says
+    # nothing of another model, so it shows only while the bundled one is served (serves_bundled)
+    bundled_note: str | None = None
 
     @property
     def task(self) -> Task:
@@ -102,6 +105,7 @@ class Tab:
     prompt_sent: gr.Textbox
     insight: "Insight"
     page_state: gr.Component | None = None  # the view's state kept at the page's top level (Chat's)
+    bundled_note: gr.Markdown | None = None  # TaskView.bundled_note's line
     run_events: list = field(default_factory=list)
     continuing_runs: list = field(default_factory=list)  # those of run_events that continue from a chosen token
 
@@ -285,6 +289,11 @@ def append_run(text: str, output: str, outcome: Outcome | None) -> str:
     return text + output if outcome is not None and outcome.ran and output else text
 
 
+def serves_bundled(loaded: LoadedModel) -> bool:
+    """Whether the model served is the bundled one, which the tabs' notes on it speak of."""
+    return loaded.name == BUNDLED
+
+
 def adapter_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
     """The adapter switch's state for this task and model: on where the checkpoint's evaluation
     found its adapter better than the prompt alone; off and greyed out, with the reason as its
@@ -334,6 +343,8 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
     task = view.task
     with gr.Tab(i18n(view.label), id=task.name, elem_id=f"tab-{task.name}"):
         gr.Markdown(i18n(view.intro), elem_id=f"{task.name}-intro")
+        bundled_note = (gr.Markdown(i18n(view.bundled_note), visible=serves_bundled(host.current),
+                                    elem_id=f"{task.name}-bundled-note") if view.bundled_note else None)
         widgets = view.build()
         with gr.Row():  # BUTTON_MIN_WIDTH: one row on a phone too (Gradio's 160 px stacked them)
             run_button = gr.Button(i18n(view.run_label), variant="primary", min_width=BUTTON_MIN_WIDTH,
@@ -361,7 +372,7 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
         # tab's, not a child of gr.Tabs, where Gradio would count it as a tab and show the wrong labels.
         run_buttons = (run_button,) if continue_button is None else (run_button, continue_button)
         tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_buttons, stop_button, status, outcome,
-                  prompt_sent, insight, page_state)
+                  prompt_sent, insight, page_state, bundled_note)
         # A refusal spoke of the input an example has just replaced; a run's line stays (its seed).
         examples.load_input_event.then(without_refusal(tab), outcome, {status, outcome}, queue=False,
                                        api_visibility="private")

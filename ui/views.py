@@ -228,6 +228,7 @@ TRANSLATE_EXAMPLES = [("Tom was accepted to Harvard.", "English", "French"),
 TRANSLATE = TaskView(
     api=TRANSLATE_API,
     label="tab_translate", run_label="run_translate", intro="intro_translate", build=translate_widgets,
+    bundled_note="bundled_translate",
     examples=[list(example) for example in TRANSLATE_EXAMPLES],
     example_inputs=("text", "source", "target"),
     example_labels=[f"{source} → {target}: {text}" for text, source, target in TRANSLATE_EXAMPLES],
@@ -294,6 +295,7 @@ DINNER_BOOKING = (
 SUMMARIZE = TaskView(
     api=SUMMARIZE_API,
     label="tab_summarize", run_label="run_summarize", intro="intro_summarize", build=summarize_widgets,
+    bundled_note="bundled_summarize",
     examples=[[FOX_AND_CROW], [ANT_AND_DOVE], [DINNER_BOOKING]],
     example_inputs=("article",),
     example_labels=["The fox and the crow", "The ant and the dove", "Booking dinner (a conversation)"],
