@@ -161,6 +161,11 @@ def first_sentences(n: int) -> Callable[[str], str]:
     return keep_first_sentences
 
 
+def first_line(text: str) -> str:
+    """A postprocess that keeps the first line with any text on it, stripped."""
+    return next((line.strip() for line in text.split("\n") if line.strip()), "")
+
+
 def is_final(postprocess: Callable[[str], str], text: str) -> bool:
     """Whether post-processing has cut `text` for good: more text would not change what it keeps.
 

@@ -14,7 +14,7 @@ from typing import Sequence
 from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
-from .base import Prompt, Task, adapter_completion, fit_newest, one_line, require_text
+from .base import Prompt, Task, adapter_completion, first_line, fit_newest, one_line, require_text
 
 USER, BOT = "User", "Bot"
 
@@ -62,9 +62,11 @@ def format_example(inputs: DialogueInputs, reply: str) -> tuple[str, str]:
 # ramble past two typical replies; on the validation replies, a 3-gram block and a cap of 36
 # tokens (a typical reply is 63 characters, about 16 tokens) stopped both, over five seeds, at
 # no cost beyond noise (tasks.eval's loop rate; docs/app.md).
+# A reply is one line of the transcript, as the prompt's turns are: the base model, with no
+# adapter to end its turn, wrote on past it in lines that were nobody's turn ("U-seworthy!").
 DIALOGUE = Task(
     name="dialogue", title="Dialogue", inputs=DialogueInputs, build_prompt=build_prompt,
     defaults=SamplingParams(temperature=0.8, top_k=40, no_repeat_ngram_size=3, max_new_tokens=36,
                             stop=(f"\n{USER}:", f"\n{BOT}:")),
-    postprocess=str.strip, adapter="dialogue", format_example=format_example,
+    postprocess=first_line, adapter="dialogue", format_example=format_example,
 )

@@ -334,6 +334,21 @@ def test_run_task_streams_updates_then_done(model, tokenizer):
     assert done.result.seed == 1
 
 
+def test_a_chat_reply_is_one_line_of_the_transcript(model, tokenizer):
+    """What the model writes past its reply's line is nobody's turn: the reply keeps the first line
+    with text on it, and generation stops once that line has ended."""
+    assert TASKS["dialogue"].postprocess(" Where do you want to stay?\nU-seworthy!\nBuarily.") == \
+        "Where do you want to stay?"
+    assert TASKS["dialogue"].postprocess("\n\n Hello there.\nUser") == "Hello there."
+    written = tokenizer.encode(" Where do you want to stay?\nU-seworthy!")
+    inputs = DialogueInputs("I need a room for two nights.", persona="Bot books hotels.")
+    task = TASKS["dialogue"]
+    *_, done = run_task(task, model, tokenizer, inputs, replace(task.defaults, max_new_tokens=30, seed=1),
+                        forced=written)
+    assert done.text == "Where do you want to stay?"
+    assert done.result.stop_reason == "task_done" and done.result.generated_tokens == len(written) + 1
+
+
 def test_run_task_same_seed_same_text(model, tokenizer):
     inputs = GenerateInputs("The meaning of life is")
     first = run(model, tokenizer, "generate", inputs, max_new_tokens=10, seed=7)[-1]
