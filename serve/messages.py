@@ -90,6 +90,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                            "tokens): {text}", "经由{language}翻译（第一步：提示词 {prompt} + 生成 {generated} 个词元）：{text}"),
     "first_step_cut": ("the first step's output cut to its first {kept} of {tokens} tokens to fit the second step's "
                        "context", "为放入第二步的上下文，第一步的输出只保留了前 {kept} 个词元（共 {tokens} 个）"),
+    "off_side_note": ("adapter off: {note}", "适配器关：{note}"),  # a comparison's note of the off side
     "article_length": ("{tokens} of {context} context tokens in the prompt; the summary may use up to {left}",
                        "提示词占上下文 {context} 个词元中的 {tokens} 个；摘要最多可用 {left} 个"),
     # the token view (ui/tokens.py)
@@ -228,7 +229,7 @@ def translate_one(message: str) -> str:
 def translate_field(key: str, value: str) -> str:
     """A field's value in Chinese: a stop reason or an error as a message; a token as it is; a list ("English,
     French, German", "temperature 0.7, top_k 40") item by item."""
-    if key in ("reason", "error"):  # a message within the message
+    if key in ("reason", "error", "note"):  # a message within the message
         return translate_one(value)
     if key == "token":  # a token of the model's ("none", "text"), never a name to translate
         return value

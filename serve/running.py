@@ -250,8 +250,7 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                 if None in done and pacer.due(time.monotonic()):
                     yield list(texts), None, None
         comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params))
-        outcome = outcome_of(done[1], api.task, params, compared_state(params.adapter_scale))
-        yield [d.text for d in done], outcome, comparison
+        yield [d.text for d in done], compared_outcome(done, api.task, params), comparison
     except ValueError as error:
         yield ["", ""], Outcome.refused(str(error)), None
     except GeneratorExit:
@@ -259,6 +258,20 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
         raise
     except Exception as error:
         yield ["", ""], Outcome.fault(f"/{api.name} compare on {loaded.name}", error), None
+
+
+# serve.messages: off_side_note
+OFF_SIDE_NOTE = "adapter off: {note}"
+
+
+def compared_outcome(done: list[TaskDone], task: Task, params: SamplingParams) -> Outcome:
+    """A comparison's outcome: the on side's, with the notes only the off side made, marked as its
+    own (the English a French -> German run went through, the example pairs it dropped to fit)."""
+    outcome = outcome_of(done[1], task, params, compared_state(params.adapter_scale))
+    for note in done[0].prompt.notes:
+        if note not in done[1].prompt.notes:
+            outcome = outcome.noted(OFF_SIDE_NOTE.format(note=note))
+    return outcome
 
 
 def checked_slider(name: str, value: Any, low: int, high: int) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import re
+
 import pytest
 import torch
 
@@ -190,6 +192,26 @@ def test_compare_with_the_adapter_at_zero_gives_the_same_text_twice(host):
     assert comparison["entries"][0] == comparison["entries"][1]
     # each side's tokens under the other: the same model, so the same log-probabilities
     assert comparison["under_other"][0] == pytest.approx([e["logprob"] for e in comparison["entries"][0]], abs=1e-5)
+
+
+def test_a_comparison_says_the_off_sides_own_notes_as_its_own(host):
+    """French -> German goes through English on each side, each its own way (the off side with
+    example pairs): the line gives the on side's English, and the off side's, marked as such."""
+    from serve.outcome import english_status
+    from serve.running import run_compare
+    from ui.views import TRANSLATE
+
+    values = compare_values(TRANSLATE.api, text="Le chat dort.", source="French", target="German", max_new_tokens=8)
+    *_, (texts, outcome, comparison) = run_compare(TRANSLATE.api, host, values)
+    status = english_status(outcome)
+    steps = [prompt.split("\n\n")[0] for prompt in comparison["prompts"]]
+    assert steps[0] != steps[1] and " = " in steps[0]  # the off side's first step sends pairs
+    parts = status.split(" · ")
+    on = [part for part in parts if part.startswith("translated through English")]
+    off = [part for part in parts if part.startswith("adapter off: translated through English")]
+    assert len(on) == len(off) == 1
+    prompt_tokens = [int(re.search(r"first step: (\d+) prompt", part)[1]) for part in (off[0], on[0])]
+    assert prompt_tokens[0] > prompt_tokens[1]
 
 
 def test_compare_marks_the_first_token_where_adapter_off_and_on_part(host):
