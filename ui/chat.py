@@ -82,7 +82,8 @@ def chat_widgets() -> Widgets:
     # The conversations' tools above the conversation, so that the message box sits right under it
     # (a phone's screen had the four of them between the two); all but New chat folded away, since
     # unfolded they stood a third of a phone's screen above the conversation.
-    new_chat = gr.Button(i18n("new_chat"), size="sm", elem_id="dialogue-new")
+    with gr.Row():  # a button of its own size: across the page, a small one passed for a divider
+        new_chat = gr.Button(i18n("new_chat"), size="md", scale=0, min_width=120, elem_id="dialogue-new")
     with gr.Accordion(i18n("conversation_tools"), open=False, elem_id="dialogue-tools"), gr.Row():
         earlier = gr.Dropdown([], value=None, label=i18n("earlier_conversations"), scale=1,
                               info=i18n("earlier_conversations_info"),
