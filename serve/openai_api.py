@@ -26,12 +26,13 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.generate import LIMITS, check_setting
+from engine.generate import LIMITS, MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams, check_setting
 from tasks import TASKS, DialogueInputs, GenerateInputs, Task
 
 from .model_host import ModelHost
 from .outcome import Outcome
-from .running import MAX_CHARS, MAX_CHAT_TURNS, Param, TaskAPI, check_count, check_size, checked_text, run
+from .running import (MAX_CHARS, MAX_CHAT_TURNS, SETTING_RANGES, Param, TaskAPI, check_count, check_size,
+                      checked_text, run)
 from .running import SETTINGS as TASK_SETTINGS
 
 MAX_CHOICES = 8  # n: each choice holds a decoding row until it is done
@@ -82,6 +83,7 @@ def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 7
     with `api_key`, each needs it as a bearer token."""
     router = APIRouter(prefix="/v1")
     admission = Admission(capacity)
+    started = int(time.time())
 
     def guarded(handler, admitted: bool = True):
         async def handle(request: Request):
@@ -112,10 +114,17 @@ def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 7
             if not left:
                 admission.leave()
 
+    def model_object(model_id: str) -> dict:
+        return {"id": model_id, "object": "model", "created": started, "owned_by": "pre-ln-gpt2-studio"}
+
     async def models(request: Request):
-        return JSONResponse({"object": "list", "data": [{"id": model_id, "object": "model", "created": 0,
-                                                          "owned_by": "pre-ln-gpt2-studio"}
-                                                         for model_id in model_ids(host)]})
+        return JSONResponse({"object": "list", "data": [model_object(model_id) for model_id in model_ids(host)]})
+
+    async def one_model(request: Request):
+        model_id = request.path_params["model_id"]
+        if model_id not in model_ids(host):
+            raise not_served(host, model_id)
+        return JSONResponse(model_object(model_id))
 
     async def completions(request: Request):
         body = await json_body(request)
@@ -140,6 +149,7 @@ def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 7
                              "chat.completion")
 
     router.add_api_route("/models", guarded(models, admitted=False), methods=["GET"])
+    router.add_api_route("/models/{model_id:path}", guarded(one_model, admitted=False), methods=["GET"])
     router.add_api_route("/completions", guarded(completions), methods=["POST"])
     router.add_api_route("/chat/completions", guarded(chat_completions), methods=["POST"])
     return router
@@ -181,28 +191,41 @@ def task_for(host: ModelHost, body: dict, task: Task) -> tuple[Task, bool]:
     `name:adapter` switches that adapter on; the chat's own adapter, or any adapter for a
     completion."""
     model = body.get("model")
+    if model is None:
+        raise BadRequest(f"model is required: one of {', '.join(model_ids(host))}", param="model")
     if host.loading is not None and str(model).split(":", 1)[0] == host.loading:
         raise BadRequest(f"the model {host.loading} is loading; please retry in a few seconds", param="model",
                          status=503, kind="server_error", code="model_loading")
     if model not in model_ids(host):
-        raise BadRequest(f"the model {model!r} is not served here (it serves: {', '.join(model_ids(host))})",
-                         param="model", status=404, code="model_not_found")
+        raise not_served(host, model)
     adapter = model.split(":", 1)[1] if ":" in model else None
     if adapter is not None and task.adapter not in (None, adapter):
         raise BadRequest(f"{model} is the {adapter} task's adapter: chat runs with the dialogue adapter "
                          f"({host.current.name}:dialogue) or none", param="model")
-    defaults = replace(task.defaults, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=16,
-                       stop=task.defaults.stop + stop_strings(body.get("stop")))
+    # OpenAI's defaults, and the extra settings off, as the docs say, rather than the tab's
+    defaults = replace(task.defaults, **{name: default for name, default in SETTINGS.values()},
+                       stop=stop_strings(body.get("stop"), task.defaults.stop))
     return replace(task, defaults=defaults, adapter=adapter or task.adapter), adapter is not None
 
 
-def stop_strings(stop: Any) -> tuple[str, ...]:
+def not_served(host: ModelHost, model: Any) -> BadRequest:
+    return BadRequest(f"the model {model!r} is not served here (it serves: {', '.join(model_ids(host))})",
+                      param="model", status=404, code="model_not_found")
+
+
+def stop_strings(stop: Any, own: tuple[str, ...]) -> tuple[str, ...]:
+    """The task's own stop strings and the request's (one string or a list), refused as a 400 past
+    the engine's limits, which count the task's own."""
     if stop is None:
-        return ()
-    stops = (stop,) if isinstance(stop, str) else stop
+        return own
+    stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise BadRequest("stop must be a string or a list of strings", param="stop")
-    return tuple(stops)
+    room = MAX_STOP_STRINGS - len(own)
+    if len(stops) > room or not all(0 < len(s) <= MAX_STOP_LENGTH for s in stops):
+        raise BadRequest(f"stop must be at most {room} non-empty strings of at most {MAX_STOP_LENGTH} characters"
+                         + (f" (the task adds its own {len(own)})" if own else ""), param="stop")
+    return own + tuple(stops)
 
 
 def dialogue_inputs(messages: Any) -> DialogueInputs:
@@ -244,9 +267,10 @@ def request_values(body: dict) -> dict[str, Any]:
         value = body.get(field)
         if value is None:
             continue
-        low, high = LIMITS[name]
+        low, high = SETTING_RANGES[name]  # as the page takes them: max_tokens up to the app's 512
         try:
             values[name] = check_setting(name, value, low, high, integer=name in INTEGER)
+            SamplingParams(**{name: values[name]})  # the engine's own checks (temperature's greedy gap)
         except ValueError as error:
             raise BadRequest(str(error).replace(name, field, 1), param=field) from None
     seed = body.get("seed")
@@ -295,7 +319,7 @@ async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, i
         seed = int.from_bytes(uuid.uuid4().bytes[:4], "little")
     defaults = api.task.defaults
     base = {**{name: getattr(defaults, name) for name, _ in TASK_SETTINGS},
-            **settings, **inputs, "adapter": adapter, "logprobs": max(top, 0)}
+            **settings, **inputs, "adapter": adapter, "logprobs": max(top, 1) if top >= 0 else 0}
     values = [{**base, "seed": (seed + i) % (LIMITS["seed"][1] + 1)} for i in range(n)]
     created, name = int(time.time()), f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     headers = {"X-Seed": str(seed)}
@@ -361,8 +385,8 @@ async def streamed(request: Request, first, runs: list[Iterator], chunk, meta: d
     try:
         for index, events in enumerate(runs):
             if head:
-                yield event(chunk(index, head, None, [], top, meta))
-            sent, update = "", first if index == 0 else None
+                yield event(chunk(index, head, None, [], top, meta, False))
+            sent, update, opening = "", first if index == 0 else None, True
             while True:
                 if update is None:
                     update = await anyio.to_thread.run_sync(next, events, None)
@@ -375,11 +399,13 @@ async def streamed(request: Request, first, runs: list[Iterator], chunk, meta: d
                 delta = text[len(sent):] if text.startswith(sent) else ""
                 if delta or outcome is not None:
                     sent = sent + delta
-                    yield event(chunk(index, delta, outcome, logprobs if outcome is not None else [], top, meta))
+                    yield event(chunk(index, delta, outcome, logprobs if outcome is not None else [], top, meta,
+                                      opening))
+                    opening = False
                 if await request.is_disconnected():
                     return
         if with_usage:
-            kind = chunk(0, "", None, [], top, meta)["object"]
+            kind = chunk(0, "", None, [], top, meta, False)["object"]
             yield event({**meta, "object": kind, "choices": [], "usage": usage(outcomes)})
         yield "data: [DONE]\n\n"
     except BadRequest as failed:
@@ -430,14 +456,19 @@ def chat_choice(index: int, text: str, outcome: Outcome, prompt: str, logprobs: 
             "finish_reason": finish_reason(outcome), "logprobs": chat_logprobs(logprobs, top) if top >= 0 else None}
 
 
-def completion_chunk(index: int, delta: str, outcome: Outcome | None, logprobs: list, top: int, meta: dict) -> dict:
+def completion_chunk(index: int, delta: str, outcome: Outcome | None, logprobs: list, top: int, meta: dict,
+                     opening: bool) -> dict:
     return {**meta, "object": "text_completion",
             "choices": [{"index": index, "text": delta, "finish_reason": finish_reason(outcome) if outcome else None,
                          "logprobs": completion_logprobs(logprobs, top) if outcome and top >= 0 else None}]}
 
 
-def chat_chunk(index: int, delta: str, outcome: Outcome | None, logprobs: list, top: int, meta: dict) -> dict:
+def chat_chunk(index: int, delta: str, outcome: Outcome | None, logprobs: list, top: int, meta: dict,
+               opening: bool) -> dict:
+    """A chat stream's chunk: the role in a choice's first (`opening`) only, as OpenAI sends it;
+    clients that join the deltas' fields would otherwise repeat it."""
+    role = {"role": "assistant"} if opening else {}
     return {**meta, "object": "chat.completion.chunk",
-            "choices": [{"index": index, "delta": {"role": "assistant", "content": delta},
+            "choices": [{"index": index, "delta": {**role, "content": delta},
                          "finish_reason": finish_reason(outcome) if outcome else None,
                          "logprobs": chat_logprobs(logprobs, top) if outcome and top >= 0 else None}]}

@@ -4,6 +4,8 @@ the same text as the Gradio API; an adapter's model id runs as the tab's adapter
 are 400s naming the field; a key, where set, is needed; a closed stream frees its decoding row."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -101,7 +103,7 @@ def test_chat_is_the_chat_tabs_reply_streamed_or_not(client, served, model):
     assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed) == reply
     gradio_reply, status, prompt, _ = Client(url, verbose=False).predict(
         "How are you?", [["Hello", "Hi there!"]], "Bot is a friendly sailor.", temperature=0.8, top_k=0,
-        max_new_tokens=20, seed=11, adapter=False, api_name="/chat")
+        no_repeat_ngram_size=0, max_new_tokens=20, seed=11, adapter=False, api_name="/chat")
     assert gradio_reply == reply and prompt.startswith("Bot is a friendly sailor.")
 
 
@@ -132,6 +134,10 @@ def test_an_adapters_model_id_runs_as_the_tab_runs_that_adapter(client, served, 
     (dict(stop=[1, 2]), "stop"),
     (dict(prompt="word " * 5000), "prompt"),
     (dict(extra_body={"min_p": 2}), "min_p"),
+    (dict(max_tokens=600), "max_tokens"),  # the app's limit, as the page's, not the engine's
+    (dict(temperature=0.005), "temperature"),  # the engine's own check: between greedy and sampling
+    (dict(stop=["x"] * 9), "stop"),
+    (dict(stop="x" * 101), "stop"),
 ])
 def test_a_bad_field_is_a_400_that_names_it_and_the_server_goes_on(client, model, request_, param):
     request_ = {"prompt": PROMPT, **request_}
@@ -139,6 +145,63 @@ def test_a_bad_field_is_a_400_that_names_it_and_the_server_goes_on(client, model
         client.completions.create(model=model, **request_)
     assert refused.value.body["param"] == param, refused.value.body
     assert client.completions.create(model=model, prompt=PROMPT, max_tokens=2).choices[0].text is not None
+
+
+def test_the_limits_a_refusal_gives_are_the_ones_that_hold(client, model):
+    with pytest.raises(openai.BadRequestError) as long:
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=600)
+    assert "max_tokens must be between 1 and 512" in long.value.body["message"]
+    assert client.completions.create(model=model, prompt=PROMPT, max_tokens=512, temperature=0).usage
+    with pytest.raises(openai.BadRequestError) as many:  # the chat's two speaker tags count
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], stop=["x"] * 7)
+    assert "at most 6 " in many.value.body["message"]
+    assert client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], stop=["x"] * 6,
+                                          max_tokens=2).choices
+
+
+def test_stop_as_one_string_cuts_the_text_there(client, model):
+    free = client.completions.create(model=model, prompt=PROMPT, temperature=0, max_tokens=20).choices[0].text
+    word = free.split()[2]
+    cut = client.completions.create(model=model, prompt=PROMPT, temperature=0, max_tokens=20, stop=word).choices[0]
+    assert cut.text == free[:free.index(word)] and cut.finish_reason == "stop"
+
+
+def test_logprobs_without_alternatives_still_give_each_tokens_own(client, model):
+    done = client.completions.create(model=model, prompt=PROMPT, max_tokens=6, logprobs=0, seed=2)
+    logprobs = done.choices[0].logprobs
+    assert "".join(logprobs.tokens) == done.choices[0].text and len(logprobs.token_logprobs) == len(logprobs.tokens)
+    assert all(top == {} for top in logprobs.top_logprobs)
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
+                                          logprobs=True, seed=2)
+    content = chat.choices[0].logprobs.content
+    assert content and all(token.top_logprobs == [] and token.logprob <= 0 for token in content)
+
+
+def test_a_chat_stream_names_the_role_once_as_openais_does(client, served, model):
+    _, url = served
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12, "seed": 5,
+            "stream": True}
+    with httpx.stream("POST", f"{url.rstrip('/')}/v1/chat/completions", json=body, timeout=60) as response:
+        chunks = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
+                  if line.startswith("data: {")]
+    deltas = [chunk["choices"][0]["delta"] for chunk in chunks]
+    assert len(deltas) > 1 and deltas[0]["role"] == "assistant" and all("role" not in d for d in deltas[1:])
+    # so the client's own stream helper joins them into one message as it would OpenAI's
+    with client.chat.completions.stream(model=model, messages=body["messages"], max_tokens=12, seed=5) as stream:
+        for _ in stream:
+            pass
+        final = stream.current_completion_snapshot  # get_final_completion refuses a reply cut by max_tokens
+    assert final.choices[0].message.role == "assistant"
+    assert final.choices[0].message.content == "".join(d.get("content") or "" for d in deltas)
+
+
+def test_chat_through_v1_runs_with_openais_defaults_not_the_tabs(client, model):
+    """The docs' promise: the extra settings (the tab's 3-gram block among them) are off unless sent."""
+    messages = [{"role": "user", "content": "Tell me a story"}]
+    def reply(**extra):
+        return client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=40,
+                                              extra_body=extra).choices[0].message.content
+    assert reply() == reply(no_repeat_ngram_size=0) != reply(no_repeat_ngram_size=3)
 
 
 def test_bad_chat_messages_and_an_unknown_model_are_refused(client, model):
@@ -150,6 +213,12 @@ def test_bad_chat_messages_and_an_unknown_model_are_refused(client, model):
     with pytest.raises(openai.NotFoundError) as unknown:
         client.completions.create(model="gpt-4", prompt=PROMPT)
     assert unknown.value.body["param"] == "model" and model in unknown.value.body["message"]
+    missing = httpx.post(f"{client.base_url}completions", json={"prompt": PROMPT})
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "model"
+    # one model's own route, as the client's models.retrieve asks it
+    assert client.models.retrieve(f"{model}:translate").id == f"{model}:translate"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
 
 
 def test_a_closed_stream_frees_its_decoding_row(client, served, model):
