@@ -1,5 +1,5 @@
 """OpenAI's /v1 API beside the page, so that any client that speaks it (the `openai` package,
-LangChain, evaluation harnesses, editors) can use the app unchanged.
+LangChain, editors, evaluation harnesses that generate) can use the app unchanged.
 
 - GET /v1/models: the model being served, and one id per task adapter (`bundled:translate`):
   a completion under that id runs with that adapter switched on.
