@@ -230,7 +230,8 @@ def stop_strings(stop: Any, own: tuple[str, ...]) -> tuple[str, ...]:
 
 def dialogue_inputs(messages: Any) -> DialogueInputs:
     """OpenAI's messages as the Chat tab's conversation: system messages make the persona, the
-    user and assistant turns before the last user message its history."""
+    user and assistant turns before the last user message its history; user messages in a row
+    are one turn."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of {role, content}", param="messages")
     persona, turns = [], []
@@ -243,6 +244,8 @@ def dialogue_inputs(messages: Any) -> DialogueInputs:
             raise BadRequest("each message must be {role: system|user|assistant, content: text}", param="messages")
         if role in ("system", "developer"):
             persona.append(content)
+        elif role == "user" and turns and not turns[-1][1]:  # one turn, as a person sends it in pieces
+            turns[-1][0] = f"{turns[-1][0]} {content}"
         elif role == "user":
             turns.append([content, ""])
         elif turns and not turns[-1][1]:

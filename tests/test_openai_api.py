@@ -204,6 +204,14 @@ def test_chat_through_v1_runs_with_openais_defaults_not_the_tabs(client, model):
     assert reply() == reply(no_repeat_ngram_size=0) != reply(no_repeat_ngram_size=3)
 
 
+def test_user_messages_in_a_row_are_one_turn(client, model):
+    def reply(*said: str):
+        done = client.chat.completions.create(model=model, messages=[{"role": "user", "content": s} for s in said],
+                                              max_tokens=8, seed=3)
+        return done.choices[0].message.content, done.usage.prompt_tokens
+    assert reply("Hello.", "How are you?") == reply("Hello. How are you?")
+
+
 def test_bad_chat_messages_and_an_unknown_model_are_refused(client, model):
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=model, messages=[])
