@@ -2,7 +2,7 @@
 LangChain, editors, evaluation harnesses that generate) can use the app unchanged.
 
 - GET /v1/models: the model being served, and one id per task adapter (`bundled:translate`):
-  a completion under that id runs with that adapter switched on.
+  a completion under that id runs with that adapter switched on; GET /v1/models/{id}: one of them.
 - POST /v1/completions: the prompt continued, as the Generate tab continues it.
 - POST /v1/chat/completions: the messages as the Chat tab's transcript (a system message is the
   persona), the reply cut where the Chat tab cuts it; `bundled:dialogue` switches its adapter on.
@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.generate import LIMITS, MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams, check_setting
 from tasks import TASKS, DialogueInputs, GenerateInputs, Task
+from tasks.base import ADAPTER_END
 
 from .model_host import ModelHost
 from .outcome import Outcome
@@ -202,9 +203,11 @@ def task_for(host: ModelHost, body: dict, task: Task) -> tuple[Task, bool]:
     if adapter is not None and task.adapter not in (None, adapter):
         raise BadRequest(f"{model} is the {adapter} task's adapter: chat runs with the dialogue adapter "
                          f"({host.current.name}:dialogue) or none", param="model")
-    # OpenAI's defaults, and the extra settings off, as the docs say, rather than the tab's
+    # OpenAI's defaults, and the extra settings off, as the docs say, rather than the tab's. The
+    # task's own stops count in the engine's limit, and so does the end an adapter adds (run_task).
+    own = task.defaults.stop + ((ADAPTER_END,) if adapter else ())
     defaults = replace(task.defaults, **{name: default for name, default in SETTINGS.values()},
-                       stop=stop_strings(body.get("stop"), task.defaults.stop))
+                       stop=stop_strings(body.get("stop"), own))
     return replace(task, defaults=defaults, adapter=adapter or task.adapter), adapter is not None
 
 
@@ -221,11 +224,12 @@ def stop_strings(stop: Any, own: tuple[str, ...]) -> tuple[str, ...]:
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise BadRequest("stop must be a string or a list of strings", param="stop")
+    own = tuple(dict.fromkeys(own))
     room = MAX_STOP_STRINGS - len(own)
-    if len(stops) > room or not all(0 < len(s) <= MAX_STOP_LENGTH for s in stops):
+    if len(set(stops) - set(own)) > room or not all(0 < len(s) <= MAX_STOP_LENGTH for s in stops):
         raise BadRequest(f"stop must be at most {room} non-empty strings of at most {MAX_STOP_LENGTH} characters"
                          + (f" (the task adds its own {len(own)})" if own else ""), param="stop")
-    return own + tuple(stops)
+    return tuple(dict.fromkeys(own + tuple(stops)))
 
 
 def dialogue_inputs(messages: Any) -> DialogueInputs:
@@ -322,6 +326,7 @@ async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, i
         seed = int.from_bytes(uuid.uuid4().bytes[:4], "little")
     defaults = api.task.defaults
     base = {**{name: getattr(defaults, name) for name, _ in TASK_SETTINGS},
+            # the engine's logprobs 0 is none at all: 1 gives each token's own, its alternatives cut to `top`
             **settings, **inputs, "adapter": adapter, "logprobs": max(top, 1) if top >= 0 else 0}
     values = [{**base, "seed": (seed + i) % (LIMITS["seed"][1] + 1)} for i in range(n)]
     created, name = int(time.time()), f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -461,6 +466,7 @@ def chat_choice(index: int, text: str, outcome: Outcome, prompt: str, logprobs: 
 
 def completion_chunk(index: int, delta: str, outcome: Outcome | None, logprobs: list, top: int, meta: dict,
                      opening: bool) -> dict:
+    """A completion stream's chunk (`opening` is chat_chunk's: a completion has no role)."""
     return {**meta, "object": "text_completion",
             "choices": [{"index": index, "text": delta, "finish_reason": finish_reason(outcome) if outcome else None,
                          "logprobs": completion_logprobs(logprobs, top) if outcome and top >= 0 else None}]}

@@ -268,27 +268,29 @@ def run_in_two_steps(task: Task, model: GPT2, tokenizer: Tokenizer, steps, param
         yield TaskDone("", first.result, Prompt(first.prompt.text, first.prompt.ids,
                                                 [*first.prompt.notes, note.format(text="(nothing)", **counts)]))
         return
-    text, cut = fit_for_second_step(task, tokenizer, model.config.n_positions, params.max_new_tokens, adapter_on,
-                                    second_inputs, first.text)
+    text, cut_notes = fit_for_second_step(task, tokenizer, model.config.n_positions, params.max_new_tokens,
+                                          adapter_on, second_inputs, first.text)
     for event in run_task(task, model, tokenizer, second_inputs(text), params, adapter_on, cancel, forced):
         if isinstance(event, TaskDone):
             # a note both steps make (no example pairs sent) is said once
             later = [n for n in event.prompt.notes if n not in first.prompt.notes]
             event.prompt = Prompt(f"{first.prompt.text}\n\n{event.prompt.text}", event.prompt.ids,
-                                  [*first.prompt.notes, note.format(text=first.text, **counts), *cut, *later])
+                                  [*first.prompt.notes, note.format(text=text, **counts), *cut_notes, *later])
         yield event
 
 
 # serve.messages: first_step_cut. The first step may write more than the second step's prompt has
 # room for (a sentence that never ends, up to max_new_tokens); its text is the app's, not the
-# user's, so it is cut rather than refused as too long.
+# user's, so it is cut rather than refused as too long. Its tokens are counted as the second step
+# reads them (the text encoded again), which may differ from the first step's generated count.
 FIRST_STEP_CUT = "the first step's output cut to its first {kept:,} of {tokens:,} tokens to fit the second step's context"
 
 
 def fit_for_second_step(task: Task, tokenizer: Tokenizer, n_ctx: int, max_new_tokens: int, adapter_on: bool,
                         second_inputs, text: str) -> tuple[str, list[str]]:
     """The first step's output, cut at its end to what the second step's prompt leaves it room for,
-    and the note that says so (none when it fits whole)."""
+    and the note that says so (none when it fits whole). Where even one token of it leaves no room
+    (a context far smaller than any model's), the second step's refusal stands."""
     room = n_ctx - room_to_generate(n_ctx, max_new_tokens)
     ids = tokenizer.encode(text)
     kept = ids
@@ -302,4 +304,5 @@ def fit_for_second_step(task: Task, tokenizer: Tokenizer, n_ctx: int, max_new_to
             kept = kept[:cut_between_characters(tokenizer, kept, len(kept) - excess, -1)]
             text = tokenizer.decode(kept)
             continue
-        return text, [FIRST_STEP_CUT.format(kept=len(kept), tokens=len(ids))] if kept is not ids else []
+        was_cut = len(kept) < len(ids)
+        return text, [FIRST_STEP_CUT.format(kept=len(kept), tokens=len(ids))] if was_cut else []

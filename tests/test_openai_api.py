@@ -136,7 +136,7 @@ def test_an_adapters_model_id_runs_as_the_tab_runs_that_adapter(client, served, 
     (dict(extra_body={"min_p": 2}), "min_p"),
     (dict(max_tokens=600), "max_tokens"),  # the app's limit, as the page's, not the engine's
     (dict(temperature=0.005), "temperature"),  # the engine's own check: between greedy and sampling
-    (dict(stop=["x"] * 9), "stop"),
+    (dict(stop=[f"x{i}" for i in range(9)]), "stop"),
     (dict(stop="x" * 101), "stop"),
 ])
 def test_a_bad_field_is_a_400_that_names_it_and_the_server_goes_on(client, model, request_, param):
@@ -153,10 +153,15 @@ def test_the_limits_a_refusal_gives_are_the_ones_that_hold(client, model):
     assert "max_tokens must be between 1 and 512" in long.value.body["message"]
     assert client.completions.create(model=model, prompt=PROMPT, max_tokens=512, temperature=0).usage
     with pytest.raises(openai.BadRequestError) as many:  # the chat's two speaker tags count
-        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], stop=["x"] * 7)
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], stop=[f"x{i}" for i in range(7)])
     assert "at most 6 " in many.value.body["message"]
-    assert client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], stop=["x"] * 6,
-                                          max_tokens=2).choices
+    assert client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                          stop=[f"x{i}" for i in range(6)], max_tokens=2).choices
+    # the dialogue adapter's line end counts too
+    with pytest.raises(openai.BadRequestError) as with_adapter:
+        client.chat.completions.create(model=f"{model}:dialogue", messages=[{"role": "user", "content": "Hi"}],
+                                       stop=[f"x{i}" for i in range(6)])
+    assert "at most 5 " in with_adapter.value.body["message"] and with_adapter.value.body["param"] == "stop"
 
 
 def test_stop_as_one_string_cuts_the_text_there(client, model):

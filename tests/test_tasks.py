@@ -448,7 +448,10 @@ def test_a_first_step_too_long_for_the_second_is_cut_to_fit(model, tokenizer):
     kept = int(re.search(r"its first (\d+) of", cut)[1])
     assert cut == f"the first step's output cut to its first {kept} of {len(english_ids)} tokens to fit the second " \
                   "step's context"
-    assert done.prompt.text.split("\n\n")[1] == f"{tokenizer.decode(english_ids[:kept])} ="
+    sent = tokenizer.decode(english_ids[:kept])
+    assert done.prompt.text.split("\n\n")[1] == f"{sent} ="
+    assert any(note.startswith("translated through English") and note.endswith(f"): {sent}")
+               for note in done.prompt.notes)  # the English the second step was given
     assert len(done.prompt.ids) <= room and done.result.generated_tokens > 0
     # an English that fits is sent whole, with no such note
     *_, fits = run(model, tokenizer, "translate", TranslateInputs("Le chat dort.", "French", "German"),
