@@ -153,7 +153,8 @@ def test_the_limits_a_refusal_gives_are_the_ones_that_hold(client, model):
     assert "max_tokens must be between 1 and 512" in long.value.body["message"]
     assert client.completions.create(model=model, prompt=PROMPT, max_tokens=512, temperature=0).usage
     with pytest.raises(openai.BadRequestError) as many:  # the chat's two speaker tags count
-        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], stop=[f"x{i}" for i in range(7)])
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                       stop=[f"x{i}" for i in range(7)])
     assert "at most 6 " in many.value.body["message"]
     assert client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
                                           stop=[f"x{i}" for i in range(6)], max_tokens=2).choices
