@@ -283,7 +283,8 @@ def run_in_two_steps(task: Task, model: GPT2, tokenizer: Tokenizer, steps, param
 # room for (a sentence that never ends, up to max_new_tokens); its text is the app's, not the
 # user's, so it is cut rather than refused as too long. Its tokens are counted as the second step
 # reads them (the text encoded again), which may differ from the first step's generated count.
-FIRST_STEP_CUT = "the first step's output cut to its first {kept:,} of {tokens:,} tokens to fit the second step's context"
+FIRST_STEP_CUT = ("the first step's output cut to its first {kept:,} of {tokens:,} tokens to fit the second step's "
+                  "context")
 
 
 def fit_for_second_step(task: Task, tokenizer: Tokenizer, n_ctx: int, max_new_tokens: int, adapter_on: bool,
