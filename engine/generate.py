@@ -547,6 +547,25 @@ def score_tokens(model: GPT2, prompt: list[int], tokens: list[int], params: Samp
     return scores
 
 
+@torch.inference_mode()
+def prompt_trace(model: GPT2, ids: list[int], top: int, adapter: str | None = None,
+                 adapter_scale: float = 1.0) -> list[tuple[int, float | None, list[tuple[int, float]]]]:
+    """Each prompt token's log-probability after the tokens before it, with the `top` likeliest
+    tokens in its place, as a Sampler's trace (token_logprobs describes it): the model's own
+    probabilities, before any decoding setting, as OpenAI's echo gives them. The first token
+    follows nothing: it has none."""
+    if len(ids) < 2:
+        return [(token, None, []) for token in ids]
+    x = torch.tensor([ids], device=model.device)
+    with active_adapter(as_choice(adapter, adapter_scale)):
+        logprobs = torch.log_softmax(model(x[:, :-1])[0].float(), dim=-1)
+    chosen = logprobs.gather(1, x[0, 1:, None])[:, 0].tolist()
+    best = logprobs.topk(top, dim=-1) if top else None
+    return [(ids[0], None, [])] + [
+        (token, chosen[i], list(zip(best.indices[i].tolist(), best.values[i].tolist())) if top else [])
+        for i, token in enumerate(ids[1:])]
+
+
 def find_stop(text: str, stops: tuple[str, ...], shown: int) -> int | None:
     """Index of the earliest stop string in text; only the part not yet shown needs searching."""
     hits = [i for s in stops if (i := text.find(s, max(0, shown - len(s) + 1))) >= 0]

@@ -1,5 +1,5 @@
 """OpenAI's /v1 API beside the page, so that any client that speaks it (the `openai` package,
-LangChain, editors, evaluation harnesses that generate) can use the app unchanged.
+LangChain, editors, evaluation harnesses) can use the app unchanged.
 
 - GET /v1/models: the model being served, and one id per task adapter (`bundled:translate`):
   a completion under that id runs with that adapter switched on; GET /v1/models/{id}: one of them.
@@ -26,9 +26,11 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.generate import LIMITS, MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams, check_setting
+from engine.generate import (LIMITS, MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams, check_setting, prompt_trace,
+                             token_logprobs)
+from engine.scheduler import in_thread_of_its_own
 from tasks import TASKS, DialogueInputs, GenerateInputs, Task
-from tasks.base import ADAPTER_END
+from tasks.base import ADAPTER_END, room_to_generate
 
 from .model_host import ModelHost
 from .outcome import Outcome
@@ -338,10 +340,31 @@ async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, i
         head = inputs["prompt"] if echo else ""
         return StreamingResponse(streamed(request, first, runs, chunk, meta, top, head, with_usage),
                                  media_type="text/event-stream", headers=headers)
+    head_logprobs = (await anyio.to_thread.run_sync(prompt_logprobs, host, api, inputs["prompt"], base, top)
+                     if echo and top >= 0 else [])
     finals = await anyio.to_thread.run_sync(lambda: [last_of(api, host, run_values) for run_values in values])
-    choices = [choice(i, *final, top=top, echo=echo, inputs=inputs) for i, final in enumerate(finals)]
+    choices = [choice(i, *final, top=top, echo=echo, inputs=inputs, head_logprobs=head_logprobs)
+               for i, final in enumerate(finals)]
     return JSONResponse({**meta, "object": kind, "choices": choices, "usage": usage([f[1] for f in finals])},
                         headers=headers)
+
+
+def prompt_logprobs(host: ModelHost, api: TaskAPI, prompt: str, values: dict, top: int) -> list[dict]:
+    """The echoed prompt's tokens with their log-probabilities (Result.logprobs' form), under the
+    request's adapter: what a harness reads to score a text. The prompt must fit whole beside
+    max_tokens, since a cut one would score other tokens than it sent."""
+    loaded = host.current
+    ids = loaded.tokenizer.encode(prompt)
+    n_ctx = loaded.context
+    room = n_ctx - room_to_generate(n_ctx, values["max_new_tokens"])
+    if len(ids) > room:
+        raise BadRequest(f"prompt: {len(ids):,} tokens, but with echo and logprobs it must fit whole, and only "
+                         f"{room:,} fit in the context next to max_tokens", param="prompt")
+    adapter = api.task.adapter if values["adapter"] else None
+    # a forward pass in a thread of its own, as every one outside the decode loop (serve.running)
+    scale = values.get("adapter_scale", api.task.defaults.adapter_scale)
+    trace = in_thread_of_its_own(lambda: prompt_trace(loaded.model, ids, top, adapter, scale))
+    return token_logprobs(loaded.tokenizer, trace)
 
 
 def usage_asked(body: dict) -> bool:
@@ -434,14 +457,16 @@ def finish_reason(outcome: Outcome) -> str:
 
 
 def completion_logprobs(entries: list[dict], top: int, start: int = 0) -> dict:
-    """OpenAI's completions logprobs: tokens, their log-probabilities, each one's top alternatives,
-    and where each token starts in the text (from `start`)."""
+    """OpenAI's completions logprobs: tokens, their log-probabilities, each one's top alternatives
+    (None for a prompt's first token, which has no log-probability), and where each token starts
+    in the text (from `start`)."""
     offsets, at = [], start
     for entry in entries:
         offsets.append(at)
         at += len(entry["token"])
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{alt["token"]: alt["logprob"] for alt in e["top"][:top]} for e in entries],
+            "top_logprobs": [None if e["logprob"] is None else {alt["token"]: alt["logprob"] for alt in e["top"][:top]}
+                             for e in entries],
             "text_offset": offsets}
 
 
@@ -452,14 +477,20 @@ def chat_logprobs(entries: list[dict], top: int) -> dict:
 
 
 def completion_choice(index: int, text: str, outcome: Outcome, prompt: str, logprobs: list, top: int, echo: bool,
-                      inputs: dict) -> dict:
+                      inputs: dict, head_logprobs: list) -> dict:
+    """A completion's choice; echoed, the prompt comes first, and so do its tokens' logprobs."""
     head = inputs["prompt"] if echo else ""
+    if top < 0:
+        return {"index": index, "text": head + text, "finish_reason": finish_reason(outcome), "logprobs": None}
+    # each part's offsets counted from where it starts: a token that is a piece of a character
+    # shows as U+FFFD, so the prompt's token texts need not add up to its length
+    parts = [completion_logprobs(head_logprobs, top), completion_logprobs(logprobs, top, len(head))]
     return {"index": index, "text": head + text, "finish_reason": finish_reason(outcome),
-            "logprobs": completion_logprobs(logprobs, top, len(head)) if top >= 0 else None}
+            "logprobs": {key: parts[0][key] + parts[1][key] for key in parts[1]}}
 
 
 def chat_choice(index: int, text: str, outcome: Outcome, prompt: str, logprobs: list, top: int, echo: bool,
-                inputs: dict) -> dict:
+                inputs: dict, head_logprobs: list) -> dict:
     return {"index": index, "message": {"role": "assistant", "content": text},
             "finish_reason": finish_reason(outcome), "logprobs": chat_logprobs(logprobs, top) if top >= 0 else None}
 

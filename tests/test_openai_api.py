@@ -59,19 +59,47 @@ def test_a_seeded_completion_repeats_and_is_what_the_gradio_api_gives(client, se
     assert status.startswith("seed 7 · ") and gradio_text == text
 
 
-def test_completion_logprobs_echo_and_several_choices(client, model):
+def test_completion_logprobs_echo_and_several_choices(client, served, model):
+    host, _ = served
     done = client.completions.create(model=model, prompt=PROMPT, logprobs=3, echo=True, n=2, **SETTINGS)
     assert [choice.index for choice in done.choices] == [0, 1]
     first = done.choices[0]
     assert first.text.startswith(PROMPT)
     logprobs = first.logprobs
-    assert "".join(logprobs.tokens) == first.text[len(PROMPT):]  # the generated tokens make the text
-    assert len(logprobs.token_logprobs) == len(logprobs.tokens) and all(lp <= 0 for lp in logprobs.token_logprobs)
-    assert all(0 < len(top) <= 3 for top in logprobs.top_logprobs)
-    assert logprobs.text_offset[0] == len(PROMPT) and logprobs.text_offset == sorted(logprobs.text_offset)
+    # echoed, the prompt's tokens come first: the first follows nothing and has no log-probability
+    k = len(host.current.tokenizer.encode(PROMPT))
+    assert "".join(logprobs.tokens) == first.text and "".join(logprobs.tokens[:k]) == PROMPT
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert len(logprobs.token_logprobs) == len(logprobs.tokens) and all(lp <= 0 for lp in logprobs.token_logprobs[1:])
+    assert all(0 < len(top) <= 3 for top in logprobs.top_logprobs[1:])
+    assert logprobs.text_offset[k] == len(PROMPT) and logprobs.text_offset == sorted(logprobs.text_offset)
     # each further choice runs with the next seed: the first alone is the seed's own run
     alone = client.completions.create(model=model, prompt=PROMPT, **SETTINGS)
     assert alone.choices[0].text == first.text[len(PROMPT):]
+
+
+def test_echoed_prompt_logprobs_are_the_models_own_as_transformers_gives_them(client, served, model, app_models):
+    """What a harness reads to score a text (lm-eval sends echo, logprobs 1, max_tokens 1): each
+    prompt token's log-probability after the ones before it, equal to transformers' on the same
+    checkpoint; the adapter's model id scores under its adapter."""
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    host, _ = served
+    text = "The quick brown fox jumps over the lazy dog."
+    ids = host.current.tokenizer.encode(text)
+    done = client.completions.create(model=model, prompt=text, echo=True, logprobs=1, max_tokens=1, temperature=0)
+    logprobs = done.choices[0].logprobs
+    with torch.no_grad():
+        logits = GPT2LMHeadModel.from_pretrained(app_models[0])(torch.tensor([ids])).logits[0]
+    reference = torch.log_softmax(logits.float(), dim=-1)
+    expected = [float(reference[i, token]) for i, token in enumerate(ids[1:])]
+    assert logprobs.token_logprobs[1:len(ids)] == pytest.approx(expected, abs=1e-4)
+    best = [max(top.values()) for top in logprobs.top_logprobs[1:len(ids)]]
+    assert best == pytest.approx(reference[:len(ids) - 1].max(dim=-1).values.tolist(), abs=1e-4)
+    adapted = client.completions.create(model=f"{model}:summarize", prompt=text, echo=True, logprobs=1, max_tokens=1,
+                                        temperature=0).choices[0].logprobs
+    assert adapted.token_logprobs[1:len(ids)] != pytest.approx(expected, abs=1e-4)
 
 
 def test_a_streamed_completion_is_the_same_text_in_pieces_then_its_usage(client, served, model):
