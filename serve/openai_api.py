@@ -144,7 +144,9 @@ def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 7
 
     async def chat_completions(request: Request):
         body = await json_body(request)
-        task, adapter = task_for(host, body, TASKS["dialogue"])
+        # OpenAI's chat has no default limit but the context; a reply here ends with its line, and
+        # the Chat tab's cap, chosen on the validation replies, stops one that rambles on.
+        task, adapter = task_for(host, body, TASKS["dialogue"], max_tokens=TASKS["dialogue"].defaults.max_new_tokens)
         inputs = dialogue_inputs(body.get("messages"))
         api = TaskAPI(task, "v1/chat/completions", (Param("inputs", DialogueInputs),),
                       make_inputs=lambda inputs: inputs, description="")
@@ -155,6 +157,13 @@ def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 7
     router.add_api_route("/models/{model_id:path}", guarded(one_model, admitted=False), methods=["GET"])
     router.add_api_route("/completions", guarded(completions), methods=["POST"])
     router.add_api_route("/chat/completions", guarded(chat_completions), methods=["POST"])
+
+    async def unknown(request: Request):
+        raise BadRequest(f"no route {request.method} {request.url.path}: the API has GET /v1/models, "
+                         "POST /v1/completions and POST /v1/chat/completions", status=404, code="unknown_url")
+    # last, so that it answers only what no route above does, in OpenAI's shape rather than FastAPI's
+    router.add_api_route("/{path:path}", guarded(unknown, admitted=False),
+                         methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     return router
 
 
@@ -189,10 +198,10 @@ async def json_body(request: Request) -> dict:
     return body
 
 
-def task_for(host: ModelHost, body: dict, task: Task) -> tuple[Task, bool]:
-    """The task a request runs (its decoding defaults OpenAI's), and whether its adapter is on:
-    `name:adapter` switches that adapter on; the chat's own adapter, or any adapter for a
-    completion."""
+def task_for(host: ModelHost, body: dict, task: Task, max_tokens: int = 16) -> tuple[Task, bool]:
+    """The task a request runs (its decoding defaults OpenAI's, with `max_tokens`), and whether its
+    adapter is on: `name:adapter` switches that adapter on; the chat's own adapter, or any adapter
+    for a completion."""
     model = body.get("model")
     if model is None:
         raise BadRequest(f"model is required: one of {', '.join(model_ids(host))}", param="model")
@@ -208,8 +217,8 @@ def task_for(host: ModelHost, body: dict, task: Task) -> tuple[Task, bool]:
     # OpenAI's defaults, and the extra settings off, as the docs say, rather than the tab's. The
     # task's own stops count in the engine's limit, and so does the end an adapter adds (run_task).
     own = task.defaults.stop + ((ADAPTER_END,) if adapter else ())
-    defaults = replace(task.defaults, **{name: default for name, default in SETTINGS.values()},
-                       stop=stop_strings(body.get("stop"), own))
+    openai_defaults = {**{name: default for name, default in SETTINGS.values()}, "max_new_tokens": max_tokens}
+    defaults = replace(task.defaults, **openai_defaults, stop=stop_strings(body.get("stop"), own))
     return replace(task, defaults=defaults, adapter=adapter or task.adapter), adapter is not None
 
 

@@ -246,6 +246,21 @@ def test_user_messages_in_a_row_are_one_turn(client, model):
     assert reply("Hello.", "How are you?") == reply("Hello. How are you?")
 
 
+def test_chat_replies_by_default_as_long_as_the_chat_tab_lets_them(client, served, model):
+    """Not OpenAI's 16 tokens of a completion, which cut replies off mid-sentence: the tab's cap."""
+    _, url = served
+    done = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello"}], seed=4)
+    gradio_reply, *_ = Client(url, verbose=False).predict(
+        "Hello", [], "", temperature=1.0, top_k=0, no_repeat_ngram_size=0, seed=4, adapter=False, api_name="/chat")
+    assert done.choices[0].message.content == gradio_reply and done.usage.completion_tokens > 16
+
+
+def test_an_unknown_route_answers_in_openais_shape(client):
+    for method, path in (("GET", "nothing"), ("GET", "completions"), ("DELETE", "models")):
+        response = httpx.request(method, f"{client.base_url}{path}")
+        assert response.status_code == 404 and "/v1/chat/completions" in response.json()["error"]["message"]
+
+
 def test_bad_chat_messages_and_an_unknown_model_are_refused(client, model):
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=model, messages=[])
