@@ -173,6 +173,20 @@ MODEL_LINE = {
 }
 # The Architecture tab's top-10 table's headers, which the browser cannot translate, by language.
 TOP_HEADERS = {"en": ["token", "probability"], "zh": ["词元", "概率"]}
+# The Architecture tab's live plots' own text (titles, axes, legends): drawn into the image on
+# the server, where the browser cannot translate it.
+PLOT_TEXT = {
+    "en": {"norm_title": "Residual stream norm, {model}", "range": "range over tokens", "mean": "mean over tokens",
+           "last": "last token", "after_layer": "after layer",
+           "attention_title": "Attention, layer {layer}, head {head}", "key": "key (attended to)", "query": "query",
+           "lens_title": "Logit lens: each layer's top next token", "lens_adapter": "adapter {adapter} (red: changed)",
+           "layer": "layer", "after_token": "after the token", "probability": "probability"},
+    "zh": {"norm_title": "残差流范数，{model}", "range": "各词元的范围", "mean": "各词元的平均",
+           "last": "最后一个词元", "after_layer": "经过的层",
+           "attention_title": "注意力，第 {layer} 层，第 {head} 个头", "key": "键（被关注的词元）", "query": "查询",
+           "lens_title": "logit 透镜：每一层预测的下一个词元", "lens_adapter": "适配器 {adapter}（红框：有改变）",
+           "layer": "层", "after_token": "在这个词元之后", "probability": "概率"},
+}
 MODEL_LINE_QUANTIZED = {"en": " · {quantize} weights", "zh": " · {quantize} 权重"}
 MODEL_LINE_DECODING = {"en": " · decoding on {path}", "zh": " · 解码方式：{path}"}
 

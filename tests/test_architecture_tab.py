@@ -67,6 +67,36 @@ def test_japanese_tokens_are_drawn_in_a_font_that_has_them(host):
     assert not [str(w.message) for w in caught if "missing from font" in str(w.message)]
 
 
+def test_a_chinese_page_gets_its_plots_text_in_chinese():
+    """Titles, axes and legends are drawn into the image, where the browser cannot translate
+    them: a page asking for Chinese gets them in Chinese, in a font that has the glyphs."""
+    import re
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+
+    class ChineseRequest:
+        headers = {"accept-language": "zh-CN,zh;q=0.9"}
+
+    host = ModelHost(["bundled"], device="cpu")  # the lens with an adapter has its own title line
+    seen = look_inside(host)("The little bird sang", 2, 1, "translate", ChineseRequest())
+    assert seen["outcome"] is None and list(seen["top"].columns) == ["词元", "概率"]
+    figures = [seen["norms"], seen["attention"], seen["lens"]]
+    texts = [text for figure in figures for ax in figure.axes
+             for text in (ax.get_title(), ax.get_xlabel(), ax.get_ylabel(),
+                          *(t.get_text() for t in (ax.get_legend().get_texts() if ax.get_legend() else [])))
+             if text and text != "||h||"]
+    assert len(texts) >= 12, texts  # three titles, their axes, the legend's three lines, the colour bar
+    untranslated = [text for text in texts if not re.search(r"[\u4e00-\u9fff]", text)]
+    assert not untranslated, untranslated
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for figure in figures:
+            FigureCanvasAgg(figure).draw()
+    assert not [str(w.message) for w in caught if "missing from font" in str(w.message)]
+
+
 @pytest.mark.parametrize("adapter", [None, "summarize"])
 def test_the_lens_title_fits_its_figure_for_a_one_token_prompt(adapter):
     from matplotlib.backends.backend_agg import FigureCanvasAgg

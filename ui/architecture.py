@@ -13,7 +13,7 @@ from matplotlib import font_manager
 from matplotlib.figure import Figure  # not pyplot: figures made per request must not pile up in its registry
 from matplotlib.patches import Rectangle
 
-from serve.messages import TOP_HEADERS, localized
+from serve.messages import PLOT_TEXT, TOP_HEADERS, localized
 from serve.model_host import ModelHost
 from serve.outcome import Outcome, status_line
 from serve.running import look_inside as serve_look_inside
@@ -75,22 +75,24 @@ matplotlib.rcParams["font.family"] = plot_fonts()
 EXAMPLE_PROMPT = "Once upon a time, a little fox found a shiny key in the forest. She"
 
 
-def residual_norm_figure(seen: Inspection, model_name: str) -> Figure:
+def residual_norm_figure(seen: Inspection, model_name: str, lang: str = "en") -> Figure:
+    text = PLOT_TEXT[lang]
     norms = seen.residual_norms.numpy()
     stages = ["emb", *map(str, range(1, len(norms) - 1)), "ln_f"]
     fig = Figure(figsize=(6.5, 3.8))
     ax = fig.subplots()
-    ax.fill_between(stages, norms.min(1), norms.max(1), alpha=0.25, label="range over tokens")
-    ax.plot(stages, norms.mean(1), marker="o", label="mean over tokens")
-    ax.plot(stages, norms[:, -1], marker=".", linestyle="--", label="last token")
-    ax.set(yscale="log", xlabel="after layer", ylabel="||h||", title=f"Residual stream norm, {model_name}")
+    ax.fill_between(stages, norms.min(1), norms.max(1), alpha=0.25, label=text["range"])
+    ax.plot(stages, norms.mean(1), marker="o", label=text["mean"])
+    ax.plot(stages, norms[:, -1], marker=".", linestyle="--", label=text["last"])
+    ax.set(yscale="log", xlabel=text["after_layer"], ylabel="||h||", title=text["norm_title"].format(model=model_name))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
 
-def attention_figure(seen: Inspection) -> Figure:
+def attention_figure(seen: Inspection, lang: str = "en") -> Figure:
+    text = PLOT_TEXT[lang]
     size = 2.5 + 0.22 * len(seen.tokens)
     fig = Figure(figsize=(size + 1.2, size))
     ax = fig.subplots()
@@ -98,7 +100,8 @@ def attention_figure(seen: Inspection) -> Figure:
     ticks = range(len(seen.tokens))
     ax.set_xticks(ticks, seen.tokens, rotation=90, fontsize=8, parse_math=False)  # tokens are text: "$" too
     ax.set_yticks(ticks, seen.tokens, fontsize=8, parse_math=False)
-    ax.set(xlabel="key (attended to)", ylabel="query", title=f"Attention, layer {seen.layer + 1}, head {seen.head + 1}")
+    ax.set(xlabel=text["key"], ylabel=text["query"],
+           title=text["attention_title"].format(layer=seen.layer + 1, head=seen.head + 1))
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
     return fig
@@ -112,12 +115,13 @@ def in_a_cell(label: str, most: int = 8) -> str:
 LENS_COLUMNS = 20  # tokens a row of the lens at most: a longer prompt wraps onto more rows, each with its layer axis
 
 
-def lens_figure(lens: LogitLens, adapter: str | None) -> Figure:
+def lens_figure(lens: LogitLens, adapter: str | None, lang: str = "en") -> Figure:
     """Layers (rows) x positions (columns): each layer's likeliest next token, coloured by its
     probability; with an adapter, the cells where it changes the top-1 are outlined. A prompt of
     more than LENS_COLUMNS tokens wraps onto further grids below, of as many tokens each as can be,
     so that the figure stays as wide as a page and its text stays readable, where one long grid
     would be shrunk to fit."""
+    text = PLOT_TEXT[lang]
     layers, positions = lens.probabilities.shape
     rows = math.ceil(positions / LENS_COLUMNS)
     columns = math.ceil(positions / rows)  # rows as even as they come: 21 tokens are 11 and 10, not 20 and 1
@@ -141,11 +145,11 @@ def lens_figure(lens: LogitLens, adapter: str | None) -> Figure:
         # tokens are text: "$" too
         ax.set_xticks(range(len(shown)), [lens.tokens[p] for p in shown], rotation=90, fontsize=8, parse_math=False)
         ax.set_yticks(range(layers), [str(i + 1) for i in range(layers)], fontsize=8)
-        ax.set_ylabel("layer")
-    title = "Logit lens: each layer's top next token" + (f"\nadapter {adapter} (red: changed)" if adapter else "")
+        ax.set_ylabel(text["layer"])
+    title = text["lens_title"] + ("\n" + text["lens_adapter"].format(adapter=adapter) if adapter else "")
     axes[0].set_title(title)
-    axes[-1].set_xlabel("after the token")
-    fig.colorbar(image, ax=list(axes), fraction=0.03, pad=0.02, label="probability")
+    axes[-1].set_xlabel(text["after_token"])
+    fig.colorbar(image, ax=list(axes), fraction=0.03, pad=0.02, label=text["probability"])
     return fig
 
 
@@ -174,12 +178,14 @@ def look_inside(host: ModelHost):
         except ValueError as error:  # said in the tab's status line, as the task tabs say a refusal
             return {"outcome": Outcome.refused(str(error))}
         seen = view.seen
+        lang = language(request)
         top = pd.DataFrame([[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens],  # a random model's are tiny
-                           columns=TOP_HEADERS[language(request)])
-        return {"norms": residual_norm_figure(seen, view.model), "attention": attention_figure(seen), "top": top,
+                           columns=TOP_HEADERS[lang])
+        return {"norms": residual_norm_figure(seen, view.model, lang), "attention": attention_figure(seen, lang),
+                "top": top,
                 "layer": gr.update(maximum=slider_top(view.layers), value=seen.layer + 1),
                 "head": gr.update(maximum=slider_top(view.heads), value=seen.head + 1),
-                "lens": lens_figure(view.lens, adapter), "outcome": None}
+                "lens": lens_figure(view.lens, adapter, lang), "outcome": None}
     return run
 
 

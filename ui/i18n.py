@@ -171,7 +171,7 @@ likeliest next tokens.""",
     "look_inside": "Look inside",
     "residual_norms": "Residual stream norm",
     "attention_map": "Attention map",
-    "top_tokens": "Top-10 next tokens",
+    "top_tokens": "Top-10 next tokens, of the base model (the adapter below changes the logit lens only)",
 }
 
 CHINESE = {
@@ -223,9 +223,9 @@ CHINESE = {
     "adapter": "适配器",
     "adapter_info": "启用此任务微调过的适配器",
     "adapter_info_off": "默认关闭：此模型的评测未发现它比仅用提示词更好；可开启试用",
-    "lens_adapter": "逻辑透镜使用的适配器",
+    "lens_adapter": "logit 透镜使用的适配器",
     "lens_adapter_info": "启用后，红框标出它改变了首选词元的层和位置",
-    "logit_lens": "逻辑透镜：每一层会预测什么（对残差流施加 ln_f 和共享的输出头）",
+    "logit_lens": "logit 透镜（logit lens）：每一层会预测什么（对残差流施加 ln_f 和共享的输出头）",
     "adapter_scale": "适配器强度",
     "adapter_scale_info": "加入多少适配器对权重的改变：0 = 不加（基础模型，但用适配器的提示词），1 = 训练时的强度。仅在适配器打开或对比时起作用。",
     "look_inside_output": "为什么是这个输出：词元、备选、适配器关与开",
@@ -286,7 +286,7 @@ GPT-2 是 **Pre-LN**（前置层归一化）Transformer：每个块先对注意�
     "look_inside": "查看内部",
     "residual_norms": "残差流范数",
     "attention_map": "注意力图",
-    "top_tokens": "前 10 个候选词元",
+    "top_tokens": "前 10 个候选词元，来自基础模型（下方的适配器只影响 logit 透镜）",
 }
 
 
