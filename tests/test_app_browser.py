@@ -428,6 +428,13 @@ def test_the_interface_follows_the_browser_language(browser, studio_url):
             expect(status).not_to_contain_text(english)
         assert page.get_by_test_id("toast-body").count() == 0  # a refusal is the status line's alone
         screenshot(page, "chinese-refusal")
+        # The examples' labels too, which the browser does not translate; a label still loads its example.
+        page.get_by_role("tab", name="对话").click()
+        page.get_by_text("点一杯咖啡（咖啡店）").click()
+        expect(page.locator("#dialogue-message textarea")).to_have_value("Hi, I'd like to order a coffee, please.")
+        page.get_by_role("tab", name="翻译").click()
+        expect(page.get_by_text("英语 → 法语：Tom was accepted to Harvard.")).to_be_visible()
+        expect(page.get_by_text("English → French")).to_have_count(0)
         # The Architecture tab's table headers come from the server, in the page's language.
         page.get_by_role("tab", name="架构").click()
         top = page.locator("#architecture-top")

@@ -459,7 +459,8 @@ CHAT = TaskView(
               ["I want to book a hotel in Paris.", PERSONAS["sgd"]],
               ["Can you find me a restaurant in San Jose?", PERSONAS["sgd"]]],
     example_inputs=("message", "persona"),
-    example_labels=["Order a coffee (coffee shop)", "Book a hotel (virtual assistant)",
-                    "Find a restaurant (virtual assistant)"],
+    example_labels={"en": ["Order a coffee (coffee shop)", "Book a hotel (virtual assistant)",
+                           "Find a restaurant (virtual assistant)"],
+                    "zh": ["点一杯咖啡（咖啡店）", "订一家酒店（虚拟助理）", "找一家餐馆（虚拟助理）"]},
     from_ui=from_ui, present=show_turn, extras=chat_extras, page_state=chat_store,
 )

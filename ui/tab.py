@@ -75,7 +75,10 @@ class TaskView:
     build: Callable[[], Widgets]
     examples: list[list[Any]]  # one value per name in example_inputs
     example_inputs: tuple[str, ...]
-    example_labels: list[str] | None = None  # needed with several inputs: the browser cannot translate table headers
+    # The examples' labels by language ("en", and "zh" where they have words to translate): needed
+    # with several inputs, whose table headers the browser cannot translate; it does not translate
+    # these either, so a page's load sets them in its language (labelled_examples).
+    example_labels: dict[str, list[str]] | None = None
     from_ui: Callable[[dict[str, Any]], dict[str, Any]] = dict  # component values -> API values
     present: Callable[[dict[str, Any], str], Any] = lambda values, text: text  # -> output's value
     extras: Callable[["Tab"], None] | None = None  # wires the task's own events
@@ -336,6 +339,21 @@ def settings_widgets(task: Task) -> dict[str, gr.Component]:
     return widgets
 
 
+def labelled_examples(view: TaskView, widgets: Widgets) -> gr.Examples:
+    """The view's examples, under labels in the page's language."""
+    labels = view.example_labels or {}
+    examples = gr.Examples(view.examples, [widgets.inputs[name] for name in view.example_inputs],
+                           label=i18n("examples"), example_labels=labels.get("en"), cache_examples=False,
+                           api_visibility="private")
+    if "zh" in labels:
+        def in_language(request: gr.Request):
+            lang = language(request)
+            return gr.Dataset(sample_labels=labels[lang]) if lang in labels and lang != "en" else gr.skip()
+        gr.context.Context.root_block.load(in_language, None, examples.dataset, queue=False,
+                                           api_visibility="private")
+    return examples
+
+
 def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
              page_state: gr.Component | None = None) -> Tab:
     """Lay out and wire one task's tab; call inside a gr.Blocks. `page_state`: the view's state
@@ -365,9 +383,7 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
         with gr.Accordion(i18n("prompt_sent"), open=False):
             prompt_sent = gr.Textbox(label=i18n("prompt_sent"), show_label=False, lines=4, max_lines=12,
                                      interactive=False, buttons=["copy"], elem_id=f"{task.name}-prompt-sent")
-        examples = gr.Examples(view.examples, [widgets.inputs[name] for name in view.example_inputs],
-                               label=i18n("examples"), example_labels=view.example_labels, cache_examples=False,
-                               api_visibility="private")
+        examples = labelled_examples(view, widgets)
         # Wired inside the tab: what the wiring creates (the states of a view's extras) must be the
         # tab's, not a child of gr.Tabs, where Gradio would count it as a tab and show the wrong labels.
         run_buttons = (run_button,) if continue_button is None else (run_button, continue_button)

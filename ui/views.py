@@ -8,7 +8,7 @@ import gradio as gr
 
 from engine.generate import new_token_budget
 from serve.apis import GENERATE_API, SUMMARIZE_API, TRANSLATE_API
-from serve.messages import localized
+from serve.messages import LABELS_ZH, localized
 from serve.model_host import ModelHost
 from serve.running import checked_text
 from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, SummarizeInputs
@@ -231,7 +231,9 @@ TRANSLATE = TaskView(
     bundled_note="bundled_translate",
     examples=[list(example) for example in TRANSLATE_EXAMPLES],
     example_inputs=("text", "source", "target"),
-    example_labels=[f"{source} → {target}: {text}" for text, source, target in TRANSLATE_EXAMPLES],
+    example_labels={"en": [f"{source} → {target}: {text}" for text, source, target in TRANSLATE_EXAMPLES],
+                    "zh": [f"{LABELS_ZH[source]} → {LABELS_ZH[target]}：{text}"
+                           for text, source, target in TRANSLATE_EXAMPLES]},
     extras=translate_extras,
 )
 
@@ -298,6 +300,7 @@ SUMMARIZE = TaskView(
     bundled_note="bundled_summarize",
     examples=[[FOX_AND_CROW], [ANT_AND_DOVE], [DINNER_BOOKING]],
     example_inputs=("article",),
-    example_labels=["The fox and the crow", "The ant and the dove", "Booking dinner (a conversation)"],
+    example_labels={"en": ["The fox and the crow", "The ant and the dove", "Booking dinner (a conversation)"],
+                    "zh": ["狐狸和乌鸦", "蚂蚁和鸽子", "订晚餐（一段对话）"]},
     extras=summarize_extras,
 )
