@@ -234,6 +234,8 @@ def test_chat_keeps_a_multi_turn_conversation_and_exports_it(page, tmp_path, mon
     monkeypatch.setattr(chat, "EXPORT_DIR", tmp_path)  # the app runs in this process
     page.get_by_role("tab", name="Chat").click()
     message = page.locator("#dialogue-message textarea")
+    # A first conversation starts with a persona for small talk.
+    expect(page.locator("#dialogue-persona textarea")).to_have_value(chat.DEFAULT_PERSONA)
     page.locator("#dialogue-persona textarea").fill("Bot is a friendly sailor.")
     set_setting(page, "dialogue", "seed", 21)
     message.fill("Hello there")

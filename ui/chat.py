@@ -49,6 +49,7 @@ STORAGE_KEY = "pre-ln-gpt2-studio-chat"
 # The browser keeps the conversations encrypted with this; a fixed one, so that they survive a
 # restart of the app (a random one per start would make them unreadable).
 STORAGE_SECRET = "pre-ln-gpt2-studio"
+DEFAULT_PERSONA = PERSONAS["chatterbot"]
 
 
 def message_text(message: dict) -> str:
@@ -92,7 +93,10 @@ def chat_widgets() -> Widgets:
             export = gr.DownloadButton(str(i18n("export_conversation")), size="sm", elem_id="dialogue-export")
             upload = gr.UploadButton(str(i18n("import_conversation")), file_types=[".json"], size="sm",
                                      elem_id="dialogue-import")
-    persona = gr.Textbox(label=i18n("persona"), placeholder=i18n("persona_placeholder"), elem_id="dialogue-persona")
+    # A first conversation starts with a persona, so that a greeting gets small talk back: with
+    # none, the bundled model answers in whichever of its sources it drifts to (hotel bookings).
+    persona = gr.Textbox(DEFAULT_PERSONA, label=i18n("persona"), placeholder=i18n("persona_placeholder"),
+                         elem_id="dialogue-persona")
     # As high as the conversation, up to CHAT_CSS's height, then it scrolls: empty, it does not push
     # the message box below a phone's first screen.
     chatbot = gr.Chatbot(label=i18n("conversation"), height=None, min_height=100, buttons=["copy", "copy_all"],
