@@ -377,6 +377,29 @@ def test_the_reply_switcher_follows_the_last_turn():
         assert hidden["visible"] is False
 
 
+def test_a_reload_brings_back_the_replies_and_outcome_only_of_the_conversation_they_belong_to():
+    """run_record goes through the browser as JSON: read back, it gives the same outcomes; a
+    record whose replies belong to another last turn, or that this app cannot read, gives none."""
+    from engine.generate import Result
+    from serve.outcome import Outcome
+    from ui.chat import run_from_record, run_record
+
+    def outcome(seed):
+        return Outcome.done(Result("", seed, 5, 3, 80.0, "stop_string"), "adapter on", [("top_k", 20.0)],
+                            ["dropped the 1 oldest turn to fit the context"])
+    replies = {"turn": 1, "replies": [("Hello!", outcome(1)), ("Good day.", outcome(2))], "at": 1}
+    history = [["Hi", "Yo"], ["Hi again", "Good day."]]
+    record = json.loads(json.dumps(run_record(outcome(2), replies)))  # as the browser keeps it
+    assert run_from_record({"history": history, **record}) == (outcome(2), replies)
+    # one reply (no retry): nothing to switch to; a refusal is no run to reproduce
+    assert run_record(outcome(2), {**replies, "replies": replies["replies"][1:], "at": 0})["replies"] == {}
+    assert run_record(Outcome.refused("message is empty"), {})["outcome"] is None
+    # the replies of another last turn, or of another reply shown there, are not brought back
+    assert run_from_record({"history": history[:1], **record}) == (outcome(2), {})
+    assert run_from_record({"history": [history[0], ["Hi again", "Hm."]], **record})[1] == {}
+    assert run_from_record({"history": history, "outcome": {"seed": 1}, "replies": {}}) == (None, {})
+
+
 def test_an_edits_draft_comes_back_once_the_message_box_is_empty_again():
     from ui.chat import draft_back
 

@@ -856,6 +856,8 @@ def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(p
     page.get_by_role("tab", name="Chat").click()
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(1)
     assert chat_turns(page) == (users, bots)
+    expect(page.locator("#dialogue-status")).to_contain_text("seed 31 · ")  # the reply's run, to reproduce it
+    expect(page.locator("#dialogue-previous-reply")).to_be_hidden()  # one reply: nothing to switch to
     expect(page.locator("#dialogue-persona textarea")).to_have_value("Bot is a friendly sailor.")
     page.locator("#tab-dialogue").get_by_text("Decoding settings").click()
     expect(page.locator("#dialogue-temperature input[type=number]")).to_have_value("0.7")
@@ -957,6 +959,20 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     page.locator("#dialogue-next-reply").click()
     expect(page.locator("#dialogue-status")).to_contain_text("seed 42 · ")
     screenshot(page, "chat-replies")
+    # A reload brings back both replies and the shown one's status line, its seed.
+    page.wait_for_timeout(500)  # the save after the switch
+    page.reload()
+    page.wait_for_selector("#generate-run")
+    page.get_by_role("tab", name="Chat").click()
+    expect(which).to_contain_text("2 / 2")
+    expect(page.locator("#dialogue-status")).to_contain_text("seed 42 · ")
+    assert chat_turns(page)[1][-1] == second
+    page.locator("#dialogue-previous-reply").click()
+    expect(which).to_contain_text("1 / 2")
+    expect(page.locator("#dialogue-status")).to_contain_text("seed 41 · ")
+    assert chat_turns(page)[1][-1] == first
+    page.locator("#dialogue-next-reply").click()
+    expect(which).to_contain_text("2 / 2")
 
     set_setting(page, "dialogue", "seed", 43)
     message.fill("a draft of my next message")  # an edit sends the edited text, and keeps the draft

@@ -1,9 +1,9 @@
 """The Chat tab: a gr.Chatbot conversation with a persona line, retry / undo / clear, and the
 conversation exported as JSON and imported back.
 
-The conversation, the persona, the adapter switch and the decoding settings are kept in the
-browser's own storage (gr.BrowserState: per browser, never on the server), so they survive a
-reload; "New chat" files the conversation under "Earlier conversations", from where it can be
+The conversation, the persona, the adapter switch and the decoding settings, with the run of the
+reply shown (its status line, and the replies kept after a retry), are kept in the browser's own
+storage (gr.BrowserState: per browser, never on the server), so they survive a reload; "New chat" files the conversation under "Earlier conversations", from where it can be
 reopened, and starts an empty one with the same persona, adapter and settings (as chat apps keep
 their settings across conversations).
 
@@ -297,9 +297,38 @@ def chat_store() -> gr.BrowserState:
     return gr.BrowserState({"current": None, "earlier": []}, storage_key=STORAGE_KEY, secret=STORAGE_SECRET)
 
 
-def keep_in_browser(tab: Tab, export: dict, changed: list, forgetting: list[dict]) -> None:
+def run_record(outcome: Outcome | None, replies: dict) -> dict:
+    """What a reload brings back of the reply shown: its run's outcome (the status line, with its
+    seed) and, after a retry, the replies to switch between; as JSON values, for the browser."""
+    def as_json(run: Outcome | None) -> dict | None:
+        return run.as_json() if run is not None and run.ran else None
+    kept = replies.get("replies", [])
+    return {"outcome": as_json(outcome),
+            "replies": {"turn": replies["turn"], "at": replies["at"],
+                        "replies": [[text, as_json(run)] for text, run in kept]} if len(kept) > 1 else {}}
+
+
+def run_from_record(conversation: dict) -> tuple[Outcome | None, dict]:
+    """run_record's outcome and replies back, for the conversation they were kept with; the
+    replies only while they still belong to its last turn. A record the app cannot read (from
+    another version of it) brings back nothing."""
+    pairs = conversation.get("history", [])
+
+    def outcome(data: dict | None) -> Outcome | None:
+        return None if data is None else Outcome.from_json(data)
+    try:
+        shown, kept = outcome(conversation.get("outcome")), conversation.get("replies") or {}
+        if not (kept and pairs and kept["turn"] == len(pairs) - 1 and kept["replies"][kept["at"]][0] == pairs[-1][1]):
+            return shown, {}
+        return shown, {**kept, "replies": [(text, outcome(run)) for text, run in kept["replies"]]}
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None, {}
+
+
+def keep_in_browser(tab: Tab, export: dict, changed: list, forgetting: list[dict], replies: gr.State) -> None:
     """The conversation, persona, adapter switch and settings kept in the browser (see the module
-    docstring): saved after each change (`changed`: the events that change the conversation,
+    docstring), with the outcome of the reply shown and the `replies` kept to switch between
+    (run_record): saved after each change (`changed`: the events that change the conversation,
     besides the edits of its boxes), restored on load, filed by New chat, reopened from the
     list, imported from an exported file; each of those makes the export button's file too, and
     forgets what spoke of the conversation it replaces (`forgetting`: the events' arguments)."""
@@ -328,12 +357,19 @@ def keep_in_browser(tab: Tab, export: dict, changed: list, forgetting: list[dict
         return {**values, store: saved, more["earlier"]: earlier_choices(saved), **tab.shown(None, "en"),
                 tab.prompt_sent: ""}
 
-    def save(saved: dict, *values) -> dict:
-        return {**saved, "current": current(*values)}
+    def save(saved: dict, outcome: Outcome | None, kept_replies: dict, *values) -> dict:
+        return {**saved, "current": {**current(*values), **run_record(outcome, kept_replies)}}
 
-    def restore(saved: dict) -> dict:
+    def restore(saved: dict, request: gr.Request) -> dict:
         conversation = (saved or {}).get("current")
-        return {**(shown(conversation) if conversation else {}), more["earlier"]: earlier_choices(saved or {})}
+        listed = {more["earlier"]: earlier_choices(saved or {})}
+        if not conversation:
+            return listed
+        outcome, kept_replies = run_from_record(conversation)
+        switcher = {more["switcher"]: gr.update(visible=True), more["which"]: which_reply(kept_replies)} \
+            if kept_replies else {}
+        return {**shown(conversation), **listed, **tab.shown(outcome, language(request)), replies: kept_replies,
+                **switcher}
 
     def new_chat(saved: dict, *values) -> dict:
         saved = filed(saved or {}, current(*values))
@@ -360,8 +396,10 @@ def keep_in_browser(tab: Tab, export: dict, changed: list, forgetting: list[dict
         saved["current"] = {**current(*values), **conversation}
         return replaced_by(saved, shown(saved["current"]))
 
-    root.load(restore, store, {*kept, more["earlier"]}, queue=False, api_visibility="private").then(**export)
-    saving = dict(fn=save, inputs=[store, *kept], outputs=store, queue=False, api_visibility="private")
+    restored = {*kept, more["earlier"], tab.status, tab.outcome, replies, more["switcher"], more["which"]}
+    root.load(restore, store, restored, queue=False, api_visibility="private").then(**export)
+    saving = dict(fn=save, inputs=[store, tab.outcome, replies, *kept], outputs=store, queue=False,
+                  api_visibility="private")
     for change in changed:
         change.then(**saving)
     gr.on([persona.blur, persona.submit, tab.adapter.input, chatbot.undo, chatbot.clear,
@@ -400,10 +438,11 @@ def chat_extras(tab: Tab) -> None:
         return {replies: kept, switcher: gr.update(visible=True), more["which"]: which_reply(kept),
                 **tab.shown(outcome, language(request))}
 
-    for replaced in (tab.run_events[-1], *tab.continuing_runs):
-        replaced.then(retried, [chatbot, replies, tab.outcome, tab.insight.last_run],
-                      {replies, switcher, more["which"], tab.status, tab.outcome}, queue=False,
-                      api_visibility="private")
+    # What changes the reply's outcome or the kept replies: the browser keeps it once it has.
+    settled = [replaced.then(retried, [chatbot, replies, tab.outcome, tab.insight.last_run],
+                             {replies, switcher, more["which"], tab.status, tab.outcome}, queue=False,
+                             api_visibility="private")
+               for replaced in (tab.run_events[-1], *tab.continuing_runs)]
     forget_replies = dict(fn=forget_replaced, inputs=[chatbot, replies, tab.outcome],
                           outputs=[replies, more["switcher"]], queue=False, api_visibility="private")
     # The token view, Compare's texts and a clicked token's alternatives speak of the reply last
@@ -431,7 +470,7 @@ def chat_extras(tab: Tab) -> None:
                           api_visibility="private")
     tab.add_run([edited])
     for new_turn in [*sending, tab.run_events[-1]]:  # a message sent, or an edited one
-        new_turn.then(**forget_replies)
+        settled.append(new_turn.then(**forget_replies))
         new_turn.then(draft_back, [draft, message], [message, draft], queue=False, api_visibility="private")
     # The status line and the prompt sent go with the reply they spoke of, as on a clear or in
     # another conversation.
@@ -441,7 +480,7 @@ def chat_extras(tab: Tab) -> None:
     cleared = chatbot.clear(lambda: {chatbot: [], **gone}, None, {chatbot, *gone}, queue=False,
                             api_visibility="private")
     for other in (undone, cleared):
-        other.then(**forget_replies)
+        settled.append(other.then(**forget_replies))
         other.then(**forget_shown_run)
     # Exported when a run, an undo, a clear or a switch to another kept reply has finished, not on
     # every change of the chatbot: a streaming reply changes it with every chunk. (Stop lets the
@@ -452,7 +491,7 @@ def chat_extras(tab: Tab) -> None:
     for finished in [*tab.run_events, undone, cleared, *switches]:
         finished.then(**export)
     gr.on([persona.blur, persona.submit], **export)  # once the persona is typed, not per keystroke
-    keep_in_browser(tab, export, [*tab.run_events, *switches], [forget_replies, forget_shown_run])
+    keep_in_browser(tab, export, [*tab.run_events, *switches, *settled], [forget_replies, forget_shown_run], replies)
 
 
 CHAT = TaskView(
