@@ -112,7 +112,7 @@ class RemoteHost:
 
     def run_compare(self, api: TaskAPI, values: dict[str, Any],
                     cancel: threading.Event | None = None) -> Iterator[tuple[list[str], Outcome | None, dict | None]]:
-        adapter = compared_state(values.get("adapter_scale", 1.0))
+        adapter = compared_state(values.get("adapter_scale", 1.0), bool(values.get("adapter", False)))
         for update in self.updates(f"compare/{api.name}", api, values, cancel, adapter, ["texts"]):
             yield update["texts"], update["outcome"], update.get("comparison")
 

@@ -90,7 +90,9 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                            "tokens): {text}", "经由{language}翻译（第一步：提示词 {prompt} + 生成 {generated} 个词元）：{text}"),
     "first_step_cut": ("the first step's output cut to its first {kept} of {tokens} tokens to fit the second step's "
                        "context", "为放入第二步的上下文，第一步的输出只保留了前 {kept} 个词元（共 {tokens} 个）"),
-    "off_side_note": ("adapter off: {note}", "适配器关：{note}"),  # a comparison's note of the off side
+    # a comparison's note of the side not shown (serve.running.OTHER_SIDE_NOTE)
+    "off_side_note": ("adapter off: {note}", "适配器关：{note}"),
+    "on_side_note": ("adapter on: {note}", "适配器开：{note}"),
     "article_length": ("{tokens} of {context} context tokens in the prompt; the summary may use up to {left}",
                        "提示词占上下文 {context} 个词元中的 {tokens} 个；摘要最多可用 {left} 个"),
     # the token view (ui/tokens.py)
@@ -125,9 +127,10 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "status": ("seed {seed} · {prompt} prompt + {generated} generated tokens · {speed} tokens/s · stopped: {reason}",
                "种子 {seed} · 提示词 {prompt} + 生成 {generated} 个词元 · 每秒 {speed} 个词元 · 停止原因：{reason}"),
     "adapter_on_scaled": ("adapter on at strength {scale}", "适配器开，强度 {scale}"),  # "adapter on": NAMES_ZH
-    "compared": ("adapter off vs on: the output and counts are the on side's", "适配器关与开对比：输出和计数属于开的一侧"),
-    "compared_scaled": ("adapter off vs on at strength {scale}: the output and counts are the on side's",
-                        "适配器关与开（强度 {scale}）对比：输出和计数属于开的一侧"),
+    # {side}: "adapter off" or "adapter on", the side the output box shows
+    "compared": ("adapter off vs on: the output and counts are with {side}", "适配器关与开对比：输出和计数属于{side}的一侧"),
+    "compared_scaled": ("adapter off vs on at strength {scale}: the output and counts are with {side}",
+                        "适配器关与开（强度 {scale}）对比：输出和计数属于{side}的一侧"),
     "changed_settings": ("changed settings: {settings}", "更改的设置：{settings}"),  # "name value, ..."
 }
 

@@ -154,10 +154,11 @@ def adapter_state(adapter_on: bool, adapter_scale: float) -> str:
     return "adapter on" if adapter_scale == 1 else f"adapter on at strength {adapter_scale:g}"
 
 
-def compared_state(adapter_scale: float) -> str:
-    """A comparison's status part: both sides ran; the line's counts, and the output box, are the on side's."""
+def compared_state(adapter_scale: float, shown_on: bool) -> str:
+    """A comparison's status part: both sides ran; the line's counts, and the output box, are the
+    side the adapter switch picks (`shown_on`), as a run without Compare would have shown."""
     on = adapter_state(True, adapter_scale).removeprefix("adapter ")
-    return f"adapter off vs {on}: the output and counts are the on side's"
+    return f"adapter off vs {on}: the output and counts are with {adapter_state(shown_on, 1)}"
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,8 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                 cancel: threading.Event | None = None) -> Iterator[tuple[list[str], Outcome | None, dict | None]]:
     """The request twice at once, adapter off and on, under one seed, so both draw the same random
     numbers at every step: (both texts so far, None, None) as often as the Pacer lets, then the
-    texts, the adapter-on side's outcome and the comparison (compare_sides). Stop (cancel) ends
+    texts, the outcome of the side the adapter switch picks (compared_outcome) and the comparison
+    (compare_sides). Stop (cancel) ends
     both; refusals and faults end it with their outcome, as in `run`."""
     if host.remote:
         yield from host.run_compare(api, values, cancel)
@@ -250,7 +252,7 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
                 if None in done and pacer.due(time.monotonic()):
                     yield list(texts), None, None
         comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params))
-        yield [d.text for d in done], compared_outcome(done, api.task, params), comparison
+        yield [d.text for d in done], compared_outcome(done, api.task, params, bool(values["adapter"])), comparison
     except ValueError as error:
         yield ["", ""], Outcome.refused(str(error)), None
     except GeneratorExit:
@@ -260,17 +262,19 @@ def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
         yield ["", ""], Outcome.fault(f"/{api.name} compare on {loaded.name}", error), None
 
 
-# serve.messages: off_side_note
-OFF_SIDE_NOTE = "adapter off: {note}"
+# serve.messages: other_side_note
+OTHER_SIDE_NOTE = "{side}: {note}"
 
 
-def compared_outcome(done: list[TaskDone], task: Task, params: SamplingParams) -> Outcome:
-    """A comparison's outcome: the on side's, with the notes only the off side made, marked as its
-    own (the English a French -> German run went through, the example pairs it dropped to fit)."""
-    outcome = outcome_of(done[1], task, params, compared_state(params.adapter_scale))
-    for note in done[0].prompt.notes:
-        if note not in done[1].prompt.notes:
-            outcome = outcome.noted(OFF_SIDE_NOTE.format(note=note))
+def compared_outcome(done: list[TaskDone], task: Task, params: SamplingParams, shown_on: bool) -> Outcome:
+    """A comparison's outcome: the shown side's (`shown_on`: the adapter-on side), with the notes
+    only the other side made, marked as its own (the English a French -> German run went
+    through, the example pairs it dropped to fit)."""
+    shown, other = (done[1], done[0]) if shown_on else (done[0], done[1])
+    outcome = outcome_of(shown, task, params, compared_state(params.adapter_scale, shown_on))
+    for note in other.prompt.notes:
+        if note not in shown.prompt.notes:
+            outcome = outcome.noted(OTHER_SIDE_NOTE.format(side=adapter_state(not shown_on, 1), note=note))
     return outcome
 
 

@@ -188,7 +188,7 @@ def test_compare_with_the_adapter_at_zero_gives_the_same_text_twice(host):
     status = english_status(outcome)
     assert texts[0] == texts[1] and texts[0]
     assert comparison["diverges_at"] is None and status.startswith("seed 4 · ")
-    assert " · adapter off vs on at strength 0: the output and counts are the on side's" in status
+    assert " · adapter off vs on at strength 0: the output and counts are with adapter off" in status
     assert comparison["entries"][0] == comparison["entries"][1]
     # each side's tokens under the other: the same model, so the same log-probabilities
     assert comparison["under_other"][0] == pytest.approx([e["logprob"] for e in comparison["entries"][0]], abs=1e-5)
@@ -196,12 +196,14 @@ def test_compare_with_the_adapter_at_zero_gives_the_same_text_twice(host):
 
 def test_a_comparison_says_the_off_sides_own_notes_as_its_own(host):
     """French -> German goes through English on each side, each its own way (the off side with
-    example pairs): the line gives the on side's English, and the off side's, marked as such."""
+    example pairs): the line gives the shown side's English (adapter on), and the other side's,
+    marked as such."""
     from serve.outcome import english_status
     from serve.running import run_compare
     from ui.views import TRANSLATE
 
-    values = compare_values(TRANSLATE.api, text="Le chat dort.", source="French", target="German", max_new_tokens=8)
+    values = compare_values(TRANSLATE.api, text="Le chat dort.", source="French", target="German", max_new_tokens=8,
+                            adapter=True)
     *_, (texts, outcome, comparison) = run_compare(TRANSLATE.api, host, values)
     status = english_status(outcome)
     steps = [prompt.split("\n\n")[0] for prompt in comparison["prompts"]]
@@ -212,6 +214,14 @@ def test_a_comparison_says_the_off_sides_own_notes_as_its_own(host):
     assert len(on) == len(off) == 1
     prompt_tokens = [int(re.search(r"first step: (\d+) prompt", part)[1]) for part in (off[0], on[0])]
     assert prompt_tokens[0] > prompt_tokens[1]
+    assert "the output and counts are with adapter on" in status and f" + {len(comparison['entries'][1])} generated" in status
+
+    # With the adapter switched off, the line is the off side's, and the on side's note is marked.
+    *_, (_, outcome, comparison) = run_compare(TRANSLATE.api, host, {**values, "adapter": False})
+    parts = english_status(outcome).split(" · ")
+    assert "adapter off vs on: the output and counts are with adapter off" in parts
+    assert f"{prompt_tokens[0]} prompt" in next(part for part in parts if part.startswith("translated through"))
+    assert len([part for part in parts if part.startswith("adapter on: translated through English")]) == 1
 
 
 def test_compare_marks_the_first_token_where_adapter_off_and_on_part(host):

@@ -17,7 +17,7 @@ from serve.apis import example_pairs, history_pairs
 from serve.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, localized, translate_one
 from serve.model_host import ModelHost, ModelLoadError
 from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome, status_line
-from serve.running import (OFF_SIDE_NOTE, RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text, compared_state, sampling_params,
+from serve.running import (OTHER_SIDE_NOTE, RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text, compared_state, sampling_params,
                         setting_params)
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
 from tasks.base import FIRST_STEP_CUT
@@ -121,12 +121,12 @@ def made_messages() -> list[str]:
         *(TASKS["translate"].two_steps(TranslateInputs("Bonjour.", "French", "German"), True)[2].format(
             text=text, prompt=90, generated=7) for text in ("Hello.", "(nothing)")),
         FIRST_STEP_CUT.format(kept=250, tokens=1_200),
-        OFF_SIDE_NOTE.format(note=TASKS["translate"].prompt(TranslateInputs("Hello.", examples=[]), tokenizer, 512, 16,
-                                                            False).notes[0]),
+        *(OTHER_SIDE_NOTE.format(side=adapter_state(on, 1), note=TASKS["translate"].prompt(
+            TranslateInputs("Hello.", examples=[]), tokenizer, 512, 16, False).notes[0]) for on in (False, True)),
         *(status_line(Outcome.done(Result("", 7, 4, 16, 633.3, reason), None, [], []), "en")
           for reason in STOP_REASON_WORDS),
         *(adapter_state(on, scale) for on, scale in ((False, 1.0), (True, 1.0), (True, 0.5))),
-        *(compared_state(scale) for scale in (1.0, 0.5)),
+        *(compared_state(scale, on) for scale in (1.0, 0.5) for on in (False, True)),
         SAME_SEED, GREEDY_SAME,
         status_line(Outcome.done(Result("", 7, 4, 16, 0.0, "max_tokens"), None, [], []), "en"),  # no speed
         # a page in front of a deployment (serve/backend.py)

@@ -190,13 +190,14 @@ class Tab:
                                 if outcome.kind == FAULT:
                                     raise notice(outcome, lang)
                             else:
-                                yield {output: view.present(values, texts[1]), **self.shown(outcome, lang),  # the on side
+                                shown = texts[1] if values["adapter"] else texts[0]  # as the adapter switch says
+                                yield {output: view.present(values, shown), **self.shown(outcome, lang),
                                        self.prompt_sent: both_prompts(comparison["prompts"], lang),
                                        insight.view: insight.compared(comparison, lang, texts),
                                        **dict(zip(insight.compare_texts, texts)),
                                        insight.alternatives: insight.hidden_alternatives(),
                                        insight.last_run: insight.kept(zip(comparison["entries"], (False, True)),
-                                                                      ran_with, texts[1]),
+                                                                      ran_with, shown),
                                        **cleared, **self.held(False)}
                         return
                     for text, outcome, prompt, logprobs in run(view.api, self.host, values, cancel):
