@@ -90,6 +90,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                            "tokens): {text}", "经由{language}翻译（第一步：提示词 {prompt} + 生成 {generated} 个词元）：{text}"),
     "first_step_cut": ("the first step's output cut to its first {kept} of {tokens} tokens to fit the second step's "
                        "context", "为放入第二步的上下文，第一步的输出只保留了前 {kept} 个词元（共 {tokens} 个）"),
+    "notebook_tail": ("sent the prompt's last {kept} of {characters} characters, the most a run takes",
+                      "只发送了提示词的最后 {kept} 个字符（共 {characters} 个），这是一次运行能接受的上限"),
     # a comparison's note of the side not shown (serve.running.OTHER_SIDE_NOTE)
     "off_side_note": ("adapter off: {note}", "适配器关：{note}"),
     "on_side_note": ("adapter on: {note}", "适配器开：{note}"),

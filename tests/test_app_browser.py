@@ -787,6 +787,22 @@ def test_compare_streams_two_columns_and_stop_stops_both(page):
     screenshot(page, "compare-stopped")
 
 
+def test_continue_goes_on_past_the_prompts_limit_sending_its_end(page):
+    """A notebook that Continue has grown past what a run takes still goes on: the run is sent
+    its end, says so, and the whole text stays in the box."""
+    from serve.running import MAX_CHARS
+
+    prompt = page.locator("#generate-prompt textarea")
+    long = ("The cat sat on the mat. " * 1_000)[:MAX_CHARS["prompt"]]
+    prompt.fill(long)
+    set_setting(page, "generate", "max_new_tokens", 6)
+    generated = press(page, "generate", "run", 2)
+    output = press(page, "generate", "continue", 3)
+    expect(prompt).to_have_value(long + generated + output)
+    line = status(page, "generate")
+    assert f"sent the prompt's last {MAX_CHARS['prompt']:,} of {len(long + generated):,} characters" in line, line
+
+
 def test_continue_appends_to_the_prompt_and_goes_on_from_the_edited_text(page):
     """Generate's notebook: Continue writes the continuation into the prompt box itself, which
     stays editable; a second Continue goes on from the text as the user corrected it. A Generate

@@ -22,7 +22,7 @@ from serve.running import (OTHER_SIDE_NOTE, RANDOM_SEED, adapter_state, changed_
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
 from tasks.base import FIRST_STEP_CUT
 from train.inspect import inspect_prompt
-from ui import chat
+from ui import chat, tab
 from ui.messages import language, word
 
 pytestmark = pytest.mark.slow  # the page's messages too, with Gradio
@@ -118,6 +118,7 @@ def made_messages() -> list[str]:
         TASKS["dialogue"].prompt(DialogueInputs(message="Hi", history=[("a " * 200, "b " * 200)] * 3), tokenizer,
                                  512, 16, False).notes[0],
         kernels.decode_path(),
+        tab.notebook_tail("x" * 30, 20)[1],
         *(TASKS["translate"].two_steps(TranslateInputs("Bonjour.", "French", "German"), True)[2].format(
             text=text, prompt=90, generated=7) for text in ("Hello.", "(nothing)")),
         FIRST_STEP_CUT.format(kept=250, tokens=1_200),

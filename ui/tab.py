@@ -13,7 +13,8 @@ from engine.generate import resolve_seed
 from serve.messages import localized
 from serve.model_host import BUNDLED, LoadedModel, ModelHost
 from serve.outcome import FAULT, Outcome, status_line
-from serve.running import RANDOM_SEED, SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI, asks_random_seed, run, run_compare
+from serve.running import (MAX_CHARS, RANDOM_SEED, SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI, asks_random_seed,
+                           run, run_compare)
 from tasks import Task
 
 from .i18n import i18n
@@ -173,6 +174,9 @@ class Tab:
             if asks_random_seed(values["seed"]):  # drawn here, so that the run keeps it to continue from
                 values["seed"] = resolve_seed(None)
             ran_with = dict(values)
+            cut = None
+            if view.notebook and (appends or continuing):  # a text the app itself has grown
+                values[view.notebook], cut = notebook_tail(values[view.notebook], MAX_CHARS[view.notebook])
             asked_tokens = data[insight.show_tokens] or continuing
             if asked_tokens:
                 values["logprobs"] = TOP_SHOWN
@@ -208,8 +212,9 @@ class Tab:
                             if outcome.kind == FAULT:
                                 raise notice(outcome, lang)
                         else:
-                            if continued:
-                                outcome = outcome.noted(continued)
+                            for note in (continued, cut):
+                                if note:
+                                    outcome = outcome.noted(note)
                             entries = shown_before + logprobs
                             yield {output: view.present(values, text), **self.shown(outcome, lang),
                                    self.prompt_sent: prompt,
@@ -286,6 +291,19 @@ def without_refusal(tab: Tab):
     def forget(outcome: Outcome | None):
         return tab.shown(None, "en") if outcome is not None and not outcome.ran else NOTHING
     return forget
+
+
+# serve.messages: notebook_tail
+NOTEBOOK_TAIL = "sent the prompt's last {kept:,} of {characters:,} characters, the most a run takes"
+
+
+def notebook_tail(text: str, limit: int) -> tuple[str, str | None]:
+    """The end of a notebook that Continue has grown past what a run takes, and a note that says
+    so (None: it fits). A model sees only the end of a long prompt anyway (the task cuts it to
+    the context), and a refusal there would stop a notebook the app itself made too long."""
+    if len(text) <= limit:
+        return text, None
+    return text[-limit:], NOTEBOOK_TAIL.format(kept=limit, characters=len(text))
 
 
 def append_run(text: str, output: str, outcome: Outcome | None) -> str:
