@@ -118,7 +118,8 @@ def test_the_lens_title_fits_its_figure_for_a_one_token_prompt(adapter):
 ])
 def test_look_inside_refuses_bad_input_with_a_clear_message(host, prompt, layer, head, message):
     seen = look_inside(host)(prompt, layer, head)
-    assert set(seen) == {"outcome"}  # the plots stay as they were
+    # The plots go (left under another prompt they passed for its); the sliders stay.
+    assert seen == {"norms": None, "attention": None, "top": None, "lens": None, "outcome": seen["outcome"]}
     assert status_line(seen["outcome"], "en") == f"⚠️ {message}"  # in the tab's status line
 
 
@@ -130,6 +131,10 @@ def test_the_live_view_shows_the_plots_and_the_top_tokens(page):
     page.locator("#architecture-run").click()
     expect(page.locator("#architecture-status")).to_contain_text("the prompt is empty")
     assert page.get_by_test_id("toast-body").count() == 0  # a refusal is the status line's alone
+    expect(page.locator("#architecture-lens img")).to_have_count(0)  # the last prompt's plots have gone
+    expect(page.locator("#architecture-norms img")).to_have_count(0)
+    assert page.locator("#tab-architecture .error").count() == 0
+    screenshot(page, "architecture-refused")
     expect(page.get_by_text("h = ln_f(h)")).to_be_visible()
     page.locator("#architecture-prompt textarea").fill("The little bird sang a song")
     page.locator("#architecture-run").click()

@@ -154,6 +154,7 @@ def lens_figure(lens: LogitLens, adapter: str | None, lang: str = "en") -> Figur
 
 
 NO_ADAPTER = "none"
+DRAWN = ("norms", "attention", "top", "lens")  # the live view's parts that show a prompt
 
 # On a narrow screen the logit lens keeps the size it was drawn at and scrolls sideways: shrunk to
 # a phone's width, a grid of one token per column had text too small to read.
@@ -168,15 +169,16 @@ ARCHITECTURE_CSS = """
 
 def look_inside(host: ModelHost):
     """The live view's run: by the name of each part it changes (norms, attention, top, layer,
-    head, lens), the part's new value, and its outcome (refused: only the outcome; the plots stay
-    as they were)."""
+    head, lens), the part's new value, and its outcome (refused: the outcome, and None for each
+    part drawn: DRAWN)."""
     def run(prompt: str, layer: float, head: float, adapter: str = NO_ADAPTER,
             request: gr.Request | None = None) -> dict:
         adapter = None if adapter in (None, NO_ADAPTER) else adapter
         try:
             view = serve_look_inside(host, prompt, layer, head, adapter)
         except ValueError as error:  # said in the tab's status line, as the task tabs say a refusal
-            return {"outcome": Outcome.refused(str(error))}
+            # The plots go: left under another prompt, they passed for its.
+            return {**dict.fromkeys(DRAWN), "outcome": Outcome.refused(str(error))}
         seen = view.seen
         lang = language(request)
         top = pd.DataFrame([[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens],  # a random model's are tiny

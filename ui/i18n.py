@@ -8,6 +8,7 @@ import re
 import gradio as gr
 
 from serve.messages import LABELS_ZH
+from train.inspect import MAX_TOKENS
 
 ENGLISH = {
     "title": "# Pre-LN GPT-2 Studio",
@@ -161,11 +162,11 @@ rate and at 12 layers while Pre-LN kept improving, and warmup did not close the 
     "gradnorm_caption": "Gradient norms at initialisation (python -m train.lab gradnorm)",
     "train_caption": "Training runs without gradient clipping (python -m train.lab train)",
     "not_measured": "*Not measured yet: run `python -m train.lab` (see docs/pre-ln.md) to make this plot.*",
-    "live_view": """## Look inside the loaded model
+    "live_view": f"""## Look inside the loaded model
 
-For your prompt: the norm of the residual stream after each layer, one attention head's map over
-the prompt's tokens (row = a token, columns = the earlier tokens it attends to), and the ten
-likeliest next tokens.""",
+For your prompt (up to {MAX_TOKENS} tokens): the norm of the residual stream after each layer, one
+attention head's map over the prompt's tokens (row = a token, columns = the earlier tokens it
+attends to), and the ten likeliest next tokens.""",
     "layer": "Layer",
     "head": "Head",
     "look_inside": "Look inside",
@@ -277,9 +278,9 @@ GPT-2 是 **Pre-LN**（前置层归一化）Transformer：每个块先对注意�
     "gradnorm_caption": "初始化时的梯度范数（python -m train.lab gradnorm）",
     "train_caption": "不做梯度裁剪的训练（python -m train.lab train）",
     "not_measured": "*尚未测量：运行 `python -m train.lab`（见 docs/pre-ln.md）即可生成此图。*",
-    "live_view": """## 查看当前模型的内部
+    "live_view": f"""## 查看当前模型的内部
 
-针对你的提示词：每一层之后残差流的范数、某个注意力头在提示词各词元上的注意力图
+针对你的提示词（最多 {MAX_TOKENS} 个词元）：每一层之后残差流的范数、某个注意力头在提示词各词元上的注意力图
 （每行是一个词元，各列是它关注的前面的词元），以及最可能的十个下一个词元。""",
     "layer": "层",
     "head": "注意力头",
