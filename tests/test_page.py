@@ -65,6 +65,8 @@ def test_every_tab_shows_only_its_own_buttons_and_fits_the_window(browser, studi
         screenshot(page, f"page-{panel}-{width}")
         page_width, window = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
         assert page_width <= window, f"{panel} at {width}: the page is {page_width} px wide in a {window} px window"
+        if width == "desktop":  # where every figure fits: no line says to swipe
+            expect(page.locator(f"#{panel}").get_by_text("swipe it sideways").filter(visible=True)).to_have_count(0)
     page.context.close()
 
 
@@ -143,6 +145,11 @@ def test_on_a_phone_every_part_can_be_read(browser, studio):
         assert image.evaluate("el => el.getBoundingClientRect().width") >= 700  # drawn at a readable size
         frame = image.locator("xpath=..")
         assert frame.evaluate("el => getComputedStyle(el).overflowX") == "auto"  # and scrolls sideways
+    # A phone shows no scroll bar until one scrolls: a line above each wide figure says it scrolls.
+    hints = page.locator("#tab-architecture").get_by_text("swipe it sideways")
+    expect(hints).to_have_count(3)  # the two measurements and the logit lens
+    for hint in hints.all():
+        expect(hint).to_be_visible()
     screenshot(page, "page-architecture-phone-scrolled")
 
     page.get_by_role("tab", name="Translate").click()

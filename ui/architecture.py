@@ -158,13 +158,21 @@ DRAWN = ("norms", "attention", "top", "lens")  # the live view's parts that show
 
 # On a narrow screen the logit lens keeps the size it was drawn at and scrolls sideways: shrunk to
 # a phone's width, a grid of one token per column had text too small to read.
+# A phone hides a scroll bar until one scrolls, so a line above each such figure says it scrolls.
 ARCHITECTURE_CSS = """
+.swipe-hint { display: none; }
 @media (max-width: 768px) {
   #architecture-lens .matplotlib, .measurement .image-frame { display: block; overflow-x: auto; }
   #architecture-lens .matplotlib img { max-width: none; width: auto; margin: 0; }
   .measurement .image-frame img { max-width: none; width: 760px; height: auto; }
+  .swipe-hint { display: block; }
 }
 """
+
+
+def swipe_hint() -> None:
+    """On a narrow screen only: the figure below is wider than the screen (ARCHITECTURE_CSS)."""
+    gr.Markdown(i18n("swipe_sideways"), elem_classes="swipe-hint")
 
 
 def look_inside(host: ModelHost):
@@ -195,6 +203,7 @@ def measurement(image: str, caption: str) -> None:
     path = IMAGES / image
     gr.Markdown(i18n(caption))  # above the figure: as the image's label it covered the plot's title
     if path.is_file():
+        swipe_hint()
         # On a phone at its drawn size, scrolling sideways (ARCHITECTURE_CSS): shrunk to the screen its
         # text could not be read.
         gr.Image(str(path), label=i18n(caption), show_label=False, interactive=False, buttons=["fullscreen"],
@@ -203,9 +212,12 @@ def measurement(image: str, caption: str) -> None:
         gr.Markdown(i18n("not_measured"))
 
 
-def captioned_plot(caption: str, elem_id: str) -> gr.Plot:
-    """A plot under its caption: as the plot's label the caption covered the figure's title."""
+def captioned_plot(caption: str, elem_id: str, wide: bool = False) -> gr.Plot:
+    """A plot under its caption: as the plot's label the caption covered the figure's title.
+    `wide`: it keeps its drawn size on a phone, and scrolls sideways there."""
     gr.Markdown(i18n(caption))
+    if wide:
+        swipe_hint()
     return gr.Plot(show_label=False, elem_id=elem_id)
 
 
@@ -249,7 +261,7 @@ def architecture_tab(host: ModelHost) -> tuple[gr.Dropdown, list[gr.Button]]:
                            elem_id="architecture-top")
         lens_adapter = gr.Dropdown([NO_ADAPTER, *host.current.adapters], value=NO_ADAPTER, label=i18n("lens_adapter"),
                                    info=i18n("lens_adapter_info"), elem_id="architecture-lens-adapter")
-        lens = captioned_plot("logit_lens", "architecture-lens")
+        lens = captioned_plot("logit_lens", "architecture-lens", wide=True)
         look = look_inside(host)
         outcome = gr.State(None)  # the last look's: None, or why it was refused
         parts = {"norms": norms, "attention": attention, "top": top, "layer": layer, "head": head, "lens": lens,
