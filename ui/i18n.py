@@ -17,8 +17,9 @@ ENGLISH = {
     "model": "Model",
     "switch_model": "Switch model",
     "switch_model_info": "the models this app was started with",
-    "switch_model_info_one": "the one model this app was started with: give --model more than once (--model bundled "
-                             "--model gpt2) to switch between models here",
+    # for whoever runs the app: a visitor to a Space can only read that there is one
+    "switch_model_info_one": "this app serves one model. Running it yourself? Start it with --model more than once "
+                             "(--model bundled --model gpt2) to switch between models here",
     # tabs
     "tab_generate": "Generate",
     "tab_dialogue": "Chat",
@@ -183,7 +184,7 @@ CHINESE = {
     "model": "模型",
     "switch_model": "切换模型",
     "switch_model_info": "本应用启动时指定的模型",
-    "switch_model_info_one": "本应用启动时只指定了这一个模型：多次给出 --model（--model bundled --model gpt2）即可在此切换模型",
+    "switch_model_info_one": "本应用只提供这一个模型。自己运行本应用时，多次给出 --model（--model bundled --model gpt2）即可在此切换模型",
     "tab_generate": "生成",
     "tab_dialogue": "对话",
     "tab_translate": "翻译",
