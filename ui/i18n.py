@@ -39,8 +39,8 @@ ENGLISH = {
     # how the bundled model does at the task (its card, assets/README.md): shown while it is served
     "bundled_translate": "The bundled model translates everyday sentences about as well as looking up the most "
                          "similar sentence it was trained on, and unusual ones much worse.",
-    "bundled_summarize": "For a fable, the bundled model writes a lesson in the right form, but one fixed lesson "
-                         "scores better than its lessons do.",
+    "bundled_summarize": "For a fable, the bundled model writes a lesson in the right form, but it scores worse "
+                         "than answering every fable with the same stock lesson.",
     # buttons
     "generate": "Generate",
     "send": "Send",
@@ -195,7 +195,7 @@ CHINESE = {
     "intro_translate": "在英语、法语和德语之间翻译一句话。关闭适配器时，示例句对向模型示范要做什么。",
     "intro_summarize": "为一段文字或一段对话写摘要：模型读完全文和其后的 `TL;DR:`（\"too long; didn't read\"，即“太长不看”，GPT-2 论文用的提示词），写出的第一行就是摘要。",
     "bundled_translate": "内置模型翻译日常句子的水平与查找它训练过的最相似句子相当，翻译不常见的句子则差得多。",
-    "bundled_summarize": "内置模型为寓言写的教训形式正确，但得分不如一句固定的教训。",
+    "bundled_summarize": "内置模型为寓言写的教训形式正确，但得分还不如对每个寓言都给出同一句固定的教训。",
     "generate": "生成",
     "send": "发送",
     "run_translate": "翻译",
