@@ -33,12 +33,13 @@ from ui.api import api_endpoint
 from ui.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
 from ui.chat import CHAT, CHAT_CSS
 from ui.i18n import i18n
-from ui.messages import language, word
+from ui.messages import PAGE_LANGUAGE_JS, language, word
 from ui.tab import (GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, compare_props, serves_bundled,
                     task_tab)
 from ui.views import GENERATE, SUMMARIZE, TRANSLATE, TRANSLATE_CSS
 
 PAGE_CSS = TAB_CSS + CHAT_CSS + TRANSLATE_CSS + ARCHITECTURE_CSS
+PAGE_JS = f"() => {{ ({RUN_SHORTCUT_JS})(); ({PAGE_LANGUAGE_JS})(); }}"
 VIEWS: dict[str, TaskView] = {view.task.name: view for view in (GENERATE, CHAT, TRANSLATE, SUMMARIZE)}
 
 # Generations running at once share one batched decode step (engine/scheduler.py), so as many as
@@ -104,7 +105,7 @@ def launch(demo: gr.Blocks, models: Sequence[str] = (), host: ModelHost | None =
     blocked = [str(APP_DIR), HF_HUB_CACHE, *(str(path.resolve()) for path in local if path.is_dir()),
                *(path.strip() for path in os.environ.get("GRADIO_BLOCKED_PATHS", "").split(",") if path.strip())]
     blocking = not options.pop("prevent_thread_lock", False)
-    served = demo.launch(i18n=i18n, css=PAGE_CSS, js=RUN_SHORTCUT_JS, blocked_paths=blocked, max_file_size=MAX_UPLOAD,
+    served = demo.launch(i18n=i18n, css=PAGE_CSS, js=PAGE_JS, blocked_paths=blocked, max_file_size=MAX_UPLOAD,
                          prevent_thread_lock=True, **options)
     if host is not None and not host.remote:  # Gradio makes its FastAPI app as it launches: the routes join it then
         demo.app.include_router(openai_routes(host, api_key, capacity))  # (a backend serves its own /v1)

@@ -407,6 +407,26 @@ def test_the_architecture_tab_shows_both_blocks_with_the_final_layernorm(page):
     screenshot(page, "architecture")
 
 
+def test_what_the_server_writes_follows_the_language_picked_in_settings(page):
+    """An English browser switched to Chinese in Gradio's Settings: the page's labels turn
+    Chinese, and so does what the server writes from then on (a refusal, a run's status line)."""
+    set_setting(page, "generate", "max_new_tokens", 4)  # by their English labels, before the switch
+    set_setting(page, "generate", "seed", 12)
+    page.locator("footer button.settings").click()
+    dialog = page.locator("[role=dialog]")
+    dialog.locator("input").first.click()  # the language menu, the dialog's first box
+    page.get_by_role("option", name="简体中文").click()
+    expect(page.locator("html")).to_have_attribute("lang", "zh-CN")
+    dialog.locator("button").first.click()  # close the dialog
+    expect(page.locator("#generate-run")).to_have_text("生成")
+    page.locator("#generate-prompt textarea").fill("")
+    page.locator("#generate-run").click()
+    expect(page.locator("#generate-status")).to_contain_text("提示词为空")
+    page.locator("#generate-prompt textarea").fill("Once upon a time")
+    page.locator("#generate-run").click()
+    expect(page.locator("#generate-status")).to_contain_text("种子 12 · ")
+
+
 def test_the_interface_follows_the_browser_language(browser, studio_url):
     page = open_app(browser, studio_url, locale="zh-CN")
     try:
