@@ -152,6 +152,18 @@ def test_on_a_phone_every_part_can_be_read(browser, studio):
         expect(hint).to_be_visible()
     screenshot(page, "page-architecture-phone-scrolled")
 
+    # A token of "Why this output" is big enough to tap, a comma too.
+    page.get_by_role("tab", name="Generate").click()
+    page.locator("#generate-prompt textarea").fill("Hi, there")
+    page.locator("#generate-insight").get_by_text("Why this output").click()
+    page.locator("#generate-show-tokens input").check()
+    page.locator("#generate-run").click()
+    tokens = page.locator("#generate-tokens .tok")
+    expect(tokens.first).to_be_visible(timeout=TIMEOUT_MS)
+    sizes = [token.bounding_box() for token in tokens.all()]
+    assert all(size["height"] >= 28 and size["width"] >= 16 for size in sizes), sizes
+    screenshot(page, "page-tokens-phone")
+
     page.get_by_role("tab", name="Translate").click()
     pairs = page.locator("#translate-examples textarea")
     page.locator("#translate-adapter input").set_checked(True)  # the pairs are not sent: the box is two lines

@@ -41,6 +41,12 @@ CSS = """
 .tok.diverges { outline: 2px solid #d33; }
 .tok.selected { outline: 2px solid var(--color-accent); }
 .token-view-note { font-size: 12px; opacity: 0.7; }
+/* A finger, not a pointer: each token a target of its own, tall enough, and never narrower than
+   a letter (a comma alone was 8 px wide). */
+@media (max-width: 768px) {
+  .token-row-tokens { line-height: 2.5; }
+  .tok { display: inline-block; min-width: 1.2em; padding: 0.35em 0.1em; line-height: 1.4; text-align: center; }
+}
 """
 # A click on a token tells the server which one (row, index) and outlines it, so that the
 # alternatives listed below say which of several alike tokens they are for; hovering shows its title.
