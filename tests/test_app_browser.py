@@ -1185,12 +1185,16 @@ def test_translate_names_the_target_language_without_pairs_and_decodes_without_l
     """With the pairs box emptied (adapter off), English -> German still names German to the model,
     in the pairs' format, and the status line says the model may still answer in another language;
     the tab's decoding settings start with the repetition penalty that stops greedy loops."""
-    from tasks import TASKS
+    from tasks import DEFAULT_EXAMPLES, TASKS
+    from ui.views import example_lines
 
     page.get_by_role("tab", name="Translate").click()
     page.locator("#translate-adapter input").set_checked(False)
     choose(page, "#translate-target", "German")
-    page.locator("#translate-examples textarea").fill("")
+    examples = page.locator("#translate-examples textarea")
+    # The change of language refills the box: emptied before that refill arrives, it would be refilled.
+    expect(examples).to_have_value(example_lines(DEFAULT_EXAMPLES["English", "German"]))
+    examples.fill("")
     page.locator("#translate-text textarea").fill("The weather is nice today.")
     press(page, "translate", "run", seed=12)
     line = status(page, "translate")
