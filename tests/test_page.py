@@ -86,6 +86,13 @@ def newest_reply_in_view(page) -> bool:
     }""")
 
 
+def in_window(page, selector: str) -> bool:
+    """Whether the element lies whole inside the window, as scrolled now (to within a pixel: the
+    browser scrolls to fractions of one)."""
+    return page.locator(selector).evaluate(
+        "el => { const r = el.getBoundingClientRect(); return r.top >= 0 && r.bottom <= window.innerHeight + 1; }")
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_chat_follows_its_newest_reply(browser, studio, width):
     _, url = studio
@@ -98,6 +105,8 @@ def test_chat_follows_its_newest_reply(browser, studio, width):
         expect(page.locator("#dialogue-chatbot [data-testid=bot]")).to_have_count(turn)
         expect(page.locator("#dialogue-status")).to_contain_text("seed ")
         page.wait_for_timeout(500)  # the box's own scrolling, after the reply's last text
+        for part in ("#dialogue-message textarea", "#dialogue-run"):  # to type the next message
+            assert in_window(page, part), f"turn {turn} at {width}: {part} is out of the window"
     overflows = page.evaluate("""() => { const box = document.querySelector('#dialogue-chatbot .bubble-wrap');
         return box.scrollHeight > box.clientHeight + 50; }""")
     assert overflows, "the four turns fit the box: the test would show nothing"

@@ -40,6 +40,21 @@ from .tokens import Insight
 CHAT_CSS = """
 #dialogue-chatbot .bubble-wrap { max-height: 360px; margin-top: 2.75rem; }
 """
+# A conversation that grows pushes the message box and Send down, out of the window after a turn
+# or two: while the person is at the conversation (typing, sending, retrying), each time it grows
+# the page scrolls just enough to bring them back, as a chat app keeps its input in view. It
+# watches the conversation's size, not its value: the buttons under the newest reply appear
+# once the run has ended, after its last change.
+KEEP_MESSAGE_BOX_IN_VIEW_JS = """() => {
+  const chat = document.querySelector('#dialogue-chatbot');
+  if (!chat || chat.dataset.keepsMessageBoxInView) return;
+  chat.dataset.keepsMessageBoxInView = 'yes';
+  new ResizeObserver(() => {
+    const at = document.activeElement;
+    if (at && at.closest('#dialogue-message, #dialogue-run, #dialogue-chatbot'))
+      document.querySelector('#dialogue-run')?.scrollIntoView({block: 'nearest'});
+  }).observe(chat);
+}"""
 EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations"
 # Every finished turn, undo or clear writes the conversation's export; the newest this many are
 # kept. (Gradio serves its own copy of each, which it deletes after an hour: see delete_cache in app.py.)
@@ -465,6 +480,7 @@ def chat_extras(tab: Tab) -> None:
                 for step, button in ((-1, more["previous"]), (1, more["next"]))]
     for switched_reply in switches:
         switched_reply.then(**forget_shown_run)
+    chatbot.change(None, js=KEEP_MESSAGE_BOX_IN_VIEW_JS, queue=False, api_visibility="private")
     draft = gr.State("")
     edited = chatbot.edit(branch_at_edit, [chatbot, message, draft], [chatbot, message, draft], queue=False,
                           api_visibility="private")
