@@ -32,8 +32,8 @@ from tasks import TASKS
 from ui.api import api_endpoint
 from ui.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
 from ui.chat import CHAT, CHAT_CSS
-from ui.i18n import i18n
-from ui.messages import PAGE_LANGUAGE_JS, language, word
+from ui.i18n import CHINESE, ENGLISH, i18n
+from ui.messages import LANGUAGE_SWITCHED, PAGE_LANGUAGE_JS, language, word
 from ui.tab import (GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, compare_props, serves_bundled,
                     task_tab)
 from ui.views import GENERATE, SUMMARIZE, TRANSLATE, TRANSLATE_CSS
@@ -54,6 +54,8 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
     `launch`. At most `concurrency` generations run at once (UI and API together)."""
     stop_switches = StopSwitches()
     with gr.Blocks(title="Pre-LN GPT-2 Studio", delete_cache=(3600, 3600)) as demo:
+        # Pressed by the page when its language is switched in Settings (ui/messages.py).
+        language_switched = gr.Button(visible="hidden", elem_id=LANGUAGE_SWITCHED)
         gr.Markdown(i18n("title"))
         gr.Markdown(i18n("subtitle"))
         model_info = gr.Markdown(host.current.describe(), elem_id="model-info")
@@ -77,9 +79,13 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
         # A page opened after a switch shows the model being served, not the one at start-up.
         demo.load(show_model(host, model_parts, on_load=True), None, model_parts.outputs, queue=False,
                   api_visibility="private")
-        # While the decode kernels build, the model line is refreshed until it says which path stays.
+        # While the decode kernels build, the model line is refreshed until it says which path stays;
+        # and written again in the language picked in Settings.
         refresh = gr.Timer(5, active=refreshing(host))
-        refresh.tick(refresh_model_line(host), None, [model_info, refresh], queue=False, api_visibility="private")
+        for event in (refresh.tick, language_switched.click):
+            event(refresh_model_line(host), None, [model_info, refresh], queue=False, api_visibility="private")
+        tab_blocks = [block for block in demo.blocks.values() if isinstance(block, gr.Tab)]
+        language_switched.click(tab_names(tab_blocks), None, tab_blocks, queue=False, api_visibility="private")
     # Every button each tab lays out, by the tab's elem_id: the page holds no other (tests/test_page.py).
     demo.buttons_by_tab = {**{f"tab-{tab.view.task.name}": [button.elem_id for button in tab.buttons] for tab in tabs},
                            "tab-architecture": [button.elem_id for button in architecture_buttons]}
@@ -150,6 +156,15 @@ def show_model(host: ModelHost, parts: ModelParts, on_load: bool = False):
                 **{tab.insight.compare: gr.update(**compare_props(tab.view.task, loaded)) for tab in parts.tabs},
                 **{note: gr.update(visible=serves_bundled(loaded)) for note in parts.bundled_notes}}
     return model_state
+
+
+def tab_names(tab_blocks: list[gr.Tab]):
+    """The tabs' names in the request's language, for a page switched to it in Settings: Gradio
+    translates a tab's name again only once the tab is opened."""
+    def in_language(request: gr.Request) -> list[gr.Tab]:
+        names = CHINESE if language(request) == "zh" else ENGLISH
+        return [gr.Tab(label=names[tab.label.key]) for tab in tab_blocks]
+    return in_language
 
 
 def refreshing(host: ModelHost) -> bool:

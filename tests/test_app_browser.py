@@ -11,6 +11,7 @@ from playwright.sync_api import Page, expect
 
 from ui import chat
 from ui.i18n import ENGLISH
+from ui.messages import LANGUAGE_KEY
 
 from .conftest import open_app, screenshot, serve_studio
 
@@ -407,24 +408,45 @@ def test_the_architecture_tab_shows_both_blocks_with_the_final_layernorm(page):
     screenshot(page, "architecture")
 
 
-def test_what_the_server_writes_follows_the_language_picked_in_settings(page):
-    """An English browser switched to Chinese in Gradio's Settings: the page's labels turn
-    Chinese, and so does what the server writes from then on (a refusal, a run's status line)."""
-    set_setting(page, "generate", "max_new_tokens", 4)  # by their English labels, before the switch
-    set_setting(page, "generate", "seed", 12)
+def pick_language(page, name: str) -> None:
+    """Switch the page's language in Gradio's Settings (in the page's footer)."""
     page.locator("footer button.settings").click()
     dialog = page.locator("[role=dialog]")
     dialog.locator("input").first.click()  # the language menu, the dialog's first box
-    page.get_by_role("option", name="简体中文").click()
-    expect(page.locator("html")).to_have_attribute("lang", "zh-CN")
+    page.get_by_role("option", name=name).click()
     dialog.locator("button").first.click()  # close the dialog
+
+
+def test_what_the_server_writes_follows_the_language_picked_in_settings(page):
+    """An English browser switched to Chinese in Gradio's Settings: the page's labels turn
+    Chinese, and so does what the server writes, from then on (a refusal, a run's status line)
+    and what it wrote as the page opened (the model line, the examples' labels); every tab's name
+    before it is opened; and the choice outlasts a reload, until English is picked again."""
+    set_setting(page, "generate", "max_new_tokens", 4)  # by their English labels, before the switch
+    set_setting(page, "generate", "seed", 12)
+    expect(page.locator("#model-info")).to_contain_text("parameters")
+    pick_language(page, "简体中文")
+    expect(page.locator("html")).to_have_attribute("lang", "zh-CN")
     expect(page.locator("#generate-run")).to_have_text("生成")
+    expect(page.locator("#model-info")).to_contain_text("参数")
+    for name in ("对话", "翻译", "摘要", "架构"):
+        expect(page.get_by_role("tab", name=name)).to_be_visible()
     page.locator("#generate-prompt textarea").fill("")
     page.locator("#generate-run").click()
     expect(page.locator("#generate-status")).to_contain_text("提示词为空")
     page.locator("#generate-prompt textarea").fill("Once upon a time")
     page.locator("#generate-run").click()
     expect(page.locator("#generate-status")).to_contain_text("种子 12 · ")
+    page.get_by_role("tab", name="对话").click()
+    expect(page.locator("#tab-dialogue").get_by_text("点一杯咖啡（咖啡店）")).to_be_visible()
+
+    page.reload()
+    expect(page.locator("#generate-run")).to_have_text("生成")
+    expect(page.locator("#model-info")).to_contain_text("参数")
+    pick_language(page, "English")
+    expect(page.locator("#model-info")).to_contain_text("parameters")
+    page.reload()
+    expect(page.locator("#generate-run")).to_have_text("Generate")
 
 
 def test_the_interface_follows_the_browser_language(browser, studio_url):
@@ -436,6 +458,8 @@ def test_the_interface_follows_the_browser_language(browser, studio_url):
         # an empty box says what to write in it
         expect(page.locator("#generate-prompt textarea")).to_have_attribute("placeholder", re.compile("^故事的开头"))
         screenshot(page, "chinese")
+        # the browser's own language, not a choice kept for the next visit (ui/messages.py)
+        assert page.evaluate(f"() => localStorage.getItem('{LANGUAGE_KEY}')") is None
         # What the server writes follows the browser's language too: the model line, and a refusal
         # in the status line.
         info = page.locator("#model-info")

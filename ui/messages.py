@@ -7,21 +7,52 @@ import gradio as gr
 
 WORDS_ZH = {"error": "错误", "warning": "警告"}
 
-# Gradio's Settings can switch the page to another language than the browser's: it translates its
-# labels in the browser, and sets the page's lang, but the server's requests still carry the
-# browser's Accept-Language, so what the server writes (status lines, refusals, plots) stayed in
-# the browser's language. Each request to the app is sent with the page's language instead.
-PAGE_LANGUAGE_JS = """() => {
+LANGUAGE_KEY = "pre-ln-gpt2-studio-language"  # the browser's storage of the language picked in Settings
+LANGUAGE_SWITCHED = "page-language-switched"  # the hidden button the page presses when it is picked
+
+# Gradio's Settings can switch the page to another language than the browser's. Gradio then
+# translates its labels in the browser and sets the page's lang, but three things stayed behind,
+# which this script, run as the page opens, sees to:
+# - the server's requests still carried the browser's Accept-Language, so what the server writes
+#   (status lines, refusals, plots) was in the browser's language: each request to the app is
+#   sent with the page's language instead;
+# - what the server wrote as the page opened (the model line, the examples' labels, the tabs'
+#   names) stayed as it was: the page presses a hidden button (LANGUAGE_SWITCHED), which writes
+#   them again (on_page_language);
+# - Gradio starts in the browser's language and keeps no choice across a reload: the choice is
+#   kept in the browser, and set again as the page opens, through the function Settings calls
+#   (changeLocale, in the module of Gradio's front end that the page loaded as core-*.js).
+PAGE_LANGUAGE_JS = f"""() => {{
+  let sent = document.documentElement.lang;
   const send = window.fetch.bind(window);
-  window.fetch = (input, init = {}) => {
-    const lang = document.documentElement.lang;
+  window.fetch = (input, init = {{}}) => {{
     const url = new URL(input instanceof Request ? input.url : String(input), location.href);
-    if (!lang || url.origin !== location.origin) return send(input, init);
+    if (!sent || url.origin !== location.origin) return send(input, init);
     const headers = new Headers(init.headers || (input instanceof Request ? input.headers : undefined));
-    headers.set("Accept-Language", lang);
-    return send(input, {...init, headers});
-  };
-}"""
+    headers.set("Accept-Language", sent);
+    return send(input, {{...init, headers}});
+  }};
+  new MutationObserver(() => {{
+    const lang = document.documentElement.lang;
+    if (!lang || lang === sent) return;
+    sent = lang;
+    localStorage.setItem("{LANGUAGE_KEY}", lang);
+    document.getElementById("{LANGUAGE_SWITCHED}")?.click();
+  }}).observe(document.documentElement, {{attributes: true, attributeFilter: ["lang"]}});
+  const picked = localStorage.getItem("{LANGUAGE_KEY}");
+  const core = performance.getEntriesByType("resource").map(entry => entry.name)
+    .find(name => /\/assets\/core-[^/]*\.js$/.test(name));
+  if (picked && picked !== sent && core) import(core).then(module => module.changeLocale(picked));
+}}"""
+
+
+def on_page_language(fn, outputs) -> None:
+    """Run `fn` (given the request, whose language() it may write in) as the page opens, and again
+    whenever the page's language is switched in Settings; call inside the page's gr.Blocks, after
+    its LANGUAGE_SWITCHED button."""
+    root = gr.context.Context.root_block
+    switched = [block.click for block in root.blocks.values() if getattr(block, "elem_id", None) == LANGUAGE_SWITCHED]
+    gr.on([root.load, *switched], fn, None, outputs, queue=False, api_visibility="private")
 
 
 def language(request: gr.Request | None) -> str:

@@ -18,7 +18,7 @@ from serve.running import (MAX_CHARS, RANDOM_SEED, SETTING_RANGES, SETTINGS, Sto
 from tasks import Task
 
 from .i18n import i18n
-from .messages import language, word
+from .messages import language, on_page_language, word
 from .tokens import TOP_SHOWN, Insight
 
 # A folded section's title that wraps (a phone's "Why this output" one) reads from the left, and its
@@ -366,10 +366,8 @@ def labelled_examples(view: TaskView, widgets: Widgets) -> gr.Examples:
                            api_visibility="private")
     if "zh" in labels:
         def in_language(request: gr.Request):
-            lang = language(request)
-            return gr.Dataset(sample_labels=labels[lang]) if lang in labels and lang != "en" else gr.skip()
-        gr.context.Context.root_block.load(in_language, None, examples.dataset, queue=False,
-                                           api_visibility="private")
+            return gr.Dataset(sample_labels=labels.get(language(request), labels["en"]))
+        on_page_language(in_language, examples.dataset)
     return examples
 
 
