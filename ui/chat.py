@@ -55,6 +55,23 @@ KEEP_MESSAGE_BOX_IN_VIEW_JS = """() => {
       document.querySelector('#dialogue-run')?.scrollIntoView({block: 'nearest'});
   }).observe(chat);
 }"""
+# Editing a message in the conversation, Enter saves the edit and Escape cancels it, as in the
+# message box (Shift+Enter starts a new line): Gradio's edit box took Enter as a new line, kept in
+# the message sent, and saving it needed its small ✓. Its two buttons, ✓ then ✗, are found by
+# place (after the message), since their names follow the page's language.
+EDIT_KEYS_JS = """() => {
+  document.addEventListener("keydown", (event) => {
+    const box = event.target;
+    if (!(box instanceof HTMLTextAreaElement) || !box.closest("#dialogue-chatbot") || event.isComposing
+        || event.keyCode === 229 || !(event.key === "Escape" || (event.key === "Enter" && !event.shiftKey))) return;
+    let after = box.closest(".message-row")?.nextElementSibling;  // the edited message's buttons follow it
+    while (after && !after.matches(".message-buttons-right, .message-row")) after = after.nextElementSibling;
+    const button = after?.matches(".message-buttons-right") && after.querySelectorAll("button")[event.key === "Enter" ? 0 : 1];
+    if (!button) return;
+    event.preventDefault();
+    button.click();
+  });
+}"""
 EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations"
 # Every finished turn, undo or clear writes the conversation's export; the newest this many are
 # kept. (Gradio serves its own copy of each, which it deletes after an hour: see delete_cache in app.py.)
