@@ -154,6 +154,9 @@ def test_on_a_phone_every_part_can_be_read(browser, studio):
         assert image.evaluate("el => el.getBoundingClientRect().width") >= 700  # drawn at a readable size
         frame = image.locator("xpath=..")
         assert frame.evaluate("el => getComputedStyle(el).overflowX") == "auto"  # and scrolls sideways
+        figure_buttons = image.locator("xpath=ancestor::*[contains(@class, 'measurement')][1]//*[contains(@class, 'icon-button-wrapper')]")
+        assert figure_buttons.bounding_box()["y"] + figure_buttons.bounding_box()["height"] <= image.bounding_box()["y"], \
+            "the figure's buttons cover its title"
     # A phone shows no scroll bar until one scrolls: a line above each wide figure says it scrolls.
     hints = page.locator("#tab-architecture").get_by_text("swipe it sideways")
     expect(hints).to_have_count(3)  # the two measurements and the logit lens

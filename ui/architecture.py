@@ -165,6 +165,8 @@ ARCHITECTURE_CSS = """
   #architecture-lens .matplotlib, .measurement .image-frame { display: block; overflow-x: auto; }
   #architecture-lens .matplotlib img { max-width: none; width: auto; margin: 0; }
   .measurement .image-frame img { max-width: none; width: 760px; height: auto; }
+  /* the figure's buttons (full screen, download) in a band of their own, off its title */
+  .measurement .image-frame { margin-top: 2.5rem; }
   .swipe-hint { display: block; }
 }
 """
