@@ -33,7 +33,7 @@ from ui.api import api_endpoint
 from ui.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
 from ui.chat import CHAT, CHAT_CSS, EDIT_KEYS_JS
 from ui.i18n import CHINESE, ENGLISH, i18n
-from ui.messages import LANGUAGE_SWITCHED, PAGE_LANGUAGE_JS, language, word
+from ui.messages import LANGUAGE_SWITCHED, PAGE_LANGUAGE_JS, language, on_page_language, word
 from ui.tab import (GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, compare_props, serves_bundled,
                     task_tab)
 from ui.views import GENERATE, SUMMARIZE, TRANSLATE, TRANSLATE_CSS
@@ -85,7 +85,7 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
         for event in (refresh.tick, language_switched.click):
             event(refresh_model_line(host), None, [model_info, refresh], queue=False, api_visibility="private")
         tab_blocks = [block for block in demo.blocks.values() if isinstance(block, gr.Tab)]
-        language_switched.click(tab_names(tab_blocks), None, tab_blocks, queue=False, api_visibility="private")
+        on_page_language(tab_names(tab_blocks), tab_blocks)
     # Every button each tab lays out, by the tab's elem_id: the page holds no other (tests/test_page.py).
     demo.buttons_by_tab = {**{f"tab-{tab.view.task.name}": [button.elem_id for button in tab.buttons] for tab in tabs},
                            "tab-architecture": [button.elem_id for button in architecture_buttons]}
@@ -159,8 +159,9 @@ def show_model(host: ModelHost, parts: ModelParts, on_load: bool = False):
 
 
 def tab_names(tab_blocks: list[gr.Tab]):
-    """The tabs' names in the request's language, for a page switched to it in Settings: Gradio
-    translates a tab's name again only once the tab is opened."""
+    """The tabs' names in the request's language: on a page switched to it in Settings (or opened
+    in one kept from an earlier visit), Gradio translates a tab's name again only once the tab is
+    opened."""
     def in_language(request: gr.Request) -> list[gr.Tab]:
         names = CHINESE if language(request) == "zh" else ENGLISH
         return [gr.Tab(label=names[tab.label.key]) for tab in tab_blocks]

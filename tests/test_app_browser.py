@@ -443,10 +443,12 @@ def test_what_the_server_writes_follows_the_language_picked_in_settings(page):
     page.reload()
     expect(page.locator("#generate-run")).to_have_text("生成")
     expect(page.locator("#model-info")).to_contain_text("参数")
+    for name in ("对话", "翻译", "摘要", "架构"):
+        expect(page.get_by_role("tab", name=name)).to_be_visible()
     pick_language(page, "English")
     expect(page.locator("#model-info")).to_contain_text("parameters")
-    page.reload()
-    expect(page.locator("#generate-run")).to_have_text("Generate")
+    expect(page.get_by_role("tab", name="Architecture")).to_be_visible()
+    assert page.evaluate(f"() => localStorage.getItem('{LANGUAGE_KEY}')") == "en"
 
 
 def test_the_interface_follows_the_browser_language(browser, studio_url):
@@ -1055,9 +1057,12 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     user.hover()  # Escape leaves an edit unsaved
     page.locator("#dialogue-chatbot [aria-label=Edit]").last.click()
     box.fill("Never sent")
+    status = page.locator("#dialogue-status").inner_text()
     box.press("Escape")
     expect(box).to_be_hidden()
+    page.wait_for_timeout(1500)  # time for a run, had the edit been sent
     assert chat_turns(page)[0] == ["Good evening"]
+    expect(page.locator("#dialogue-status")).to_have_text(status)
 
     # the switcher goes with the conversation it belongs to: after a retry, New chat hides it; a
     # retry under the same fixed seed gives the same reply, and says why

@@ -20,7 +20,7 @@ from serve.running import look_inside as serve_look_inside
 from train.inspect import Inspection, LogitLens
 
 from .i18n import i18n
-from .messages import language
+from .messages import language, on_page_language
 from .pick_slider import PickSlider
 
 
@@ -223,10 +223,11 @@ def captioned_plot(caption: str, elem_id: str, wide: bool = False) -> gr.Plot:
     return gr.Plot(show_label=False, elem_id=elem_id)
 
 
-def lens_choices(loaded, lang: str) -> dict:
-    """The logit lens's adapter menu for the model being served: none, or one of its adapters."""
-    return gr.update(choices=[(localized(NO_ADAPTER, lang), NO_ADAPTER), *loaded.adapters],
-                     value=NO_ADAPTER)
+def lens_choices(loaded, lang: str, reset: bool = True) -> dict:
+    """The logit lens's adapter menu for the model being served: none, or one of its adapters;
+    back at none where `reset` (another model), else as the person left it (another language)."""
+    choices = [(localized(NO_ADAPTER, lang), NO_ADAPTER), *loaded.adapters]
+    return gr.update(choices=choices, value=NO_ADAPTER) if reset else gr.update(choices=choices)
 
 
 def architecture_tab(host: ModelHost) -> tuple[gr.Dropdown, list[gr.Button]]:
@@ -263,6 +264,10 @@ def architecture_tab(host: ModelHost) -> tuple[gr.Dropdown, list[gr.Button]]:
                            elem_id="architecture-top")
         lens_adapter = gr.Dropdown([NO_ADAPTER, *host.current.adapters], value=NO_ADAPTER, label=i18n("lens_adapter"),
                                    info=i18n("lens_adapter_info"), elem_id="architecture-lens-adapter")
+
+        def lens_in_language(request: gr.Request) -> dict:
+            return lens_choices(host.current, language(request), reset=False)
+        on_page_language(lens_in_language, lens_adapter)
         lens = captioned_plot("logit_lens", "architecture-lens", wide=True)
         look = look_inside(host)
         outcome = gr.State(None)  # the last look's: None, or why it was refused

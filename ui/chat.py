@@ -41,18 +41,24 @@ CHAT_CSS = """
 #dialogue-chatbot .bubble-wrap { max-height: 360px; margin-top: 2.75rem; }
 """
 # A conversation that grows pushes the message box and Send down, out of the window after a turn
-# or two: while the person is at the conversation (typing, sending, retrying), each time it grows
-# the page scrolls just enough to bring them back, as a chat app keeps its input in view. It
-# watches the conversation's size, not its value: the buttons under the newest reply appear
+# or two: while the person is at the conversation (last typed, tapped or clicked in it, the
+# message box or Send, and has not scrolled since), each time it grows the page scrolls just enough
+# to bring them back, as a chat app keeps its input in view. Where the focus is would not tell:
+# Safari focuses no button it clicks, and a phone's tap on Send takes the focus from the box.
+# It watches the conversation's size, not its value: the buttons under the newest reply appear
 # once the run has ended, after its last change.
 KEEP_MESSAGE_BOX_IN_VIEW_JS = """() => {
-  const chat = document.querySelector('#dialogue-chatbot');
+  const chat = document.querySelector("#dialogue-chatbot");
   if (!chat || chat.dataset.keepsMessageBoxInView) return;
-  chat.dataset.keepsMessageBoxInView = 'yes';
+  chat.dataset.keepsMessageBoxInView = "yes";
+  let atConversation = false;
+  const at = (event) => {
+    atConversation = Boolean(event.target.closest && event.target.closest("#dialogue-message, #dialogue-run, #dialogue-chatbot"));
+  };
+  for (const kind of ["pointerdown", "keydown", "focusin"]) document.addEventListener(kind, at, true);
+  for (const kind of ["wheel", "touchmove"]) document.addEventListener(kind, () => { atConversation = false; }, true);
   new ResizeObserver(() => {
-    const at = document.activeElement;
-    if (at && at.closest('#dialogue-message, #dialogue-run, #dialogue-chatbot'))
-      document.querySelector('#dialogue-run')?.scrollIntoView({block: 'nearest'});
+    if (atConversation) document.querySelector("#dialogue-run")?.scrollIntoView({block: "nearest"});
   }).observe(chat);
 }"""
 # Editing a message in the conversation, Enter saves the edit and Escape cancels it, as in the

@@ -20,10 +20,14 @@ LANGUAGE_SWITCHED = "page-language-switched"  # the hidden button the page press
 #   names) stayed as it was: the page presses a hidden button (LANGUAGE_SWITCHED), which writes
 #   them again (on_page_language);
 # - Gradio starts in the browser's language and keeps no choice across a reload: the choice is
-#   kept in the browser, and set again as the page opens, through the function Settings calls
-#   (changeLocale, in the module of Gradio's front end that the page loaded as core-*.js).
+#   kept in the browser, asked of the server from the page's first request, and set again in
+#   Gradio as the page opens, through the function Settings calls (changeLocale, in the module of
+#   Gradio's front end that the page loaded as core-*.js).
 PAGE_LANGUAGE_JS = f"""() => {{
-  let sent = document.documentElement.lang;
+  // A language kept from an earlier visit is asked for from the first request on, so that what
+  // the server writes as the page opens is in it; Gradio is switched to it below.
+  const picked = localStorage.getItem("{LANGUAGE_KEY}");
+  let sent = picked || document.documentElement.lang;
   const send = window.fetch.bind(window);
   window.fetch = (input, init = {{}}) => {{
     const url = new URL(input instanceof Request ? input.url : String(input), location.href);
@@ -39,10 +43,9 @@ PAGE_LANGUAGE_JS = f"""() => {{
     localStorage.setItem("{LANGUAGE_KEY}", lang);
     document.getElementById("{LANGUAGE_SWITCHED}")?.click();
   }}).observe(document.documentElement, {{attributes: true, attributeFilter: ["lang"]}});
-  const picked = localStorage.getItem("{LANGUAGE_KEY}");
   const core = performance.getEntriesByType("resource").map(entry => entry.name)
     .find(name => /\/assets\/core-[^/]*\.js$/.test(name));
-  if (picked && picked !== sent && core) import(core).then(module => module.changeLocale(picked));
+  if (picked && picked !== document.documentElement.lang && core) import(core).then(module => module.changeLocale(picked));
 }}"""
 
 
@@ -52,6 +55,7 @@ def on_page_language(fn, outputs) -> None:
     its LANGUAGE_SWITCHED button."""
     root = gr.context.Context.root_block
     switched = [block.click for block in root.blocks.values() if getattr(block, "elem_id", None) == LANGUAGE_SWITCHED]
+    assert switched, f"on_page_language: the page has no {LANGUAGE_SWITCHED} button yet"
     gr.on([root.load, *switched], fn, None, outputs, queue=False, api_visibility="private")
 
 

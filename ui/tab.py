@@ -43,7 +43,7 @@ SETTINGS_WITH_INFO = {"temperature", "top_k", "top_p", "min_p", "typical_p", "re
 RUN_SHORTCUT_JS = """() => {
   document.addEventListener("keydown", (event) => {
     // Not while an input method composes (Safari ends it with keyCode 229), nor a key held down,
-    // nor in Chat's box for editing a message, whose own button sends the edit.
+    // nor in Chat's box for editing a message, where Enter saves the edit (ui/chat.py, EDIT_KEYS_JS).
     if (event.key !== "Enter" || !(event.ctrlKey || event.metaKey) || event.isComposing || event.keyCode === 229
         || event.repeat || !event.target.closest || event.target.closest("#dialogue-chatbot")) return;
     const panel = event.target.closest('[id^="tab-"]');
