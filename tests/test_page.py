@@ -110,6 +110,10 @@ def test_chat_follows_its_newest_reply(browser, studio, width):
         page.wait_for_timeout(500)  # the box's own scrolling, after the reply's last text
         for part in ("#dialogue-message textarea", "#dialogue-run"):  # to type the next message
             assert in_window(page, part), f"turn {turn} at {width}: {part} is out of the window"
+    message.click()  # a long message, typed: the box grows, and Send stays in the window below it
+    message.fill("A long message for the model, " * 12)
+    page.wait_for_timeout(500)
+    assert in_window(page, "#dialogue-run"), f"at {width}: a long message pushed Send out of the window"
     overflows = page.evaluate("""() => { const box = document.querySelector('#dialogue-chatbot .bubble-wrap');
         return box.scrollHeight > box.clientHeight + 50; }""")
     assert overflows, "the four turns fit the box: the test would show nothing"

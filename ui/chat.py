@@ -43,7 +43,8 @@ CHAT_CSS = """
 # A conversation that grows pushes the message box and Send down, out of the window after a turn
 # or two: while the person is at the conversation (last typed, tapped or clicked in it, the
 # message box or Send, and has not scrolled since), each time it grows the page scrolls just enough
-# to bring them back, as a chat app keeps its input in view. Where the focus is would not tell:
+# to bring them back, as a chat app keeps its input in view; so does a message box that grows
+# as a long message is typed. Where the focus is would not tell:
 # Safari focuses no button it clicks, and a phone's tap on Send takes the focus from the box.
 # It watches the conversation's size, not its value: the buttons under the newest reply appear
 # once the run has ended, after its last change.
@@ -57,9 +58,10 @@ KEEP_MESSAGE_BOX_IN_VIEW_JS = """() => {
   };
   for (const kind of ["pointerdown", "keydown", "focusin"]) document.addEventListener(kind, at, true);
   for (const kind of ["wheel", "touchmove"]) document.addEventListener(kind, () => { atConversation = false; }, true);
-  new ResizeObserver(() => {
+  const follow = new ResizeObserver(() => {
     if (atConversation) document.querySelector("#dialogue-run")?.scrollIntoView({block: "nearest"});
-  }).observe(chat);
+  });
+  for (const part of [chat, document.querySelector("#dialogue-message")]) if (part) follow.observe(part);
 }"""
 # Editing a message in the conversation, Enter saves the edit and Escape cancels it, as in the
 # message box (Shift+Enter starts a new line): Gradio's edit box took Enter as a new line, kept in
