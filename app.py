@@ -31,7 +31,7 @@ from serve.running import StopSwitches
 from tasks import TASKS
 from ui.api import api_endpoint
 from ui.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
-from ui.chat import CHAT, CHAT_CSS, EDIT_KEYS_JS
+from ui.chat import CHAT, CHAT_CSS, EDIT_KEYS_JS, KEEP_MESSAGE_BOX_IN_VIEW_JS
 from ui.i18n import CHINESE, ENGLISH, i18n
 from ui.messages import LANGUAGE_SWITCHED, PAGE_LANGUAGE_JS, language, on_page_language, word
 from ui.tab import (GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, compare_props, serves_bundled,
@@ -39,7 +39,8 @@ from ui.tab import (GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter
 from ui.views import GENERATE, SUMMARIZE, TRANSLATE, TRANSLATE_CSS
 
 PAGE_CSS = TAB_CSS + CHAT_CSS + TRANSLATE_CSS + ARCHITECTURE_CSS
-PAGE_JS = f"() => {{ ({RUN_SHORTCUT_JS})(); ({EDIT_KEYS_JS})(); ({PAGE_LANGUAGE_JS})(); }}"
+PAGE_JS = (f"() => {{ ({RUN_SHORTCUT_JS})(); ({EDIT_KEYS_JS})(); ({KEEP_MESSAGE_BOX_IN_VIEW_JS})(); "
+           f"({PAGE_LANGUAGE_JS})(); }}")
 VIEWS: dict[str, TaskView] = {view.task.name: view for view in (GENERATE, CHAT, TRANSLATE, SUMMARIZE)}
 
 # Generations running at once share one batched decode step (engine/scheduler.py), so as many as

@@ -41,27 +41,26 @@ CHAT_CSS = """
 #dialogue-chatbot .bubble-wrap { max-height: 360px; margin-top: 2.75rem; }
 """
 # A conversation that grows pushes the message box and Send down, out of the window after a turn
-# or two: while the person is at the conversation (last typed, tapped or clicked in it, the
-# message box or Send, and has not scrolled since), each time it grows the page scrolls just enough
-# to bring them back, as a chat app keeps its input in view; so does a message box that grows
-# as a long message is typed. Where the focus is would not tell:
-# Safari focuses no button it clicks, and a phone's tap on Send takes the focus from the box.
-# It watches the conversation's size, not its value: the buttons under the newest reply appear
-# once the run has ended, after its last change.
+# or two (and so does a long message as it is typed). While the person is at the conversation
+# (last typed, tapped or clicked in it, the message box or Send, and has not scrolled since), each
+# time either grows the page scrolls just enough to bring Send back, as a chat app keeps its input
+# in view. Where the focus is would not tell: Safari focuses no button it clicks, and a phone's tap
+# on Send takes the focus from the box. Their sizes are watched, not the conversation's value: the
+# buttons under the newest reply appear once the run has ended, after its last change. Watching
+# starts when the person first comes to the conversation, when Chat's parts are surely on the page.
 KEEP_MESSAGE_BOX_IN_VIEW_JS = """() => {
-  const chat = document.querySelector("#dialogue-chatbot");
-  if (!chat || chat.dataset.keepsMessageBoxInView) return;
-  chat.dataset.keepsMessageBoxInView = "yes";
-  let atConversation = false;
+  const parts = "#dialogue-message, #dialogue-run, #dialogue-chatbot";
+  let atConversation = false, follow = null;
   const at = (event) => {
-    atConversation = Boolean(event.target.closest && event.target.closest("#dialogue-message, #dialogue-run, #dialogue-chatbot"));
+    atConversation = Boolean(event.target.closest && event.target.closest(parts));
+    if (!atConversation || follow) return;
+    follow = new ResizeObserver(() => {
+      if (atConversation) document.querySelector("#dialogue-run")?.scrollIntoView({block: "nearest"});
+    });
+    for (const part of document.querySelectorAll("#dialogue-chatbot, #dialogue-message")) follow.observe(part);
   };
   for (const kind of ["pointerdown", "keydown", "focusin"]) document.addEventListener(kind, at, true);
   for (const kind of ["wheel", "touchmove"]) document.addEventListener(kind, () => { atConversation = false; }, true);
-  const follow = new ResizeObserver(() => {
-    if (atConversation) document.querySelector("#dialogue-run")?.scrollIntoView({block: "nearest"});
-  });
-  for (const part of [chat, document.querySelector("#dialogue-message")]) if (part) follow.observe(part);
 }"""
 # Editing a message in the conversation, Enter saves the edit and Escape cancels it, as in the
 # message box (Shift+Enter starts a new line): Gradio's edit box took Enter as a new line, kept in
@@ -505,7 +504,6 @@ def chat_extras(tab: Tab) -> None:
                 for step, button in ((-1, more["previous"]), (1, more["next"]))]
     for switched_reply in switches:
         switched_reply.then(**forget_shown_run)
-    chatbot.change(None, js=KEEP_MESSAGE_BOX_IN_VIEW_JS, queue=False, api_visibility="private")
     draft = gr.State("")
     edited = chatbot.edit(branch_at_edit, [chatbot, message, draft], [chatbot, message, draft], queue=False,
                           api_visibility="private")
