@@ -86,6 +86,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                    "为放入上下文，提示词只保留了最后 {room} 个词元（共 {tokens} 个）"),
     "article_cut": ("article cut to its first {room} of {tokens} tokens to fit the context",
                     "为放入上下文，文章只保留了前 {room} 个词元（共 {tokens} 个）"),
+    "output_room": ("max_new_tokens keeps {reserved} of the context's {context} tokens for the output; lower it to let "
+                    "the model read more", "最大新词元数为输出预留了上下文 {context} 个词元中的 {reserved} 个；调低它可让模型读入更多"),
     "translated_through": ("translated through {language} (first step: {prompt} prompt + {generated} generated "
                            "tokens): {text}", "经由{language}翻译（第一步：提示词 {prompt} + 生成 {generated} 个词元）：{text}"),
     "first_step_cut": ("the first step's output cut to its first {kept} of {tokens} tokens to fit the second step's "

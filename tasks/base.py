@@ -18,6 +18,10 @@ from model.tokenizer import Tokenizer
 # adapter answers in one line and has learned to say when it is done.
 ADAPTER_END = "\n"
 
+# How every note that says what gave way to fit the context ends: Task.prompt then adds why (the room
+# max_new_tokens keeps), since "the last 256 of 4,401 tokens" of a 512-token context is a puzzle otherwise.
+TO_FIT = "to fit the context"
+
 
 @dataclass
 class Prompt:
@@ -44,14 +48,19 @@ class Task:
         """build_prompt in the room that max_new_tokens leaves the prompt (room_to_generate). A
         prompt that cannot fit says what would make it fit: the largest max_new_tokens that
         leaves it room, or (longer than the whole context) only a shorter input."""
+        kept_for_output = room_to_generate(n_ctx, max_new_tokens)
         try:
-            return self.build_prompt(inputs, tokenizer, n_ctx - room_to_generate(n_ctx, max_new_tokens), adapter_on)
+            prompt = self.build_prompt(inputs, tokenizer, n_ctx - kept_for_output, adapter_on)
         except ContextLengthError as error:
             if error.tokens is None:
                 raise
             advice = (f"shorten it, or set max_new_tokens to {n_ctx - error.tokens:,} or less" if error.tokens < n_ctx
                       else f"shorten it: the model's whole context is {n_ctx:,} tokens")
             raise ContextLengthError(f"{error}; {advice}") from None
+        if any(note.endswith(TO_FIT) for note in prompt.notes):
+            prompt.notes.append(f"max_new_tokens keeps {kept_for_output:,} of the context's {n_ctx:,} tokens for the "
+                                "output; lower it to let the model read more")
+        return prompt
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Sequence
 from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
-from .base import Prompt, Task, adapter_completion, first_line, fit_newest, one_line, require_text
+from .base import TO_FIT, Prompt, Task, adapter_completion, first_line, fit_newest, one_line, require_text
 
 USER, BOT = "User", "Bot"
 
@@ -49,7 +49,7 @@ def build_prompt(inputs: DialogueInputs, tokenizer: Tokenizer, max_prompt_tokens
     prompt, dropped = fit_newest(tokenizer, max_prompt_tokens, persona, turns, newest,
                                  required="the persona and the message")
     if dropped:
-        prompt.notes.append(f"dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} to fit the context")
+        prompt.notes.append(f"dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} {TO_FIT}")
     return prompt
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
-from .base import Prompt, Task, cut_between_characters, require_text
+from .base import TO_FIT, Prompt, Task, cut_between_characters, require_text
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ def build_prompt(inputs: GenerateInputs, tokenizer: Tokenizer, max_prompt_tokens
     # oldest goes first, as Chat drops its oldest turns); the prompt box keeps all of it.
     kept = ids[cut_between_characters(tokenizer, ids, len(ids) - max_prompt_tokens, +1):]
     return Prompt(tokenizer.decode(kept), kept,
-                  [f"prompt cut to its last {len(kept):,} of {len(ids):,} tokens to fit the context"])
+                  [f"prompt cut to its last {len(kept):,} of {len(ids):,} tokens {TO_FIT}"])
 
 
 GENERATE = Task(

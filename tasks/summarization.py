@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
-from .base import Prompt, Task, adapter_completion, cut_between_characters, first_sentences, require_text, too_long
+from .base import (TO_FIT, Prompt, Task, adapter_completion, cut_between_characters, first_sentences, require_text,
+                   too_long)
 
 TLDR = "\nTL;DR:"
 
@@ -28,7 +29,7 @@ def build_prompt(inputs: SummarizeInputs, tokenizer: Tokenizer, max_prompt_token
     notes = []
     if len(article_ids) > room:
         end = cut_between_characters(tokenizer, article_ids, room, -1)
-        notes.append(f"article cut to its first {end:,} of {len(article_ids):,} tokens to fit the context")
+        notes.append(f"article cut to its first {end:,} of {len(article_ids):,} tokens {TO_FIT}")
         article_ids = article_ids[:end]
     return Prompt(tokenizer.decode(article_ids) + TLDR, article_ids + suffix_ids, notes)
 

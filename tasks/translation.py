@@ -17,7 +17,7 @@ from typing import Sequence
 from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
-from .base import Prompt, Task, adapter_completion, first_sentences, fit_newest, one_line, require_text
+from .base import TO_FIT, Prompt, Task, adapter_completion, first_sentences, fit_newest, one_line, require_text
 
 LANGUAGES = ("English", "French", "German")
 # Short everyday sentences written for this app, one column per language of LANGUAGES.
@@ -89,7 +89,7 @@ def build_prompt(inputs: TranslateInputs, tokenizer: Tokenizer, max_prompt_token
     first, examples, query = prompt_parts(inputs, adapter_on)
     prompt, dropped = fit_newest(tokenizer, max_prompt_tokens, first, examples, query, required="the text to translate")
     if dropped:
-        prompt.notes.append(f"dropped {dropped:,} of the {len(examples):,} examples to fit the context")
+        prompt.notes.append(f"dropped {dropped:,} of the {len(examples):,} examples {TO_FIT}")
     text = one_line(inputs.text)
     if first_sentences(1)(text) != text:
         prompt.notes.append(FIRST_SENTENCE_ONLY)

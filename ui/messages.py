@@ -44,7 +44,7 @@ PAGE_LANGUAGE_JS = f"""() => {{
     document.getElementById("{LANGUAGE_SWITCHED}")?.click();
   }}).observe(document.documentElement, {{attributes: true, attributeFilter: ["lang"]}});
   const core = performance.getEntriesByType("resource").map(entry => entry.name)
-    .find(name => /\/assets\/core-[^/]*\.js$/.test(name));
+    .find(name => /\\/assets\\/core-[^/]*\\.js$/.test(name));
   if (picked && picked !== document.documentElement.lang && core) import(core).then(module => module.changeLocale(picked));
 }}"""
 
