@@ -188,8 +188,11 @@ def test_on_a_phone_every_part_can_be_read(browser, studio):
     page.locator("#translate-adapter input").set_checked(True)  # the pairs are not sent: the box is two lines
     expect(page.locator("#translate-examples")).to_have_class(re.compile("pairs-unsent"))
     page.wait_for_timeout(300)
-    # The pairs overflow the box; the space their lines are drawn in holds whole lines.
-    overflows, shown_lines = pairs.evaluate("""t => { const cs = getComputedStyle(t);
-        return [t.scrollHeight > t.clientHeight + 1, (t.clientHeight - parseFloat(cs.paddingTop)) / parseFloat(cs.lineHeight)]; }""")
+    # The pairs overflow the box; the space their lines are drawn in holds whole lines, the last fading
+    # out as the sign that there are more.
+    overflows, shown_lines, mask = pairs.evaluate("""t => { const cs = getComputedStyle(t);
+        return [t.scrollHeight > t.clientHeight + 1, (t.clientHeight - parseFloat(cs.paddingTop)) / parseFloat(cs.lineHeight),
+                cs.maskImage]; }""")
     assert overflows and abs(shown_lines - round(shown_lines)) < 0.1, f"the pairs box shows {shown_lines:.2f} lines"
+    assert "gradient" in mask, mask
     page.context.close()

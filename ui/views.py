@@ -55,9 +55,11 @@ FIT_PAIRS_BOX_JS = "() => { const box = document.querySelector('#translate-examp
                    "if (box) box.style.height = ''; }"
 # Where the pairs are not sent, the box is UNSENT_LINES high and its space under the text is a
 # border rather than padding, so that the lines past its height stay out of sight instead of
-# showing half a line there. (Where they are sent the box grows with them, by Gradio's own measure.)
+# showing half a line there; its last line fades out, the usual sign that more lies below.
+# (Where they are sent the box grows with them, by Gradio's own measure.)
 TRANSLATE_CSS = """
-#translate-examples.pairs-unsent textarea { padding-bottom: 0; border-bottom: 10px solid transparent; }
+#translate-examples.pairs-unsent textarea { padding-bottom: 0; border-bottom: 10px solid transparent;
+  mask-image: linear-gradient(to bottom, #000 40%, transparent); }
 """
 UNSENT_LINES = 2  # and where it does not
 
