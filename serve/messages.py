@@ -47,6 +47,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                          "{what}：需要 {tokens} 个词元，但留出最大新词元数后，上下文只容得下 {room} 个；"
                          "请缩短它：模型的整个上下文只有 {context} 个词元"),
     "empty": ("{name} is empty", "{name}为空"),
+    "no_letters": ("the text to translate has no letters: there are no words in it to translate",
+                   "要翻译的文本中没有字母：其中没有可翻译的词"),
     "no_task_adapter": ("the {task} task has no adapter", "任务 {task} 没有适配器"),
     "no_model_adapter": ("this model has no '{adapter}' adapter (it has: {adapters})",
                          "此模型没有「{adapter}」适配器（已有：{adapters}）"),

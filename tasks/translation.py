@@ -62,6 +62,10 @@ def prompt_parts(inputs: TranslateInputs, adapter_on: bool) -> tuple[str, list[s
     """The line that names the two languages (where the pairs may not show them: no pairs or the
     user's own; otherwise empty), the example lines, and the final line that asks for the translation."""
     require_text(inputs.text, "text to translate is empty")
+    # Symbols alone ("@@@ ###") have no words to translate, yet the model would answer with a
+    # confident sentence: said instead.
+    if not any(character.isalpha() for character in inputs.text):
+        raise ValueError("the text to translate has no letters: there are no words in it to translate")
     if (inputs.source, inputs.target) not in DEFAULT_EXAMPLES:
         raise ValueError(f"cannot translate {inputs.source} to {inputs.target}: source and target must be two "
                          f"different languages of {', '.join(LANGUAGES)}")

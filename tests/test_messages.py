@@ -100,6 +100,7 @@ def made_messages() -> list[str]:
         refusal(prompt("dialogue", DialogueInputs(message=long), max_new_tokens=1)),
         refusal(prompt("dialogue", DialogueInputs(message=""))),
         refusal(prompt("translate", TranslateInputs(text=""))),
+        refusal(prompt("translate", TranslateInputs(text="@@@ ###"))),
         refusal(prompt("translate", TranslateInputs(text="Hi", source="English", target="English"))),
         refusal(prompt("summarize", SummarizeInputs(article=""))),
         refusal(lambda: checked_text("prompt", 3)),
@@ -114,7 +115,7 @@ def made_messages() -> list[str]:
         TASKS["summarize"].prompt(SummarizeInputs(long), tokenizer, 512, 16, False).notes[0],
         TASKS["translate"].prompt(TranslateInputs("Hello.", examples=[]), tokenizer, 512, 16, False).notes[0],
         TASKS["translate"].prompt(TranslateInputs("Hello. Bye."), tokenizer, 512, 16, False).notes[0],
-        TASKS["generate"].prompt(GenerateInputs(long), tokenizer, 512, 16, False).notes[0],
+        *TASKS["generate"].prompt(GenerateInputs(long), tokenizer, 512, 16, False).notes,  # what was cut, and why
         TASKS["dialogue"].prompt(DialogueInputs(message="Hi", history=[("a " * 200, "b " * 200)] * 3), tokenizer,
                                  512, 16, False).notes[0],
         kernels.decode_path(),

@@ -283,6 +283,15 @@ def test_empty_input_is_refused(tokenizer, name, inputs, message):
         build(name, inputs, tokenizer)
 
 
+def test_text_with_no_letters_is_not_translated(tokenizer):
+    """The model would turn symbols into a confident sentence; a letter in any script is a word."""
+    for symbols in ("@@@ ###", "42 !?", "🙂"):
+        with pytest.raises(ValueError, match="the text to translate has no letters"):
+            build("translate", TranslateInputs(symbols), tokenizer)
+    for words in ("Où?", "你好", "a"):
+        assert build("translate", TranslateInputs(words), tokenizer).ids
+
+
 def test_unsupported_language_pair_is_refused(tokenizer):
     with pytest.raises(ValueError, match="cannot translate English to Klingon"):
         build("translate", TranslateInputs("Hello.", target="Klingon"), tokenizer)
