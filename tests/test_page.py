@@ -108,7 +108,8 @@ def test_chat_follows_its_newest_reply(browser, studio, width):
         expect(page.locator("#dialogue-chatbot [data-testid=bot]")).to_have_count(turn)
         expect(page.locator("#dialogue-status")).to_contain_text("seed ")
         page.wait_for_timeout(500)  # the box's own scrolling, after the reply's last text
-        for part in ("#dialogue-message textarea", "#dialogue-run"):  # to type the next message
+        # to type the next message, and see the reply's seed
+        for part in ("#dialogue-message textarea", "#dialogue-run", "#dialogue-status"):
             assert in_window(page, part), f"turn {turn} at {width}: {part} is out of the window"
     message.click()  # a long message, typed: the box grows, and Send stays in the window below it
     message.fill("A long message for the model, " * 12)

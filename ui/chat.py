@@ -43,8 +43,8 @@ CHAT_CSS = """
 # A conversation that grows pushes the message box and Send down, out of the window after a turn
 # or two (and so does a long message as it is typed). While the person is at the conversation
 # (last typed, tapped or clicked in it, the message box or Send, and has not scrolled since), each
-# time either grows the page scrolls just enough to bring Send back, as a chat app keeps its input
-# in view. Where the focus is would not tell: Safari focuses no button it clicks, and a phone's tap
+# time either grows the page scrolls just enough to bring Send back, and the status line under it
+# once a run has one (the reply's seed), as a chat app keeps its input in view. Where the focus is would not tell: Safari focuses no button it clicks, and a phone's tap
 # on Send takes the focus from the box. Their sizes are watched, not the conversation's value: the
 # buttons under the newest reply appear once the run has ended, after its last change. Watching
 # starts when the person first comes to the conversation, when Chat's parts are surely on the page.
@@ -55,9 +55,13 @@ KEEP_MESSAGE_BOX_IN_VIEW_JS = """() => {
     atConversation = Boolean(event.target.closest && event.target.closest(parts));
     if (!atConversation || follow) return;
     follow = new ResizeObserver(() => {
-      if (atConversation) document.querySelector("#dialogue-run")?.scrollIntoView({block: "nearest"});
+      const status = document.querySelector("#dialogue-status");
+      const lowest = status?.offsetHeight ? status : document.querySelector("#dialogue-run");
+      if (atConversation) lowest?.scrollIntoView({block: "nearest"});
     });
-    for (const part of document.querySelectorAll("#dialogue-chatbot, #dialogue-message")) follow.observe(part);
+    for (const part of document.querySelectorAll("#dialogue-chatbot, #dialogue-message, #dialogue-status")) {
+      follow.observe(part);
+    }
   };
   for (const kind of ["pointerdown", "keydown", "focusin"]) document.addEventListener(kind, at, true);
   for (const kind of ["wheel", "touchmove"]) document.addEventListener(kind, () => { atConversation = false; }, true);
