@@ -1,6 +1,8 @@
 """The Architecture tab's live view: its handler on a real model, and the tab in a real browser."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from matplotlib.figure import Figure
@@ -143,6 +145,9 @@ def test_the_live_view_shows_the_plots_and_the_top_tokens(page):
     expect(page.locator("#architecture-norms img")).to_be_visible()
     expect(page.locator("#architecture-attention img")).to_be_visible()
     expect(page.locator("#architecture-lens img")).to_be_visible()
+    # Each figure is named for a screen reader (Gradio's own alt text read "undefined plot ...").
+    for part, name in (("norms", "Residual stream norm"), ("attention", "Attention map"), ("lens", "Logit lens")):
+        expect(page.locator(f"#architecture-{part} img")).to_have_attribute("alt", re.compile(f"^{name}"))
     screenshot(page, "architecture-live-view")
     page.locator("#architecture-lens-adapter input").click()
     page.get_by_role("option", name="summarize").click()  # the lens with the adapter: changed cells outlined

@@ -171,6 +171,13 @@ def test_on_a_phone_every_part_can_be_read(browser, studio):
     for hint in hints.all():
         expect(hint).to_be_visible()
     screenshot(page, "page-architecture-phone-scrolled")
+    page.locator("#architecture-prompt textarea").fill("")  # refused: the lens has gone, and its hint with it
+    page.locator("#architecture-run").click()
+    expect(page.locator("#architecture-lens img")).to_have_count(0)
+    lens_hint = page.locator("#architecture-lens").locator("xpath=preceding-sibling::div[1]")
+    expect(lens_hint).to_contain_text("swipe it sideways")
+    expect(lens_hint).to_be_hidden()
+    expect(hints.filter(visible=True)).to_have_count(2)  # the measurements' stay
 
     # A token of "Why this output" is big enough to tap, a comma too.
     page.get_by_role("tab", name="Generate").click()

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import gradio as gr
+from gradio.components.plot import PlotData
 import matplotlib
 import pandas as pd
 from matplotlib import font_manager
@@ -19,7 +20,7 @@ from serve.outcome import Outcome, status_line
 from serve.running import look_inside as serve_look_inside
 from train.inspect import Inspection, LogitLens
 
-from .i18n import i18n
+from .i18n import ENGLISH, i18n
 from .messages import language, on_page_language
 from .pick_slider import PickSlider
 
@@ -168,6 +169,8 @@ ARCHITECTURE_CSS = """
   /* the figure's buttons (full screen, download) in a band of their own, off its title */
   .measurement .image-frame { margin-top: 2.5rem; }
   .swipe-hint { display: block; }
+  /* no figure (a refused prompt): nothing to swipe */
+  .swipe-hint:has(+ #architecture-lens .empty) { display: none; }
 }
 """
 
@@ -214,13 +217,32 @@ def measurement(image: str, caption: str) -> None:
         gr.Markdown(i18n("not_measured"))
 
 
+class DescribedPlotData(PlotData):
+    chart: str  # Gradio's front end names the figure by it in the image's alt text
+
+
+class DescribedPlot(gr.Plot):
+    """gr.Plot whose figure a screen reader can name: Gradio's front end writes a matplotlib
+    figure's alt text as "{chart} plot visualising provided data", with no chart for matplotlib
+    ("undefined plot ..."). Shown as gr.Plot is (a template of it); its settings are gr.Plot's,
+    since Gradio sends the page the arguments its __init__ names."""
+    is_template = True
+    description = "figure"  # set on each one made
+
+    def postprocess(self, value) -> DescribedPlotData | None:
+        data = super().postprocess(value)
+        return None if data is None else DescribedPlotData(type=data.type, plot=data.plot, chart=self.description)
+
+
 def captioned_plot(caption: str, elem_id: str, wide: bool = False) -> gr.Plot:
     """A plot under its caption: as the plot's label the caption covered the figure's title.
     `wide`: it keeps its drawn size on a phone, and scrolls sideways there."""
     gr.Markdown(i18n(caption))
     if wide:
         swipe_hint()
-    return gr.Plot(show_label=False, elem_id=elem_id)
+    plot = DescribedPlot(show_label=False, elem_id=elem_id)
+    plot.description = ENGLISH[caption].split(":")[0]
+    return plot
 
 
 def lens_choices(loaded, lang: str, reset: bool = True) -> dict:
