@@ -12,6 +12,7 @@ from playwright.sync_api import Page, expect
 from ui import chat
 from ui.i18n import ENGLISH
 from ui.messages import LANGUAGE_KEY
+from ui.tab import LAST_RUN_CLASS
 
 from .conftest import open_app, screenshot, serve_studio
 
@@ -353,12 +354,25 @@ def test_bad_input_shows_why_and_the_tab_keeps_working(page):
     set_setting(page, "generate", "seed", 41)
     page.locator("#generate-run").click()
     wait_for_run(page, "generate", 41)
+    # Refused after a run, the last result stays, faded: it no longer answers the inputs above it.
+    output = page.locator("#generate-output")
+    kept = output.locator("textarea").input_value()
+    page.locator("#generate-prompt textarea").fill(" ")
+    page.locator("#generate-run").click()
+    expect(status).to_contain_text("prompt is empty")
+    expect(output).to_have_class(re.compile(LAST_RUN_CLASS))
+    expect(output.locator("textarea")).to_have_value(kept)
+    page.locator("#generate-prompt textarea").fill("Hello")
+    page.locator("#generate-run").click()
+    expect(output).not_to_have_class(re.compile(LAST_RUN_CLASS))
+    wait_for_run(page, "generate", 41)
     # The chat's empty message: one message in the status line, nothing in Gradio's error state.
     page.get_by_role("tab", name="Chat").click()
     page.locator("#dialogue-run").click()
     expect(page.locator("#dialogue-status")).to_contain_text("message is empty")
     assert page.get_by_test_id("toast-body").count() == 0
     assert page.locator(".error").count() == 0, "a component was left in an error state"
+    expect(page.locator("#dialogue-chatbot")).not_to_have_class(re.compile(LAST_RUN_CLASS))  # a conversation stays
 
 
 def test_adapter_controls_show_only_on_tabs_whose_task_has_an_adapter(page):

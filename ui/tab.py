@@ -24,9 +24,13 @@ from .tokens import TOP_SHOWN, Insight
 # A folded section's title that wraps (a phone's "Why this output" one) reads from the left, and its
 # arrow keeps its own size beside it, inside the section: Gradio stretches it to the title's height,
 # and turned, that height becomes its width.
-TAB_CSS = """
-button.label-wrap { text-align: left; align-items: center; gap: 0.75em; }
-button.label-wrap > .icon { flex: none; }
+# A refused run leaves the last result where it was (a typo costs no output), faded, since it no
+# longer answers the inputs above it (the status line says why nothing new came).
+LAST_RUN_CLASS = "from-last-run"
+TAB_CSS = f"""
+button.label-wrap {{ text-align: left; align-items: center; gap: 0.75em; }}
+button.label-wrap > .icon {{ flex: none; }}
+.{LAST_RUN_CLASS} textarea {{ opacity: 0.45; }}
 """
 # What a handler that changes nothing returns: Gradio takes an empty {component: value} dict for
 # one value, and a lone skip leaves every output as it is.
@@ -153,11 +157,15 @@ class Tab:
         # The tab's run buttons wait while a run goes, as a chat app's Send does: a Continue
         # pressed meanwhile would join a text to the prompt that the running one joins too.
         cleared = {box: "" for box in self.widgets.cleared}
+        # A conversation is not one run's answer: it stays as it is (Chat).
+        ages = not isinstance(output, gr.Chatbot)
+        of_last_run, of_this_run = ({output: gr.update(elem_classes=classes)} if ages else {}
+                                    for classes in ([LAST_RUN_CLASS], []))
 
         def ended(outcome: Outcome, lang: str) -> dict:
             """A run that did not run (refused, or failed): its line, and the run buttons back; what
-            the user typed and the last result stay (a typo costs no output)."""
-            return {**self.shown(outcome, lang), **self.held(False)}
+            the user typed and the last result stay (a typo costs no output), the result faded."""
+            return {**self.shown(outcome, lang), **self.held(False), **of_last_run}
 
         def run_in_tab(data: dict[gr.Component, Any], request: gr.Request):
             lang = language(request)
@@ -182,7 +190,7 @@ class Tab:
                 values["logprobs"] = TOP_SHOWN
             comparing = data[insight.compare] and not continuing
             # The last run's status line goes at once: under a new run it would pass for this one's.
-            yield {self.status: GENERATING, **self.held(True)}
+            yield {self.status: GENERATING, **self.held(True), **of_this_run}
             try:
                 with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
                     if comparing:
