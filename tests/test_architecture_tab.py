@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from playwright.sync_api import expect
 
 from serve.outcome import status_line
-from ui.architecture import look_inside
+from ui.architecture import in_a_cell, look_inside
 from serve.model_host import ModelHost
 
 from .conftest import TIMEOUT_MS, make_hf_checkpoint, screenshot
@@ -97,6 +97,11 @@ def test_a_chinese_page_gets_its_plots_text_in_chinese():
         for figure in figures:
             FigureCanvasAgg(figure).draw()
     assert not [str(w.message) for w in caught if "missing from font" in str(w.message)]
+
+
+def test_a_lens_label_too_long_for_its_cell_says_it_was_cut():
+    assert in_a_cell("␣directly") == "␣direct…" and in_a_cell("␣direct") == "␣direct"
+    assert in_a_cell("ab\\xf0\\x9f") == "ab\\xf0…"  # not inside the second byte's escape
 
 
 @pytest.mark.parametrize("adapter", [None, "summarize"])

@@ -109,8 +109,9 @@ def attention_figure(seen: Inspection, lang: str = "en") -> Figure:
 
 
 def in_a_cell(label: str, most: int = 8) -> str:
-    """A token label cut to fit a lens cell, never inside a byte's escape (\\xf0 is a byte, \\xf not)."""
-    return label if len(label) <= most else re.sub(r"\\(x[0-9a-f]?)?$", "", label[:most])
+    """A token label cut to fit a lens cell, with an ellipsis that says so (" directl" would pass
+    for a token), never inside a byte's escape (\\xf0 is a byte, \\xf not)."""
+    return label if len(label) <= most else re.sub(r"\\(x[0-9a-f]?)?$", "", label[:most - 1]) + "…"
 
 
 LENS_COLUMNS = 20  # tokens a row of the lens at most: a longer prompt wraps onto more rows, each with its layer axis
