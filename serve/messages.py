@@ -48,7 +48,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                          "请缩短它：模型的整个上下文只有 {context} 个词元"),
     "empty": ("{name} is empty", "{name}为空"),
     "no_letters": ("the text to translate has no letters: there are no words in it to translate",
-                   "要翻译的文本中没有字母：其中没有可翻译的词"),
+                   "要翻译的文本中没有文字：其中没有可翻译的词"),
     "no_task_adapter": ("the {task} task has no adapter", "任务 {task} 没有适配器"),
     "no_model_adapter": ("this model has no '{adapter}' adapter (it has: {adapters})",
                          "此模型没有「{adapter}」适配器（已有：{adapters}）"),
@@ -88,8 +88,9 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                    "为放入上下文，提示词只保留了最后 {room} 个词元（共 {tokens} 个）"),
     "article_cut": ("article cut to its first {room} of {tokens} tokens to fit the context",
                     "为放入上下文，文章只保留了前 {room} 个词元（共 {tokens} 个）"),
-    "output_room": ("max_new_tokens keeps {reserved} of the context's {context} tokens for the output; lower it to let "
-                    "the model read more", "最大新词元数为输出预留了上下文 {context} 个词元中的 {reserved} 个；调低它可让模型读入更多"),
+    "output_room": ("max_new_tokens keeps {reserved} of the context's {context} tokens for the output; set it below "
+                    "{below} to let the model read more",  # below: the same number (a field is matched once)
+                    "最多生成的词元数为输出预留了上下文 {context} 个词元中的 {reserved} 个；设为小于 {below} 可让模型读入更多"),
     "translated_through": ("translated through {language} (first step: {prompt} prompt + {generated} generated "
                            "tokens): {text}", "经由{language}翻译（第一步：提示词 {prompt} + 生成 {generated} 个词元）：{text}"),
     "first_step_cut": ("the first step's output cut to its first {kept} of {tokens} tokens to fit the second step's "

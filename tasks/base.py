@@ -18,8 +18,10 @@ from model.tokenizer import Tokenizer
 # adapter answers in one line and has learned to say when it is done.
 ADAPTER_END = "\n"
 
-# How every note that says what gave way to fit the context ends: Task.prompt then adds why (the room
-# max_new_tokens keeps), since "the last 256 of 4,401 tokens" of a 512-token context is a puzzle otherwise.
+# How a prompt's note that says what of the user's input gave way to fit the context ends: Task.prompt
+# then adds why there, where max_new_tokens keeps a large share of the context for the output, since
+# "the last 256 of 4,401 tokens" of a 512-token context is a puzzle otherwise. (Where it keeps a
+# small share, as Chat's replies do, the note would only repeat itself under every reply.)
 TO_FIT = "to fit the context"
 
 
@@ -57,9 +59,9 @@ class Task:
             advice = (f"shorten it, or set max_new_tokens to {n_ctx - error.tokens:,} or less" if error.tokens < n_ctx
                       else f"shorten it: the model's whole context is {n_ctx:,} tokens")
             raise ContextLengthError(f"{error}; {advice}") from None
-        if any(note.endswith(TO_FIT) for note in prompt.notes):
+        if kept_for_output >= n_ctx // 4 and any(note.endswith(TO_FIT) for note in prompt.notes):
             prompt.notes.append(f"max_new_tokens keeps {kept_for_output:,} of the context's {n_ctx:,} tokens for the "
-                                "output; lower it to let the model read more")
+                                f"output; set it below {kept_for_output:,} to let the model read more")
         return prompt
 
 
@@ -80,6 +82,11 @@ class TaskDone:
 def require_text(text: str, message: str) -> None:
     if not isinstance(text, str) or not text.strip():
         raise ValueError(message)
+
+
+def has_letters(text: str) -> bool:
+    """Whether the text holds a letter of any script: something that has words to translate."""
+    return any(character.isalpha() for character in text)
 
 
 def one_line(text: str) -> str:
@@ -273,7 +280,8 @@ def run_in_two_steps(task: Task, model: GPT2, tokenizer: Tokenizer, steps, param
     first = next(event for event in run_task(task, model, tokenizer, first_inputs, params, adapter_on, cancel)
                  if isinstance(event, TaskDone))
     counts = dict(prompt=first.result.prompt_tokens, generated=first.result.generated_tokens)
-    if first.result.stop_reason == "cancelled" or not first.text.strip():  # nothing to go on with
+    # Nothing to go on with (the second step would refuse an English with no letters as the user's text)
+    if first.result.stop_reason == "cancelled" or not has_letters(first.text):
         yield TaskDone("", first.result, Prompt(first.prompt.text, first.prompt.ids,
                                                 [*first.prompt.notes, note.format(text="(nothing)", **counts)]))
         return

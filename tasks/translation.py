@@ -17,7 +17,8 @@ from typing import Sequence
 from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
-from .base import TO_FIT, Prompt, Task, adapter_completion, first_sentences, fit_newest, one_line, require_text
+from .base import (TO_FIT, Prompt, Task, adapter_completion, first_sentences, fit_newest, has_letters, one_line,
+                   require_text)
 
 LANGUAGES = ("English", "French", "German")
 # Short everyday sentences written for this app, one column per language of LANGUAGES.
@@ -64,7 +65,7 @@ def prompt_parts(inputs: TranslateInputs, adapter_on: bool) -> tuple[str, list[s
     require_text(inputs.text, "text to translate is empty")
     # Symbols alone ("@@@ ###") have no words to translate, yet the model would answer with a
     # confident sentence: said instead.
-    if not any(character.isalpha() for character in inputs.text):
+    if not has_letters(inputs.text):
         raise ValueError("the text to translate has no letters: there are no words in it to translate")
     if (inputs.source, inputs.target) not in DEFAULT_EXAMPLES:
         raise ValueError(f"cannot translate {inputs.source} to {inputs.target}: source and target must be two "

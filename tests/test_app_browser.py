@@ -362,6 +362,7 @@ def test_bad_input_shows_why_and_the_tab_keeps_working(page):
     expect(status).to_contain_text("prompt is empty")
     expect(output).to_have_class(re.compile(LAST_RUN_CLASS))
     expect(output.locator("textarea")).to_have_value(kept)
+    assert float(output.locator("textarea").evaluate("t => getComputedStyle(t).opacity")) < 1
     page.locator("#generate-prompt textarea").fill("Hello")
     page.locator("#generate-run").click()
     expect(output).not_to_have_class(re.compile(LAST_RUN_CLASS))

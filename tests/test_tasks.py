@@ -309,10 +309,11 @@ def test_max_new_tokens_as_long_as_the_context_leave_the_prompt_half_of_it(model
     # that, taken, runs (a task whose prompt must fit whole).
     done = run(model, tokenizer, "generate", GenerateInputs(half + " world"), max_new_tokens=N_CTX, temperature=0)[-1]
     assert done.result.prompt_tokens == N_CTX // 2 and done.result.stop_reason == "context_full"
-    # ... and says why half: what max_new_tokens keeps for the output, and how to let the model read more.
+    # ... and says why half: what max_new_tokens keeps for the output (at most half the context), and
+    # how to let the model read more.
     assert done.prompt.notes == [f"prompt cut to its last {N_CTX // 2} of {N_CTX // 2 + 1} tokens to fit the context",
                                  f"max_new_tokens keeps {N_CTX // 2} of the context's {N_CTX} tokens for the output; "
-                                 "lower it to let the model read more"]
+                                 f"set it below {N_CTX // 2} to let the model read more"]
     done = run(model, tokenizer, "generate", GenerateInputs(half + " world"), max_new_tokens=8, temperature=0)[-1]
     assert done.prompt.notes == []
     text = "Hello" + " world" * (N_CTX // 2 + 4)

@@ -43,8 +43,9 @@ CHAT_CSS = """
 # A conversation that grows pushes the message box and Send down, out of the window after a turn
 # or two (and so does a long message as it is typed). While the person is at the conversation
 # (last typed, tapped or clicked in it, the message box or Send, and has not scrolled since), each
-# time either grows the page scrolls just enough to bring Send back, and the status line under it
-# once a run has one (the reply's seed), as a chat app keeps its input in view. Where the focus is would not tell: Safari focuses no button it clicks, and a phone's tap
+# time one of them or the status line grows, the page scrolls just enough to bring Send back, and
+# the status line under it once a run has one (the reply's seed), as a chat app keeps its input in
+# view. Where the focus is would not tell: Safari focuses no button it clicks, and a phone's tap
 # on Send takes the focus from the box. Their sizes are watched, not the conversation's value: the
 # buttons under the newest reply appear once the run has ended, after its last change. Watching
 # starts when the person first comes to the conversation, when Chat's parts are surely on the page.

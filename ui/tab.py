@@ -141,6 +141,13 @@ class Tab:
         """The outcome kept and its status line."""
         return {self.outcome: outcome, self.status: status_line(outcome, lang)}
 
+    def faded(self, faded: bool, **change) -> dict:
+        """The output box faded (LAST_RUN_CLASS) or not, with any other `change` to it; a conversation
+        (Chat) never is: it is not one run's answer."""
+        if isinstance(self.widgets.output, gr.Chatbot):
+            return {self.widgets.output: gr.update(**change)} if change else {}
+        return {self.widgets.output: gr.update(elem_classes=[LAST_RUN_CLASS] if faded else [], **change)}
+
     def add_run(self, triggers: list, prepare: Callable[[dict[str, Any]], dict[str, Any]] = lambda values: values,
                 continuing: bool = False, appends: bool = False):
         """Run the task when any of `triggers` fires (or, for an event's dependency, once it has
@@ -157,15 +164,11 @@ class Tab:
         # The tab's run buttons wait while a run goes, as a chat app's Send does: a Continue
         # pressed meanwhile would join a text to the prompt that the running one joins too.
         cleared = {box: "" for box in self.widgets.cleared}
-        # A conversation is not one run's answer: it stays as it is (Chat).
-        ages = not isinstance(output, gr.Chatbot)
-        of_last_run, of_this_run = ({output: gr.update(elem_classes=classes)} if ages else {}
-                                    for classes in ([LAST_RUN_CLASS], []))
 
         def ended(outcome: Outcome, lang: str) -> dict:
             """A run that did not run (refused, or failed): its line, and the run buttons back; what
             the user typed and the last result stay (a typo costs no output), the result faded."""
-            return {**self.shown(outcome, lang), **self.held(False), **of_last_run}
+            return {**self.shown(outcome, lang), **self.held(False), **self.faded(True)}
 
         def run_in_tab(data: dict[gr.Component, Any], request: gr.Request):
             lang = language(request)
@@ -190,7 +193,7 @@ class Tab:
                 values["logprobs"] = TOP_SHOWN
             comparing = data[insight.compare] and not continuing
             # The last run's status line goes at once: under a new run it would pass for this one's.
-            yield {self.status: GENERATING, **self.held(True), **of_this_run}
+            yield {self.status: GENERATING, **self.held(True), **self.faded(False)}
             try:
                 with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
                     if comparing:
@@ -295,9 +298,10 @@ def join_pending(text: str, pending: tuple[str, str] | None) -> tuple[str, None]
 
 def without_refusal(tab: Tab):
     """The outcome once an example is picked: a refusal's goes (most speak of an input the example
-    replaces; any other is said again by the next run), a run's stays with its seed."""
+    replaces; any other is said again by the next run), and the fade it gave the output with it; a
+    run's stays with its seed."""
     def forget(outcome: Outcome | None):
-        return tab.shown(None, "en") if outcome is not None and not outcome.ran else NOTHING
+        return {**tab.shown(None, "en"), **tab.faded(False)} if outcome is not None and not outcome.ran else NOTHING
     return forget
 
 
@@ -415,8 +419,8 @@ def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
         tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_buttons, stop_button, status, outcome,
                   prompt_sent, insight, page_state, bundled_note)
         # A refusal spoke of the input an example has just replaced; a run's line stays (its seed).
-        examples.load_input_event.then(without_refusal(tab), outcome, {status, outcome}, queue=False,
-                                       api_visibility="private")
+        examples.load_input_event.then(without_refusal(tab), outcome, {status, outcome, widgets.output},
+                                       queue=False, api_visibility="private")
         tab.add_run([run_button.click] + [box.submit for box in widgets.submit])
         if continue_button is None:
             tab.add_run([insight.alternatives.input], continuing=True)

@@ -190,7 +190,7 @@ def translate_extras(tab: Tab) -> None:
         turned = turned_boxes(source_value, target_value, text_value, translation, last_run)
         if turned is None:
             return {}
-        return {text: turned[0], output: turned[1], **tab.shown(None, "en"), tab.prompt_sent: "",
+        return {text: turned[0], **tab.faded(False, value=turned[1]), **tab.shown(None, "en"), tab.prompt_sent: "",
                 **dict(zip(tab.insight.of_the_shown_run, Insight.forgotten()))}
 
     def swap(source_value: str, target_value: str, text_value: str, translation: str, last_run: dict | None):
