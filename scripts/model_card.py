@@ -30,8 +30,8 @@ from model import load_pretrained  # noqa: E402
 from model.adapters import adapters_on_by_default  # noqa: E402
 from model.checkpoint import BUNDLED_DIR  # noqa: E402
 from tasks.dialogue import PERSONAS  # noqa: E402
-from tasks.eval import (HEADLINES, LANGUAGE_MODELLING, SYSTEMS, find_row, paired_difference_error, seed_noise,  # noqa: E402
-                        score_text, standard_error_of)
+from tasks.eval import (GENERALISATION, HEADLINES, LANGUAGE_MODELLING, SYSTEMS, find_row,  # noqa: E402
+                        paired_difference_error, score_text, seed_noise, standard_error_of)
 from train.pretrain import PRETRAIN_SOURCES, TRAINING_RECORD  # noqa: E402
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TaskDone, TranslateInputs, run_task  # noqa: E402
 
@@ -75,8 +75,9 @@ def train_command(train_args: dict) -> str:
 
 
 def headline_changes(before: dict, now: dict) -> tuple[list[str], list[str]]:
-    """(worse, better): where `now` is worse, and where it is better, than `before` on bits per byte
-    and on each task's headline row of the validation splits (tasks.eval.HEADLINES) by its better system (prompt or adapter:
+    """(worse, better): where `now` is worse, and where it is better, than `before` on bits per byte,
+    on each task's headline row of the validation splits (tasks.eval.HEADLINES) and on the
+    generalisation row (tasks.eval.GENERALISATION), by its better system (prompt or adapter:
     what a user can get), by more than noise moves it: twice the standard error of the difference
     from a bootstrap over the items where both evaluations kept them (tasks.eval's per_item: the two
     on the same items), else from the seeds (a mean over seeds has a standard error; an exact or
@@ -90,7 +91,7 @@ def headline_changes(before: dict, now: dict) -> tuple[list[str], list[str]]:
         return r[system], standard_error_of(r, system), r, system
 
     worse, better = [], []
-    checks = [(*LANGUAGE_MODELLING, False), *((task, *rest) for task, rest in HEADLINES.items())]
+    checks = [(*LANGUAGE_MODELLING, False), *((task, *rest) for task, rest in HEADLINES.items()), GENERALISATION]
     for task, metric, test_set, higher_is_better in checks:
         pick = max if higher_is_better else min
         earlier, latest = best(before, task, metric, test_set, pick), best(now, task, metric, test_set, pick)
@@ -275,9 +276,9 @@ torch and transformers.
   their test and validation splits were cut first and never trained on.
 - Translation: Tatoeba English-French and English-German sentence pairs (Tatoeba.org, CC BY 2.0
   FR), both directions. The generalisation rows ("new sentences far from training") are 148
-  sentences written by this project in all three languages (`tasks/far_from_training.tsv`), each
-  used as a source only where no training source comes within a character-trigram similarity of
-  0.5; never trained on.
+  sentences written by this project in all three languages (`tasks/far_from_training.tsv`; on
+  validation, 48 others: `tasks/far_from_training_val.tsv`), each used as a source only where no
+  training source comes within a character-trigram similarity of 0.5; never trained on.
 - Dialogue: Topical-Chat (Amazon, CDLA-Sharing-1.0), Schema-Guided Dialogue (Google,
   CC BY-SA 4.0), Taskmaster-4 (Byrne and Ganesh, Google, CC BY 4.0), chatterbot-corpus
   (BSD-3-Clause).

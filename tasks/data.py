@@ -3,7 +3,7 @@
     python -m tasks.data --out runs/task-data
 
 writes {task}-train.jsonl, {task}-val.jsonl and {task}-test.jsonl for dialogue, translate and
-summarize (plus summarize-derived-test.jsonl and translate-far-test.jsonl, see below): one JSON
+summarize (plus summarize-derived-test.jsonl and translate-far-{val,test}.jsonl, see below): one JSON
 object per line, in the formats of RECORD_FORMATS, which is also what `python -m tasks.finetune
 --data` reads.
 
@@ -31,7 +31,8 @@ one another, directly or through a shared translation, form one unit (a connecte
 "Go." - "Va !" - "Go!"), so no sentence of a test pair, in any language, occurs in training.
 `TRANSLATE_TEST` pairs per direction; a test pair has one reference translation. Tatoeba is full of
 near-paraphrases, so a test pair is often close to a training pair; translate-far-test.jsonl, the
-generalisation set, holds pairs whose source is far from every training source (far_from_training).
+generalisation set, holds pairs whose source is far from every training source (far_from_training),
+and translate-far-val.jsonl the same of other sentences, for the choices made on validation.
 
 Summarisation: *The Aesop for Children* fable -> lesson pairs are the real, human-written
 summaries; summarize-test.jsonl holds only those (`AESOP_TEST` fables), so the headline ROUGE
@@ -76,8 +77,11 @@ AESOP_TEST, AESOP_VAL = 30, 10  # fables; training takes the rest (106)
 DERIVED_TEST, DERIVED_VAL, DERIVED_TRAIN = 100, 50, 500  # derived summarisation pairs
 # Sentences written for this project, each in English, French and German, of everyday words in
 # combinations Tatoeba does not have ("The goat ate the letter from the mayor."): the
-# generalisation set, kept to the sentences that are FAR_FROM_TRAINING (far_from_training).
-FAR_SENTENCES = Path(__file__).with_name("far_from_training.tsv")
+# generalisation set, kept to the sentences that are FAR_FROM_TRAINING (far_from_training). Its
+# validation set is other sentences of the same kind, so that what is chosen for generalisation
+# (a checkpoint, a decoding default) is chosen without reading the test sentences.
+FAR_SENTENCES = {"far-test": Path(__file__).with_name("far_from_training.tsv"),
+                 "far-val": Path(__file__).with_name("far_from_training_val.tsv")}
 FAR_FROM_TRAINING = 0.5  # no training source this similar (character-trigram cosine)
 DERIVED_MAX_CHARS = 1500  # so a whole transcript fits a 512-token context next to its summary
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's is ~10x faster, same result
@@ -316,7 +320,7 @@ def translation_splits() -> dict[str, list[dict]]:
                  [f"{name}->English" for name in LANGUAGE_NAMES.values()]
     splits = split_units(translation_units(), test=dict.fromkeys(directions, TRANSLATE_TEST),
                          val=dict.fromkeys(directions, TRANSLATE_VAL))
-    return {**splits, "far-test": far_from_training(splits["train"])}
+    return {**splits, **{split: far_from_training(splits["train"], split) for split in FAR_SENTENCES}}
 
 
 EXAMPLE_WORDS = range(4, 9)  # a Translate example is a sentence of this many words
@@ -340,17 +344,18 @@ def translation_examples(val: list[dict]) -> list[tuple[str, str, str]]:
     return examples
 
 
-def far_from_training(train: list[dict]) -> list[dict]:
-    """The generalisation set: the pairs of FAR_SENTENCES in every direction the Translate tab
-    offers (French <-> German too), each whose source has no training source, of any direction,
-    with a character-trigram similarity of FAR_FROM_TRAINING or more."""
-    lines = FAR_SENTENCES.read_text(encoding="utf-8").splitlines()
+def far_from_training(train: list[dict], split: str = "far-test") -> list[dict]:
+    """The generalisation set (`split` "far-test", or its validation set "far-val"): the pairs of
+    FAR_SENTENCES[split] in every direction the Translate tab offers (French <-> German too), each
+    whose source has no training source, of any direction, with a character-trigram similarity of
+    FAR_FROM_TRAINING or more."""
+    lines = FAR_SENTENCES[split].read_text(encoding="utf-8").splitlines()
     languages = lines[0].split("\t")
     records = []
     for number, line in enumerate(lines[1:], 1):
         sentences = dict(zip(languages, line.split("\t"), strict=True))
         records += [{"source": source, "target": target, "text": sentences[source], "translation": sentences[target],
-                     "id": f"far:{number}"} for source in languages for target in languages if source != target]
+                     "id": f"{split}:{number}"} for source in languages for target in languages if source != target]
     similarity = TranslationLookup(train).similarity([r["text"] for r in records])
     return [r for r, near in zip(records, similarity) if near < FAR_FROM_TRAINING]
 

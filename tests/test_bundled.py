@@ -14,7 +14,7 @@ from model import load_pretrained
 from model.adapters import adapter_names
 from model.checkpoint import BUNDLED_DIR
 from tasks import TASKS, TaskDone, run_task
-from tasks.eval import LANGUAGE_MODELLING, per_item
+from tasks.eval import GENERALISATION, LANGUAGE_MODELLING, per_item
 
 from .conftest import serving
 
@@ -67,13 +67,15 @@ def test_a_new_edition_ships_only_where_its_evaluation_improves(tmp_path):
     def regressions(before, now):
         return card.headline_changes(before, now)[0]
 
-    def evaluation(bpb, chrf_base, chrf_adapter, rouge_adapter, rouge_error=None):
+    def evaluation(bpb, chrf_base, chrf_adapter, rouge_adapter, rouge_error=None, far_adapter=None):
         def r(task, metric, test_set, base, adapter=None, errors=None):
             return {"task": task, "metric": metric, "test_set": test_set, "base": base, "adapter": adapter,
                     **({"standard_error": errors} if errors else {})}
         rows = [r(*LANGUAGE_MODELLING, bpb), r("translate", "chrF", "Tatoeba all directions", chrf_base, chrf_adapter),
                 r("summarize", "ROUGE-L F1", "Aesop fable -> lesson", 5.0, rouge_adapter,
                   {"base": 0.5, "adapter": rouge_error} if rouge_error else None)]
+        if far_adapter is not None:  # the generalisation row of the validation sentences
+            rows.append(r(*GENERALISATION[:3], 10.0, far_adapter))
         return {"validation_rows": rows, "rows": rows}
 
     def poisoned(evaluation, value):
@@ -88,6 +90,10 @@ def test_a_new_edition_ships_only_where_its_evaluation_improves(tmp_path):
         assert card.headline_changes(before, poisoned(evaluation(1.05, 12.0, 25.0, 16.0), value)) \
             == card.headline_changes(before, evaluation(1.05, 12.0, 25.0, 16.0))
         assert card.headline_changes(before, poisoned(before, value)) == ([], [])
+    # an edition that generalises worse does not ship, however much better it does on Tatoeba
+    worse = regressions(evaluation(1.28, 7.1, 10.6, 9.0, far_adapter=17.0),
+                        evaluation(1.05, 12.0, 25.0, 16.0, far_adapter=16.0))
+    assert len(worse) == 1 and "far from training" in worse[0]
     # the prompt alone overtaking the adapter still counts: the task's best is what a user can get
     assert regressions(before, evaluation(1.05, 22.0, 9.0, 16.0)) == []
     worse = regressions(before, evaluation(1.30, 12.0, 25.0, 7.5))

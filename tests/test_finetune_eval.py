@@ -219,7 +219,13 @@ def test_eval_writes_every_metric(task_splits, tiny_base, tokenizer, tmp_path):
     for name in ("bits per byte", "chrF", "BLEU", "ROUGE-1", "ROUGE-2", "ROUGE-L", "response loss",
                  "English->French", "German->English", "all directions", "Aesop", "derived"):
         assert name in table, name
-    assert json.loads(out.with_suffix(".json").read_text())["rows"] == rows
+    written = json.loads(out.with_suffix(".json").read_text())
+    assert written["rows"] == rows
+    # the generalisation row on validation too, of the validation sentences, for the shipping gate
+    for evaluated in (written["rows"], written["validation_rows"]):
+        far = task_eval.find_row(evaluated, *task_eval.GENERALISATION[:3])
+        assert far is not None and far["n"] == 4  # --limit 1: one sentence in each direction to or from English
+    assert "per_item" in task_eval.find_row(written["validation_rows"], *task_eval.GENERALISATION[:3])
     for r in rows:
         assert math.isfinite(r["base"]) and (r["adapter"] is None) == (r["metric"].startswith("bits per byte"))
     assert str(tmp_path) not in table  # no machine paths in a table meant for docs/

@@ -140,7 +140,7 @@ def test_the_tokenizer_reads_no_held_out_sentence(task_splits):
     spec.loader.exec_module(script)
     lines = {fingerprint(part) for document in script.task_documents(task_splits)
              for line in document.split("\n") for part in line.split(" = ")}
-    held_out = [r for split in ("val", "test", "far-test") for r in task_splits["translate"][split]]
+    held_out = [r for split in ("val", "test", "far-val", "far-test") for r in task_splits["translate"][split]]
     assert len(lines) > 100_000 and held_out
     assert not any(fingerprint(r["text"]) in lines or fingerprint(r["translation"]) in lines for r in held_out)
 
