@@ -21,12 +21,12 @@ from .i18n import i18n
 from .messages import language, on_page_language, word
 from .tokens import TOP_SHOWN, Insight
 
-# A folded section's title that wraps (a phone's "Why this output" one) reads from the left, and its
-# arrow keeps its own size beside it, inside the section: Gradio stretches it to the title's height,
-# and turned, that height becomes its width.
 # A refused run leaves the last result where it was (a typo costs no output), faded, since it no
 # longer answers the inputs above it (the status line says why nothing new came).
 LAST_RUN_CLASS = "from-last-run"
+# A folded section's title that wraps (a phone's "Why this output" one) reads from the left, and its
+# arrow keeps its own size beside it, inside the section: Gradio stretches it to the title's height,
+# and turned, that height becomes its width.
 TAB_CSS = f"""
 button.label-wrap {{ text-align: left; align-items: center; gap: 0.75em; }}
 button.label-wrap > .icon {{ flex: none; }}
