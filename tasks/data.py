@@ -320,7 +320,7 @@ def translation_splits() -> dict[str, list[dict]]:
                  [f"{name}->English" for name in LANGUAGE_NAMES.values()]
     splits = split_units(translation_units(), test=dict.fromkeys(directions, TRANSLATE_TEST),
                          val=dict.fromkeys(directions, TRANSLATE_VAL))
-    return {**splits, **{split: far_from_training(splits["train"], split) for split in FAR_SENTENCES}}
+    return {**splits, **far_from_training(splits["train"])}
 
 
 EXAMPLE_WORDS = range(4, 9)  # a Translate example is a sentence of this many words
@@ -344,20 +344,25 @@ def translation_examples(val: list[dict]) -> list[tuple[str, str, str]]:
     return examples
 
 
-def far_from_training(train: list[dict], split: str = "far-test") -> list[dict]:
-    """The generalisation set (`split` "far-test", or its validation set "far-val"): the pairs of
-    FAR_SENTENCES[split] in every direction the Translate tab offers (French <-> German too), each
-    whose source has no training source, of any direction, with a character-trigram similarity of
-    FAR_FROM_TRAINING or more."""
-    lines = FAR_SENTENCES[split].read_text(encoding="utf-8").splitlines()
-    languages = lines[0].split("\t")
-    records = []
-    for number, line in enumerate(lines[1:], 1):
-        sentences = dict(zip(languages, line.split("\t"), strict=True))
-        records += [{"source": source, "target": target, "text": sentences[source], "translation": sentences[target],
-                     "id": f"{split}:{number}"} for source in languages for target in languages if source != target]
-    similarity = TranslationLookup(train).similarity([r["text"] for r in records])
-    return [r for r, near in zip(records, similarity) if near < FAR_FROM_TRAINING]
+def far_from_training(train: list[dict]) -> dict[str, list[dict]]:
+    """The generalisation sets, by split ("far-test", and its validation set "far-val"): the pairs
+    of FAR_SENTENCES[split] in every direction the Translate tab offers (French <-> German too),
+    each whose source has no training source, of any direction, with a character-trigram
+    similarity of FAR_FROM_TRAINING or more. One lookup indexes the training sources for both."""
+    lookup = TranslationLookup(train)
+    sets = {}
+    for split, path in FAR_SENTENCES.items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        languages = lines[0].split("\t")
+        records = []
+        for number, line in enumerate(lines[1:], 1):
+            sentences = dict(zip(languages, line.split("\t"), strict=True))
+            records += [{"source": source, "target": target, "text": sentences[source],
+                         "translation": sentences[target], "id": f"{split}:{number}"}
+                        for source in languages for target in languages if source != target]
+        similarity = lookup.similarity([r["text"] for r in records])
+        sets[split] = [r for r, near in zip(records, similarity) if near < FAR_FROM_TRAINING]
+    return sets
 
 
 # --- summarisation ----------------------------------------------------------------------------

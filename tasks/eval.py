@@ -61,14 +61,14 @@ from train.metrics import bits_per_byte
 
 from . import TASKS, TaskDone, run_task
 from .baselines import TranslationLookup, loops, summary_baselines, translation_baselines, typical_length
-from .data import FAR_FROM_TRAINING, example_from_record, read_records
+from .data import FAR_FROM_TRAINING, FAR_SENTENCES, example_from_record, read_records
 from .finetune import completion_nll, encode_records, shown_path
 from .translation import PIVOT
 
 SEEDS = (0, 1, 2, 3, 4)  # summaries and chat replies are sampled, so they run once with each; greedy translation once
-TEST_FILES = tuple(f"{task}-{split}.jsonl" for split in ("train", "val", "test")
-                   for task in ("translate", "summarize", "dialogue")) + ("translate-far-test.jsonl",
-                                                                            "translate-far-val.jsonl")
+TEST_FILES = (*(f"{task}-{split}.jsonl" for split in ("train", "val", "test")
+                for task in ("translate", "summarize", "dialogue")),
+              *(f"translate-{split}.jsonl" for split in FAR_SENTENCES))
 BPB_CHARS_PER_LIMIT = 2000  # with --limit N, bits per byte over the first N * this many characters
 SYSTEMS = ("base", "adapter")  # the base model with the task's prompt; the same base with the task's adapter
 SYSTEM_NAMES = {"base": "prompt", "adapter": "adapter"}

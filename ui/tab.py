@@ -144,9 +144,9 @@ class Tab:
     def faded(self, faded: bool, **change) -> dict:
         """The output box faded (LAST_RUN_CLASS) or not, with any other `change` to it; a conversation
         (Chat) never is: it is not one run's answer."""
-        if isinstance(self.widgets.output, gr.Chatbot):
-            return {self.widgets.output: gr.update(**change)} if change else {}
-        return {self.widgets.output: gr.update(elem_classes=[LAST_RUN_CLASS] if faded else [], **change)}
+        if not isinstance(self.widgets.output, gr.Chatbot):
+            change["elem_classes"] = [LAST_RUN_CLASS] if faded else []
+        return {self.widgets.output: gr.update(**change)} if change else {}
 
     def add_run(self, triggers: list, prepare: Callable[[dict[str, Any]], dict[str, Any]] = lambda values: values,
                 continuing: bool = False, appends: bool = False):
