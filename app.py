@@ -20,15 +20,12 @@ from typing import Sequence
 import gradio as gr
 from huggingface_hub.constants import HF_HUB_CACHE
 
-from engine import kernels
-from engine.quantize import QUANTIZATIONS
-from engine.scheduler import MAX_BATCH
+from serve import MAX_BATCH, QUANTIZATIONS, TASKS
 from serve.messages import localized
 from serve.backend import RemoteHost
 from serve.model_host import BUNDLED, ModelHost, ModelLoadError
 from serve.openai_api import openai_routes
 from serve.running import StopSwitches
-from tasks import TASKS
 from ui.api import api_endpoint
 from ui.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
 from ui.chat import CHAT, CHAT_CSS, EDIT_KEYS_JS, KEEP_MESSAGE_BOX_IN_VIEW_JS
@@ -172,7 +169,7 @@ def tab_names(tab_blocks: list[gr.Tab]):
 def refreshing(host: ModelHost) -> bool:
     """Whether the model line may still change by itself: while the decode kernels build (here,
     or on the backend)."""
-    return host.settling() if host.remote else not kernels.settled()
+    return host.settling()
 
 
 def refresh_model_line(host: ModelHost):

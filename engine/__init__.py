@@ -1,6 +1,7 @@
 """What makes decoding fast and shared, put onto a loaded model from outside: the KV cache for
 rows of different lengths (cache), sampling and the token loop (generate), the continuous-batching
-scheduler, int8 weights (quantize) and the CPU decode kernels (kernels)."""
+scheduler, int8 weights (quantize), the CPU decode kernels (kernels) and the residual stream
+read with hooks (residual). Stands on model/ alone; tasks/, serve/ and train/ use it."""
 from __future__ import annotations
 
 from model.gpt2 import GPT2

@@ -13,7 +13,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, Protocol
 
 import torch
 from transformers import (LogitsProcessor, MinPLogitsWarper, NoRepeatNGramLogitsProcessor,
@@ -21,35 +21,13 @@ from transformers import (LogitsProcessor, MinPLogitsWarper, NoRepeatNGramLogits
                           TypicalLogitsWarper)
 
 from model.adapters import active_adapter, as_choice, check_adapter
+from model.config import GPT2Config
 from model.gpt2 import GPT2
 from model.tokenizer import Tokenizer
 
 from .cache import KVCache, new_cache
 
-if TYPE_CHECKING:
-    from .scheduler import Scheduler
-
-MAX_SEED = 2**32 - 1
-# (lowest, highest) accepted value of each numeric setting; the UI builds its sliders from these.
-LIMITS = {
-    "temperature": (0.0, 5.0),
-    "top_k": (0, 1000),
-    "top_p": (0.01, 1.0),
-    "min_p": (0.0, 1.0),
-    "typical_p": (0.01, 1.0),
-    "repetition_penalty": (0.5, 3.0),
-    "no_repeat_ngram_size": (0, 10),
-    "max_new_tokens": (1, 2048),
-    "min_new_tokens": (0, 2048),
-    "seed": (0, MAX_SEED),
-    "adapter_scale": (0.0, 2.0),
-    "logprobs": (0, 20),
-}
-INTEGER_SETTINGS = ("top_k", "no_repeat_ngram_size", "max_new_tokens", "min_new_tokens", "seed", "logprobs")
-MAX_STOP_STRINGS, MAX_STOP_LENGTH = 8, 100
-# Between 0 (greedy) and this, sampling is greedy in all but name, and far below it the scores
-# divided by the temperature overflow to infinity, which no sampler can draw from.
-MIN_TEMPERATURE = 0.01
+MAX_SEED = 2**32 - 1  # seeds are drawn from 0 to this
 # Prompt tokens per forward call (prefill_chunk), about the most a newcomer's prompt stalls the
 # other requests' streams between two steps: smaller chunks stall less but prefill more slowly,
 # and prompts up to this length go in one call, as fast as ever.
@@ -61,6 +39,9 @@ TIE_ROOM = 8
 # it, sorting the candidates costs more than it saves.
 NARROW_SHARE = 64
 DRAWS_AHEAD = 64  # random numbers a Sampler draws at once
+
+
+FLOAT_SETTINGS = ("temperature", "top_p", "min_p", "typical_p", "repetition_penalty", "adapter_scale")
 
 
 class ContextLengthError(ValueError):
@@ -89,19 +70,13 @@ class SamplingParams:
     logprobs: int = 0  # report each token's log-probability and this many alternatives (0: none)
 
     def __post_init__(self):
-        for name, (low, high) in LIMITS.items():
+        # A slider or an API client sends temperature 2, not 2.0, and transformers' processors
+        # refuse ints; a single stop string is a tuple of one.
+        for name in FLOAT_SETTINGS:
             value = getattr(self, name)
-            if value is None and name == "seed":
-                continue
-            value = check_setting(name, value, low, high, integer=name in INTEGER_SETTINGS)
-            if name == "temperature" and 0 < value < MIN_TEMPERATURE:
-                raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {value}")
-            object.__setattr__(self, name, value)
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LENGTH for s in stop):
-            raise ValueError(f"stop must be at most {MAX_STOP_STRINGS} non-empty strings "
-                             f"of at most {MAX_STOP_LENGTH} characters")
-        object.__setattr__(self, "stop", stop)
+            if isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, name, float(value))
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
 
     @property
     def greedy(self) -> bool:
@@ -129,14 +104,18 @@ class SamplingParams:
         return processors
 
 
+class BatchDecoder(Protocol):
+    """What `stream` decodes on besides the network itself: a Scheduler (engine/scheduler.py),
+    which runs each request in one batch with others and yields its tokens as decode_tokens does."""
+    config: GPT2Config
+
+    def decode(self, prompt: list[int], params: SamplingParams, seed: int, adapter: str | None = None,
+               trace: list | None = None, eos_id: int | None = None) -> Iterator[torch.Tensor]: ...
+
+
 @dataclass
 class Chunk:
     text: str  # text generated since the previous chunk
-
-
-# Why a run stopped, as its status line says it to a person (Result.stop_reason keeps the code).
-STOP_REASON_WORDS = {"eos": "end of text", "stop_string": "stop string", "max_tokens": "max_new_tokens reached",
-                     "context_full": "context full", "cancelled": "Stop pressed", "task_done": "answer complete"}
 
 
 @dataclass
@@ -154,27 +133,6 @@ class Result:
     # "bytes", "logprob", "id"}, ...]} (token_logprobs), the log-probabilities the token was drawn from,
     # after the decoding settings.
     logprobs: list[dict] = field(default_factory=list)
-
-
-def brief(value, limit: int = 60) -> str:
-    """repr(value), cut to `limit` characters: an error message quotes what it refuses, however big."""
-    if isinstance(value, int) and value.bit_length() > 4 * limit:  # str() of a huge int is slow, or refused
-        return f"an integer of {value.bit_length()} bits"
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def check_setting(name: str, value, low, high, integer: bool = False):
-    """`value` if it is a number (an integer, if `integer`) from low to high; otherwise a
-    ValueError that names the setting, its range and what it got. NaN, the infinities, booleans
-    and integers too large for a float are refused."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {brief(value)}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low:,} and {high:,}, got {brief(value)}")
-    if integer and value != int(value):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    return int(value) if integer else float(value)  # float: transformers' processors refuse an int temperature
 
 
 def prefill_chunk(model: GPT2, ids: torch.Tensor, cache: KVCache, start: int,
@@ -201,7 +159,7 @@ def resolve_seed(seed: int | None) -> int:
     return random.SystemRandom().randint(0, MAX_SEED) if seed is None else seed
 
 
-def check_prompt_fits(model: GPT2 | Scheduler, prompt_length: int) -> None:
+def check_prompt_fits(model: GPT2 | BatchDecoder, prompt_length: int) -> None:
     n_ctx = model.config.n_positions
     if prompt_length == 0:
         raise ValueError("the prompt is empty")
@@ -452,7 +410,7 @@ def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams,
         del cache
 
 
-def stream(model: GPT2 | Scheduler, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams,
+def stream(model: GPT2 | BatchDecoder, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams,
            cancel: threading.Event | None = None, adapter: str | None = None) -> Iterator[Chunk | Result]:
     """Yield Chunks of new text as tokens arrive, then one Result.
 
@@ -578,7 +536,7 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
                 if s.startswith(text[-n:])), default=0)
 
 
-def generate(model: GPT2 | Scheduler, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams,
+def generate(model: GPT2 | BatchDecoder, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams,
              cancel: threading.Event | None = None, adapter: str | None = None) -> Result:
     """Run `stream` to the end and return its Result."""
     for event in stream(model, tokenizer, prompt, params, cancel, adapter):

@@ -6,7 +6,7 @@
 # runs/adapters (scripts/device_build.sh trains them on a lent GPU and ships them here).
 # The adapters' step counts are where their held-out loss stopped falling in the last build (translate
 # nearly so; longer dialogue and summarisation runs did no better: docs/training/<task>-log.jsonl);
-# the evaluation decides which start on (tasks.eval --on-by-default).
+# the evaluation decides which start on (train.eval --on-by-default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -19,15 +19,15 @@ DATA=runs/task-data
 COMMON=(--base "$BASE" --seed 1337)
 STAGE=${STAGE:-all}
 
-$PY -m tasks.data --out "$DATA"
+$PY -m train.data --out "$DATA"
 if [[ $STAGE != ship ]]; then
-  $PY -m tasks.finetune --task translate --data "$DATA/translate-train.jsonl" --val "$DATA/translate-val.jsonl" \
+  $PY -m train.finetune --task translate --data "$DATA/translate-train.jsonl" --val "$DATA/translate-val.jsonl" \
     --out runs/adapters/translate --steps "${TRANSLATE_STEPS:-4000}" --batch-size 32 --rank 16 --alpha 32 \
     --eval-every 500 --lr 3e-3 --warmup-steps 50 "${COMMON[@]}"
-  $PY -m tasks.finetune --task dialogue --data "$DATA/dialogue-train.jsonl" --val "$DATA/dialogue-val.jsonl" \
+  $PY -m train.finetune --task dialogue --data "$DATA/dialogue-train.jsonl" --val "$DATA/dialogue-val.jsonl" \
     --out runs/adapters/dialogue --steps "${DIALOGUE_STEPS:-250}" --batch-size 16 --eval-every 50 --lr 2e-3 \
     --warmup-steps 30 "${COMMON[@]}"
-  $PY -m tasks.finetune --task summarize --data "$DATA/summarize-train.jsonl" --val "$DATA/summarize-val.jsonl" \
+  $PY -m train.finetune --task summarize --data "$DATA/summarize-train.jsonl" --val "$DATA/summarize-val.jsonl" \
     --out runs/adapters/summarize --steps "${SUMMARIZE_STEPS:-150}" --batch-size 8 --eval-every 50 --lr 2e-3 \
     --warmup-steps 30 "${COMMON[@]}"
 fi
@@ -38,7 +38,7 @@ fi
 # over the same validation items where both evaluations kept them), whose evaluation then becomes
 # the card's "before".
 # The adapters that beat the prompt alone start on: runs/adapters/on_by_default.json, shipped with them.
-$PY -m tasks.eval --model "$BASE" --adapters runs/adapters --data "$DATA" --out runs/eval-candidate.md \
+$PY -m train.eval --model "$BASE" --adapters runs/adapters --data "$DATA" --out runs/eval-candidate.md \
   --on-by-default runs/adapters
 $PY scripts/model_card.py --check-improves --eval runs/eval-candidate.json --before docs/eval-bundled.json
 for ext in md json; do

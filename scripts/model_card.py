@@ -25,15 +25,15 @@ sys.path.insert(0, str(REPO))
 
 from bench import cpu_name  # noqa: E402
 from engine import kernels, prepare_for_serving  # noqa: E402
-from engine.generate import STOP_REASON_WORDS  # noqa: E402
 from model import load_pretrained  # noqa: E402
 from model.adapters import adapters_on_by_default  # noqa: E402
 from model.checkpoint import BUNDLED_DIR  # noqa: E402
+from serve.outcome import STOP_REASON_WORDS  # noqa: E402
+from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TaskDone, TranslateInputs, run_task  # noqa: E402
 from tasks.dialogue import PERSONAS  # noqa: E402
-from tasks.eval import (GENERALISATION, HEADLINES, LANGUAGE_MODELLING, SYSTEMS, find_row,  # noqa: E402
+from train.eval import (GENERALISATION, HEADLINES, LANGUAGE_MODELLING, SYSTEMS, find_row,  # noqa: E402
                         paired_difference_error, score_text, seed_noise, standard_error_of)
 from train.pretrain import PRETRAIN_SOURCES, TRAINING_RECORD  # noqa: E402
-from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TaskDone, TranslateInputs, run_task  # noqa: E402
 
 SAMPLE_SEED = 1234
 SAMPLE_INPUTS = {
@@ -76,10 +76,10 @@ def train_command(train_args: dict) -> str:
 
 def headline_changes(before: dict, now: dict) -> tuple[list[str], list[str]]:
     """(worse, better): where `now` is worse, and where it is better, than `before` on bits per byte,
-    on each task's headline row of the validation splits (tasks.eval.HEADLINES) and on the
-    generalisation row (tasks.eval.GENERALISATION), by its better system (prompt or adapter:
+    on each task's headline row of the validation splits (train.eval.HEADLINES) and on the
+    generalisation row (train.eval.GENERALISATION), by its better system (prompt or adapter:
     what a user can get), by more than noise moves it: twice the standard error of the difference
-    from a bootstrap over the items where both evaluations kept them (tasks.eval's per_item: the two
+    from a bootstrap over the items where both evaluations kept them (train.eval's per_item: the two
     on the same items), else from the seeds (a mean over seeds has a standard error; an exact or
     greedy score, or one from a single seed, counts as exact)."""
     def best(evaluation, task, metric, test_set, pick):
@@ -150,9 +150,9 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--train-records", type=Path, default=REPO / "docs" / "training",
                    help="the pretraining run's pretrain-args.json and pretrain-log.jsonl")
-    p.add_argument("--eval", type=Path, default=REPO / "docs" / "eval-bundled.json", help="tasks.eval's JSON")
+    p.add_argument("--eval", type=Path, default=REPO / "docs" / "eval-bundled.json", help="train.eval's JSON")
     p.add_argument("--before", type=Path, default=REPO / "docs" / "training" / "eval-previous.json",
-                   help="tasks.eval's JSON of the model this one replaces (build_bundled.sh keeps it there), "
+                   help="train.eval's JSON of the model this one replaces (build_bundled.sh keeps it there), "
                         "for the now-and-before table")
     p.add_argument("--sweep", type=Path, default=REPO / "docs" / "training" / "size-sweep.md",
                    help="the size sweep's table (scripts/size_sweep.py)")
@@ -272,12 +272,12 @@ torch and transformers.
   less its last 10% held out, plus the lowercased file's stories that are not in it, with their
   casing restored by a truecaser learned from the normal-cased stories (see `train/corpus.py`).
 - The task formats in pretraining and the adapters come from the training splits of the task
-  sets below (`tasks/data.py`; `tasks.data.pretraining_documents` for the pretraining text);
+  sets below (`train/data.py`; `train.data.pretraining_documents` for the pretraining text);
   their test and validation splits were cut first and never trained on.
 - Translation: Tatoeba English-French and English-German sentence pairs (Tatoeba.org, CC BY 2.0
   FR), both directions. The generalisation rows ("new sentences far from training") are 148
-  sentences written by this project in all three languages (`tasks/far_from_training.tsv`; on
-  validation, 48 others: `tasks/far_from_training_val.tsv`), each used as a source only where no
+  sentences written by this project in all three languages (`train/far_from_training.tsv`; on
+  validation, 48 others: `train/far_from_training_val.tsv`), each used as a source only where no
   training source comes within a character-trigram similarity of 0.5; never trained on.
 - Dialogue: Topical-Chat (Amazon, CDLA-Sharing-1.0), Schema-Guided Dialogue (Google,
   CC BY-SA 4.0), Taskmaster-4 (Byrne and Ganesh, Google, CC BY 4.0), chatterbot-corpus
@@ -285,7 +285,7 @@ torch and transformers.
 - Summarisation: *The Aesop for Children* (1919, Library of Congress, public domain),
   fable -> lesson, plus pairs derived by this project from Schema-Guided Dialogue: the dialogue's
   transcript as the article and a one-line summary built from the services it uses (true by
-  construction, but it names topics only; see `tasks/data.py`).
+  construction, but it names topics only; see `train/data.py`).
 
 ## Samples
 

@@ -9,7 +9,7 @@ bytes because no piece covered the text (accented letters, umlauts).
 
 Training text: the pretraining train split (Gutenberg + TinyStories) plus the
 task data's training splits (Tatoeba English/French/German, dialogues, Aesop,
-as tasks.data.pretraining_documents writes them for pretraining), so French
+as train.data.pretraining_documents writes them for pretraining), so French
 and German words get their own pieces; no validation or test record is read. Each part is cut to a byte budget by
 keeping every k-th line, which is deterministic: the same data and flags
 always give the same tokenizer.
@@ -24,7 +24,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from tasks.data import pretraining_documents  # noqa: E402
+from train.data import pretraining_documents  # noqa: E402
 from train import corpus  # noqa: E402
 from model.tokenizer import GPT2BPETokenizer, SentencePieceTokenizer, Tokenizer, train_sentencepiece  # noqa: E402
 
@@ -37,7 +37,7 @@ def every_kth_line(texts, budget_mb: float) -> list[str]:
 
 
 def task_documents(splits: dict | None = None) -> list[str]:
-    """The task data's training splits, as pretraining reads them (splits: tasks.data's, where
+    """The task data's training splits, as pretraining reads them (splits: train.data's, where
     the caller has them): the held-out units cut for validation and test never reach the tokenizer."""
     return [document for documents in pretraining_documents(splits).values() for document in documents]
 

@@ -1,5 +1,20 @@
-"""The service every front end calls, with no Gradio in it: what a request may send and how it is
-checked (running.py), the model host that loads, switches and schedules (model_host.py), running
-a task as a stream of updates ending in its outcome record (outcome.py), and the messages a user
-can get, in their language (messages.py). ui/ builds the page and the Gradio API on top of it.
+"""The service every front end calls, with no Gradio in it. Stands on tasks/, engine/ and model/;
+ui/ and app.py build the page on top of it and reach nothing below it: what they need of the
+layers below is handed on here.
+
+- limits.py: what a request may send (each setting's range) and how it is checked;
+- messages.py: the messages a user can get, in their language;
+- model_host.py: the model host that loads, switches and schedules; backend.py: the same host
+  on other machines (a deployment's replicas);
+- running.py: running a task as a stream of updates ending in its outcome record (outcome.py);
+- inspection.py: the Architecture tab's live view; apis.py, page_api.py, openai_api.py: the APIs;
+  cluster.py, replica.py: the Ray Serve deployment.
 """
+from engine.quantize import QUANTIZATIONS
+from engine.scheduler import MAX_BATCH
+from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, Task
+from tasks.dialogue import PERSONAS
+from tasks.translation import goes_through_english
+
+__all__ = ["QUANTIZATIONS", "MAX_BATCH", "TASKS", "Task", "LANGUAGES", "DEFAULT_EXAMPLES", "PERSONAS",
+           "goes_through_english"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.generate import brief
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
 
+from .limits import brief
 from .running import MAX_CHARS, MAX_CHAT_TURNS, MAX_EXAMPLE_PAIRS, Param, TaskAPI, check_count, check_size, checked_text
 
 

@@ -21,7 +21,6 @@ from typing import Any, Callable, Iterator
 
 import httpx
 
-from engine.generate import resolve_seed
 from engine.kernels import BUILDING
 from model import GPT2Config
 
@@ -29,7 +28,7 @@ from .messages import Message
 from .model_host import ModelLoadError
 from .outcome import DONE, FAULT, Outcome
 from .page_api import PREFIX, update_from_json, view_from_json
-from .running import (LiveView, TaskAPI, adapter_state, asks_random_seed, changed_settings, compared_state,
+from .running import (LiveView, TaskAPI, adapter_state, changed_settings, compared_state, drawn_seed,
                       sampling_params)
 
 CONNECT_TIMEOUT_S = 3  # how long a backend that is down takes to be said so
@@ -122,7 +121,7 @@ class RemoteHost:
         before its last update, the text so far (the `kept` fields) with an outcome of its own:
         stopped by its user (seed, settings and `adapter` state, as far as they are known here),
         or a fault that says what happened to the backend."""
-        values = {**values, "seed": resolve_seed(None) if asks_random_seed(values.get("seed")) else values["seed"]}
+        values = {**values, "seed": drawn_seed(values.get("seed"))}
         last: dict = {name: "" if name == "text" else ["", ""] for name in kept}
         for update in self.stream(route, values, cancel):
             if isinstance(update, Outcome):  # the run ended here: Stop, or the backend failed

@@ -31,7 +31,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "out_of_range": ("{name} must be between {low} and {high}, got {value}",
                      "{name}必须在 {low} 到 {high} 之间，收到的是 {value}"),
     "prompt_empty_tokens": ("the prompt is empty", "提示词为空"),
-    # the Architecture tab's live view (train/inspect.py)
+    # the Architecture tab's live view (serve/inspection.py)
     "live_view_tokens": ("the prompt has {tokens} tokens; the live view takes at most {most}",
                          "提示词有 {tokens} 个词元；实时视图最多接受 {most} 个"),
     "prompt_fills_context": ("the prompt is {tokens} tokens; the context window is {context} tokens and at least one "
@@ -163,7 +163,7 @@ NAMES_ZH: dict[str, str] = {
     "the persona and the message": "角色设定和消息", "the text to translate": "要翻译的文本",
     "TL;DR: and one token of the article": "TL;DR: 和文章的一个词元",
     "example pairs": LABELS_ZH["example_pairs"], "turns in history": "对话历史的轮数",
-    # why a run stopped (engine.generate.STOP_REASON_WORDS)
+    # why a run stopped (serve.outcome.STOP_REASON_WORDS)
     "end of text": "文本结束", "stop string": "停止串", "max_new_tokens reached": "达到最大词元数",
     "context full": "上下文已满", "Stop pressed": "已按停止", "answer complete": "回答完整",
     "none": "无", "(nothing)": "（无）", "layer": "层", "head": "注意力头",

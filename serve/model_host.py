@@ -94,6 +94,10 @@ class ModelHost:
     def current(self) -> LoadedModel:
         return self._current
 
+    def settling(self) -> bool:
+        """Whether the model line may still change by itself: while the decode kernels build."""
+        return not kernels.settled()
+
     def switch(self, name: str) -> LoadedModel:
         """Load `name` and serve it from now on. When it fails, the current model stays."""
         if name not in self.names:

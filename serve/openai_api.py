@@ -26,12 +26,12 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.generate import (LIMITS, MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams, check_setting, prompt_trace,
-                             token_logprobs)
+from engine.generate import prompt_trace, token_logprobs
 from engine.scheduler import in_thread_of_its_own
 from tasks import TASKS, DialogueInputs, GenerateInputs, Task
 from tasks.base import ADAPTER_END, room_to_generate
 
+from .limits import LIMITS, MAX_STOP_LENGTH, MAX_STOP_STRINGS, check_setting, check_temperature
 from .model_host import ModelHost
 from .outcome import Outcome
 from .running import (MAX_CHARS, MAX_CHAT_TURNS, SETTING_RANGES, Param, TaskAPI, check_count, check_size,
@@ -288,7 +288,8 @@ def request_values(body: dict) -> dict[str, Any]:
         low, high = SETTING_RANGES[name]  # as the page takes them: max_tokens up to the app's 512
         try:
             values[name] = check_setting(name, value, low, high, integer=name in INTEGER)
-            SamplingParams(**{name: values[name]})  # the engine's own checks (temperature's greedy gap)
+            if name == "temperature":
+                check_temperature(values[name])
         except ValueError as error:
             raise BadRequest(str(error).replace(name, field, 1), param=field) from None
     seed = body.get("seed")

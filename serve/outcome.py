@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, replace
 
-from engine.generate import STOP_REASON_WORDS, Result
+from engine.generate import Result
 
 from .messages import Message
 
@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 DONE, REFUSED, FAULT = "done", "refused", "fault"
 REFUSED_MARK = "⚠️ "  # how the line of a refusal or a fault starts
 FAULT_MESSAGE = "the generation failed ({kind}); the app is still serving, please try again"
+# Why a run stopped, as its status line says it to a person (Result.stop_reason keeps the code).
+STOP_REASON_WORDS = {"eos": "end of text", "stop_string": "stop string", "max_tokens": "max_new_tokens reached",
+                     "context_full": "context full", "cancelled": "Stop pressed", "task_done": "answer complete"}
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class Outcome:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     tokens_per_second: float | None = None
-    stop_reason: str = ""  # engine.generate.STOP_REASON_WORDS's key
+    stop_reason: str = ""  # STOP_REASON_WORDS's key
     adapter: Message | None = None  # adapter off / on / at a strength / compared; None: the task has none
     changed: tuple[tuple[str, float], ...] = ()  # the decoding settings that differ from the task's defaults
     notes: tuple[Message, ...] = ()  # what the prompt had to drop, what a run was continued from, ...

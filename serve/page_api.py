@@ -21,9 +21,8 @@ import torch
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from train.inspect import Inspection, LogitLens
-
 from .apis import APIS
+from .inspection import Inspection, LogitLens
 from .model_host import ModelHost
 from .outcome import Outcome
 from .running import LiveView, look_inside, run, run_compare

@@ -18,12 +18,13 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
-from engine.generate import LIMITS, SamplingParams, brief, check_setting, resolve_seed, score_tokens
+from engine.generate import SamplingParams, new_token_budget, resolve_seed, score_tokens
 from engine.scheduler import in_thread_of_its_own
 from model.adapters import check_adapter
-from tasks import Task, TaskDone, run_task
-from train.inspect import Inspection, LogitLens, inspect_prompt, logit_lens
+from tasks import TASKS, SummarizeInputs, Task, TaskDone, run_task
 
+from .inspection import Inspection, LogitLens, inspect_prompt, logit_lens
+from .limits import LIMITS, brief, check_setting, checked_params
 from .model_host import LoadedModel, ModelHost
 from .outcome import Outcome
 
@@ -85,6 +86,12 @@ def asks_random_seed(seed: Any) -> bool:
     return seed is None or seed == RANDOM_SEED
 
 
+def drawn_seed(seed: Any) -> Any:
+    """The seed a run goes with: a new random one where the caller asks for one (None or -1), so
+    that whoever starts the run knows it; otherwise the caller's, as given (checked later)."""
+    return resolve_seed(None) if asks_random_seed(seed) else seed
+
+
 def setting_params(task: Task) -> list[Param]:
     """The settings, seed and (for a task that has an adapter) the adapter switch as API
     parameters, defaulting to the task's own."""
@@ -96,19 +103,19 @@ def setting_params(task: Task) -> list[Param]:
 
 
 def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
-    """The task's defaults with the caller's settings; SamplingParams checks every range, and
-    max_new_tokens is held to this app's cap."""
+    """The task's defaults with the caller's settings, each checked against its range, and
+    max_new_tokens held to this app's cap."""
     seed = values["seed"]
     if not asks_random_seed(seed):
         try:
             check_setting("seed", seed, *SETTING_RANGES["seed"], integer=True)
-        except ValueError as error:  # SamplingParams's own message knows nothing of the app's -1
+        except ValueError as error:  # check_setting's own message knows nothing of the app's -1
             raise ValueError(f"{error}; {RANDOM_SEED} draws a random seed") from None
     check_setting("max_new_tokens", values["max_new_tokens"], *SETTING_RANGES["max_new_tokens"], integer=True)
     settings = {name: values[name] for name, _ in SETTINGS}
-    return replace(task.defaults, **settings, seed=None if asks_random_seed(seed) else seed,
-                   adapter_scale=values.get("adapter_scale", task.defaults.adapter_scale),
-                   logprobs=values.get("logprobs", task.defaults.logprobs))
+    return checked_params(task.defaults, **settings, seed=None if asks_random_seed(seed) else seed,
+                          adapter_scale=values.get("adapter_scale", task.defaults.adapter_scale),
+                          logprobs=values.get("logprobs", task.defaults.logprobs))
 
 
 def checked_text(name: str, value: Any) -> str:
@@ -132,6 +139,17 @@ def check_count(what: str, count: int, limit: int) -> None:
     before any work on it."""
     if count > limit:
         raise ValueError(f"too many {what}: {count:,}; the limit is {limit:,}")
+
+
+def article_room(loaded: LoadedModel, article: str, max_new_tokens: int, adapter: bool) -> list[str]:
+    """How much of the context an article's summary prompt takes, and what it had to cut to fit:
+    the task's own build_prompt decides, so this says exactly what a run will do. A ValueError
+    where a run would refuse the article."""
+    prompt = TASKS["summarize"].prompt(SummarizeInputs(checked_text("article", article)), loaded.tokenizer,
+                                       loaded.context, max_new_tokens, adapter)
+    left = new_token_budget(max_new_tokens, len(prompt.ids), loaded.context)  # what a run may generate
+    return [f"{len(prompt.ids):,} of {loaded.context:,} context tokens in the prompt; the summary may use up to {left:,}",
+            *prompt.notes]
 
 
 def outcome_of(done: TaskDone, task: Task, params: SamplingParams, adapter: str) -> Outcome:

@@ -1,4 +1,6 @@
-"""The tasks the app offers, in tab order, and how to run one (see base.py for what a task is)."""
+"""The tasks the app offers, in tab order, and how to run one (see base.py for what a task is):
+each task's prompt format, decoding defaults and post-processing, nothing else. Stands on engine/
+and model/; serve/ and train/ use it."""
 from .base import Prompt, Task, TaskDone, TaskUpdate, first_sentences, run_task
 from .dialogue import DIALOGUE, DialogueInputs
 from .generation import GENERATE, GenerateInputs

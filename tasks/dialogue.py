@@ -18,7 +18,7 @@ from .base import TO_FIT, Prompt, Task, adapter_completion, first_line, fit_newe
 
 USER, BOT = "User", "Bot"
 
-# The persona line of each dialogue source the adapter and the pretraining mix learn from (tasks.data):
+# The persona line of each dialogue source the adapter and the pretraining mix learn from (train.data):
 # a conversation started with one of these gets the kind of reply that source taught.
 PERSONAS = {
     "topicalchat": "Bot is a curious person who likes to chat about fun facts.",
@@ -61,7 +61,7 @@ def format_example(inputs: DialogueInputs, reply: str) -> tuple[str, str]:
 # Sampled replies could loop ("lifetime lifetime lifetime ...", "and oolongs, and oolongs, ...") or
 # ramble past two typical replies; on the validation replies, a 3-gram block and a cap of 36
 # tokens (a typical reply is 63 characters, about 16 tokens) stopped both, over five seeds, at
-# no cost beyond noise (tasks.eval's loop rate; docs/app.md).
+# no cost beyond noise (train.eval's loop rate; docs/app.md).
 # A reply is one line of the transcript, as the prompt's turns are: the base model, with no
 # adapter to end its turn, wrote on past it in lines that were nobody's turn ("U-seworthy!").
 DIALOGUE = Task(

@@ -43,7 +43,7 @@ def format_example(inputs: SummarizeInputs, summary: str) -> tuple[str, str]:
 # a 3-gram block cost the derived summaries ROUGE on validation, since it also forbids the
 # article's own 3-grams, which a summary copies. The summary is the first line, as the adapter
 # learnt it: without the adapter the model could go on into a story or a transcript on the next
-# lines. Both chosen on the validation summaries, over 15 seeds (tasks.eval's loop rate; docs/app.md).
+# lines. Both chosen on the validation summaries, over 15 seeds (train.eval's loop rate; docs/app.md).
 SUMMARIZE = Task(
     name="summarize", title="Summarise", inputs=SummarizeInputs, build_prompt=build_prompt,
     defaults=SamplingParams(top_k=2, no_repeat_ngram_size=4, max_new_tokens=100, stop=("\n",)),

@@ -77,8 +77,8 @@ def need_data(path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def task_splits() -> dict[str, dict[str, list[dict]]]:
-    """Every task's real splits (tasks.data.BUILDERS), built once: each takes seconds. Read only."""
-    from tasks import data
+    """Every task's real splits (train.data.BUILDERS), built once: each takes seconds. Read only."""
+    from train import data
 
     need_data(DATA_DIR)
     return {task: build() for task, build in data.BUILDERS.items()}

@@ -90,7 +90,7 @@ def test_bad_adapter_files_are_named(checkpoint, tmp_path):
 
 def test_the_adapters_the_evaluation_found_better_start_switched_on(checkpoint, tmp_path):
     from tasks import TASKS
-    from tasks.eval import adapters_that_help
+    from train.eval import adapters_that_help
     from serve.model_host import ModelHost
     from ui.tab import adapter_props
 

@@ -109,7 +109,7 @@ def test_the_lens_title_fits_its_figure_for_a_one_token_prompt(adapter):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from model.checkpoint import load_pretrained
-    from train.inspect import logit_lens
+    from serve.inspection import logit_lens
     from ui.architecture import lens_figure
     model, tokenizer = load_pretrained(None)  # the bundled model: it has the adapter
     lens = lens_figure(logit_lens(model, tokenizer, "Hi", adapter), adapter)
@@ -233,7 +233,7 @@ def test_the_logit_lens_stays_readable_on_a_phone(browser, studio_url, width):
 
 
 def test_a_long_prompt_wraps_the_lens_onto_even_rows_no_wider_than_one():
-    from train.inspect import LogitLens
+    from serve.inspection import LogitLens
     from ui.architecture import LENS_COLUMNS, lens_figure
 
     def grids(positions: int):

@@ -1,10 +1,10 @@
-"""The baselines beside every score (tasks/baselines.py): computed from the splits they are given,
+"""The baselines beside every score (train/baselines.py): computed from the splits they are given,
 the generalisation set far from every training source, and what counts as a loop."""
 from __future__ import annotations
 
 import pytest
 
-from tasks.baselines import (TranslationLookup, TrigramIndex, best_constant, last_sentence, loops, summary_baselines,
+from train.baselines import (TranslationLookup, TrigramIndex, best_constant, last_sentence, loops, summary_baselines,
                              translation_baselines, trigrams, typical_length)
 
 
@@ -81,7 +81,7 @@ def test_the_typical_length_is_the_median_of_the_training_references():
 
 @pytest.mark.slow  # the real training split
 def test_no_generalisation_source_comes_near_a_training_source(task_splits):
-    from tasks.data import FAR_FROM_TRAINING, far_from_training
+    from train.data import FAR_FROM_TRAINING, far_from_training
 
     train, far, far_val = (task_splits["translate"][split] for split in ("train", "far-test", "far-val"))
     index = TrigramIndex(sorted({r["text"] for r in train}))

@@ -14,7 +14,7 @@ from model import load_pretrained
 from model.adapters import adapter_names
 from model.checkpoint import BUNDLED_DIR
 from tasks import TASKS, TaskDone, run_task
-from tasks.eval import GENERALISATION, LANGUAGE_MODELLING, per_item
+from train.eval import GENERALISATION, LANGUAGE_MODELLING, per_item
 
 from .conftest import serving
 
@@ -136,7 +136,7 @@ def test_a_new_edition_ships_only_where_its_evaluation_improves(tmp_path):
 
 def test_the_adapters_that_start_on_are_those_its_evaluation_found_better(bundled):
     from model.adapters import adapters_on_by_default
-    from tasks.eval import adapters_that_help
+    from train.eval import adapters_that_help
 
     evaluation = json.loads((REPO / "docs" / "eval-bundled.json").read_text())
     model, _ = bundled
@@ -146,7 +146,7 @@ def test_the_adapters_that_start_on_are_those_its_evaluation_found_better(bundle
 
 
 def test_the_translate_examples_are_drawn_from_validation_never_trained_on(task_splits):
-    from tasks.data import translation_examples
+    from train.data import translation_examples
     from ui.views import TRANSLATE_EXAMPLES
 
     splits = task_splits["translate"]
@@ -220,11 +220,11 @@ def test_a_seed_gives_the_same_text_on_the_decode_kernels_and_on_pytorch(bundled
 @pytest.mark.parametrize("task_name", ["dialogue", "summarize", "translate"])
 def test_the_tabs_defaults_give_no_loop_on_the_validation_items(bundled, task_splits, task_name):
     """Each task's validation items, run as the tab starts (its defaults, its adapter as it starts,
-    the evaluation's first seed): none repeats a phrase or runs on (tasks.baselines.loops)."""
+    the evaluation's first seed): none repeats a phrase or runs on (train.baselines.loops)."""
     from model.adapters import adapters_on_by_default
-    from tasks.baselines import loops, typical_length
-    from tasks.data import example_from_record
-    from tasks.eval import SEEDS, generate_all
+    from train.baselines import loops, typical_length
+    from train.data import example_from_record
+    from train.eval import SEEDS, generate_all
 
     model, tokenizer = bundled
     records = task_splits[task_name]["val"]

@@ -22,7 +22,8 @@ from model.adapters import active_adapter, adapters_on_by_default, load_adapter
 from train.corpus import tinystories_validation_text
 from train.metrics import bits_per_byte
 from model.tokenizer import SentencePieceTokenizer
-from tasks import TASKS, data, eval as task_eval, finetune
+from tasks import TASKS
+from train import data, eval as task_eval, finetune
 
 from .conftest import REPO, make_hf_checkpoint, make_lora_adapter
 
@@ -303,7 +304,7 @@ def test_eval_picks_the_adapters_that_start_on_from_the_validation_splits_only(t
 
 
 def write_splits(task_splits: dict, directory: Path, small: bool = False) -> Path:
-    """The task splits as tasks.data writes them, training cut to 2,000 records a task (enough for the
+    """The task splits as train.data writes them, training cut to 2,000 records a task (enough for the
     baselines); small: one record a file, and a translation a direction."""
     for task, of_task in task_splits.items():
         for name, records in of_task.items():
@@ -342,7 +343,7 @@ def test_a_sampled_score_is_the_mean_of_its_seeds_scores(task_splits, tiny_base,
 
 
 def run_eval(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tasks.eval", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "train.eval", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=60, env={**os.environ, **env})
 
 
@@ -353,7 +354,7 @@ def test_eval_without_task_data_says_what_is_missing_and_how_to_make_it_before_a
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert "task data is missing" in lines[0] and "dialogue-test.jsonl" in lines[0]
-    assert f"python -m tasks.data --out {tmp_path / 'no-data'}" in lines[0]
+    assert f"python -m train.data --out {tmp_path / 'no-data'}" in lines[0]
 
 
 def test_eval_without_the_data_folder_names_it_and_the_variable_that_moves_it(tmp_path):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import math
 import threading
 import weakref
 from dataclasses import replace
@@ -13,7 +12,7 @@ import torch
 
 from model import load_pretrained
 from engine import generate as generate_module
-from engine.generate import LIMITS, Chunk, ContextLengthError, Result, SamplingParams, generate, stream
+from engine.generate import Chunk, ContextLengthError, Result, SamplingParams, generate, stream
 from engine.scheduler import Scheduler
 from tasks import TASKS, GenerateInputs, TaskDone, run_task
 
@@ -46,27 +45,6 @@ def test_same_seed_same_text_and_reported_seed_reproduces(loaded):
     _, replay = run(loaded, params=replace(SAMPLED, seed=unseeded.seed))
     assert replay.token_ids == unseeded.token_ids
     assert replay.seed == unseeded.seed  # the seed a run reports is the one it ran with
-
-
-BAD_VALUES = [(name, value) for name, (low, high) in LIMITS.items()
-              for value in (low - 1 if isinstance(low, int) else low - 0.01, high + 1, math.nan, math.inf, True, "1")]
-
-
-@pytest.mark.parametrize("name,value", BAD_VALUES, ids=[f"{n}={v!r}" for n, v in BAD_VALUES])
-def test_each_bound_is_rejected(name, value):
-    with pytest.raises(ValueError, match=name):
-        SamplingParams(**{name: value})
-
-
-def test_integer_settings_reject_fractions_and_stop_strings_are_checked():
-    with pytest.raises(ValueError, match="top_k must be an integer"):
-        SamplingParams(top_k=2.5)
-    with pytest.raises(ValueError, match="stop must be"):
-        SamplingParams(stop=("",))
-    with pytest.raises(ValueError, match="stop must be"):
-        SamplingParams(stop=tuple("abcdefghij"))
-    assert SamplingParams(stop="\n").stop == ("\n",)
-    assert SamplingParams(top_k=3.0, seed=None).top_k == 3
 
 
 def test_whole_number_float_settings_sample_like_their_floats(loaded):

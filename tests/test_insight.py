@@ -1,6 +1,6 @@
 """What the app shows of why the model said what it said: token log-probabilities
 (SamplingParams.logprobs), the adapter's strength (adapter_scale), adapter off and on compared
-under one seed (serve.running.run_compare, ui.tokens), and the logit lens (train.inspect)."""
+under one seed (serve.running.run_compare, ui.tokens), and the logit lens (serve.inspection)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -14,6 +14,7 @@ from engine.generate import SamplingParams, decode_tokens, generate
 from engine.scheduler import Scheduler
 from model import load_pretrained
 from model.adapters import active_adapter
+from serve.limits import checked_params
 from serve.outcome import Outcome, status_line
 
 from .conftest import serving
@@ -154,7 +155,7 @@ def test_adapter_scale_reaches_decoding(loaded):
     zero, _ = traced(model, replace(params, adapter_scale=0.0, logprobs=1), adapter="summarize")
     assert zero == base
     with pytest.raises(ValueError, match="adapter_scale must be between 0.0 and 2.0"):
-        SamplingParams(adapter_scale=2.5)
+        checked_params(SamplingParams(), adapter_scale=2.5)
 
 
 def compare_values(api, **settings) -> dict:
@@ -251,7 +252,7 @@ def test_compare_marks_the_first_token_where_adapter_off_and_on_part(host):
 def test_the_logit_lens_last_layer_is_the_models_own_prediction(loaded):
     """ln_f and the tied head after the last block are the model's own logits; each row is a
     layer, each column a position; with an adapter on, `changed` marks where the top-1 moved."""
-    from train.inspect import lens_logits, logit_lens
+    from serve.inspection import lens_logits, logit_lens
 
     model, tokenizer = loaded
     prompt = "The little bird sang a song"

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from model import load_pretrained
-from train.inspect import MAX_TOKENS, inspect_prompt, recording_outputs
+from engine.residual import recording_outputs
+from serve.inspection import MAX_TOKENS, inspect_prompt
 
 from .conftest import copy_gpt2_tokenizer
 
@@ -118,7 +119,7 @@ def test_forward_calls_of_other_threads_are_not_recorded(ours):
 
 
 def test_a_piece_of_a_character_is_labelled_by_its_bytes(ours):
-    from train.inspect import token_label
+    from serve.inspection import token_label
 
     _, tokenizer = ours
     ids = tokenizer.encode("🙂 ok")  # GPT-2's bytes split the emoji into tokens that are no text alone

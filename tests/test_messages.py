@@ -9,19 +9,20 @@ import httpx
 import pytest
 
 from engine import kernels
-from engine.generate import STOP_REASON_WORDS, Result, SamplingParams, check_prompt_fits
+from engine.generate import Result, SamplingParams, check_prompt_fits
 from model import GPT2, GPT2Config
 from model.adapters import check_adapter
 from serve import backend
 from serve.apis import example_pairs, history_pairs
+from serve.inspection import inspect_prompt
+from serve.limits import checked_params
 from serve.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, localized, translate_one
 from serve.model_host import ModelHost, ModelLoadError
-from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome, status_line
+from serve.outcome import GREEDY_SAME, SAME_SEED, STOP_REASON_WORDS, Outcome, status_line
 from serve.running import (OTHER_SIDE_NOTE, RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text, compared_state, sampling_params,
                         setting_params)
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
 from tasks.base import FIRST_STEP_CUT
-from train.inspect import inspect_prompt
 from ui import chat, tab
 from ui.messages import language, word
 
@@ -87,11 +88,11 @@ def made_messages() -> list[str]:
         return lambda: TASKS[task].prompt(inputs, tokenizer, context, max_new_tokens, False)
 
     messages = [
-        refusal(lambda: SamplingParams(temperature=9)),
-        refusal(lambda: SamplingParams(temperature=0.001)),
-        refusal(lambda: SamplingParams(top_k=1.5)),
-        refusal(lambda: SamplingParams(top_p="high")),
-        refusal(lambda: SamplingParams(stop=("",))),
+        refusal(lambda: checked_params(SamplingParams(), temperature=9)),
+        refusal(lambda: checked_params(SamplingParams(), temperature=0.001)),
+        refusal(lambda: checked_params(SamplingParams(), top_k=1.5)),
+        refusal(lambda: checked_params(SamplingParams(), top_p="high")),
+        refusal(lambda: checked_params(SamplingParams(), stop=("",))),
         refusal(lambda: check_prompt_fits(tiny, 0)),
         refusal(lambda: check_prompt_fits(tiny, 16)),
         refusal(lambda: check_adapter(tiny, "chat")),

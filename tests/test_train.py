@@ -12,7 +12,7 @@ import torch
 
 from model import GPT2, GPT2Config, load_pretrained
 from tasks import TASKS
-from tasks.data import example_from_record, pretraining_documents
+from train.data import example_from_record, pretraining_documents
 from train.corpus import pretrain_documents, tinystories_validation_text
 from train.pretrain import (DEFAULT_MIX, TrainSettings, learning_rate, main, mixed_batches, rows_per_source, train)
 

@@ -47,7 +47,7 @@ TinyStories (one document per story)
   for bits-per-byte evaluation (with the same mojibake repair).
 
 Task data (Tatoeba eng-fra and eng-deu, dialogue, Aesop) is read here; its training splits, the
-only part any training sees (the tokenizer's included), are cut by tasks/data.py.
+only part any training sees (the tokenizer's included), are cut by train/data.py.
 """
 
 import functools

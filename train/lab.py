@@ -37,13 +37,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from engine.residual import residual_stream
 from model.checkpoint import BUNDLED_DIR, pick_device
 from model.config import GPT2Config
 from model.gpt2 import GPT2
 from model.tokenizer import Tokenizer, load_tokenizer
 
 from .corpus import tinystories_validation_text
-from .inspect import residual_stream
 from .pretrain import (TrainSettings, lm_loss, mixed_batches, pretraining_streams, random_windows,
                     train, validation_loss)
 

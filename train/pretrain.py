@@ -208,7 +208,7 @@ def mix_streams(tokenizer, weights: dict[str, float]) -> dict[str, torch.Tensor]
     if task_sources:
         # The task formats come from the tasks' own training splits (the tasks package owns the
         # splits; this is the one place training reads them).
-        from tasks.data import pretraining_documents
+        from .data import pretraining_documents
         documents = pretraining_documents()
         streams.update({name: token_stream(documents[name], tokenizer) for name in task_sources})
     return streams

@@ -1,2 +1,2 @@
-"""The Gradio interface, in pieces that app.py puts together. Depends on tasks/ and model/, never
-the other way round."""
+"""The Gradio interface, in pieces that app.py puts together. Stands on serve/ alone (never on what
+lies below it: tasks/, engine/, model/), and nothing below imports it."""

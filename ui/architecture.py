@@ -14,11 +14,11 @@ from matplotlib import font_manager
 from matplotlib.figure import Figure  # not pyplot: figures made per request must not pile up in its registry
 from matplotlib.patches import Rectangle
 
+from serve.inspection import Inspection, LogitLens
 from serve.messages import PLOT_TEXT, TOP_HEADERS, localized
 from serve.model_host import ModelHost
 from serve.outcome import Outcome, status_line
 from serve.running import look_inside as serve_look_inside
-from train.inspect import Inspection, LogitLens
 
 from .i18n import ENGLISH, i18n
 from .messages import language, on_page_language

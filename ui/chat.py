@@ -22,11 +22,11 @@ from typing import Any
 
 import gradio as gr
 
+from serve import PERSONAS
 from serve.messages import localized
 from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome
 from serve.apis import CHAT_API, history_pairs
 from serve.running import RANDOM_SEED, checked_text
-from tasks.dialogue import PERSONAS
 
 from .i18n import i18n
 from .messages import language, word

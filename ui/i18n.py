@@ -7,8 +7,8 @@ import re
 
 import gradio as gr
 
+from serve.inspection import MAX_TOKENS
 from serve.messages import LABELS_ZH
-from train.inspect import MAX_TOKENS
 
 ENGLISH = {
     "title": "# Pre-LN GPT-2 Studio",

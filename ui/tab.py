@@ -9,13 +9,12 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from engine.generate import resolve_seed
+from serve import Task
 from serve.messages import localized
 from serve.model_host import BUNDLED, LoadedModel, ModelHost
 from serve.outcome import FAULT, Outcome, status_line
-from serve.running import (MAX_CHARS, RANDOM_SEED, SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI, asks_random_seed,
-                           run, run_compare)
-from tasks import Task
+from serve.running import (MAX_CHARS, RANDOM_SEED, SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI, drawn_seed, run,
+                           run_compare)
 
 from .i18n import i18n
 from .messages import language, on_page_language, word
@@ -182,8 +181,7 @@ class Tab:
             except ValueError as refused:  # the inputs as made ready: the last run and its output stay
                 yield ended(Outcome.refused(str(refused)), lang)
                 return
-            if asks_random_seed(values["seed"]):  # drawn here, so that the run keeps it to continue from
-                values["seed"] = resolve_seed(None)
+            values["seed"] = drawn_seed(values["seed"])  # drawn here, so that the run keeps it to continue from
             ran_with = dict(values)
             cut = None
             if view.notebook and (appends or continuing):  # a text the app itself has grown

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine.generate import LIMITS
+from serve.inspection import as_text, readable
+from serve.limits import LIMITS
 from serve.messages import localized
 from serve.running import TOP_SHOWN
-from train.inspect import as_text, readable
 
 from .i18n import i18n
 from .messages import language

@@ -6,13 +6,11 @@ from typing import Callable
 
 import gradio as gr
 
-from engine.generate import new_token_budget
+from serve import DEFAULT_EXAMPLES, LANGUAGES, goes_through_english
 from serve.apis import GENERATE_API, SUMMARIZE_API, TRANSLATE_API
 from serve.messages import LABELS_ZH, localized
 from serve.model_host import ModelHost
-from serve.running import checked_text
-from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, SummarizeInputs
-from tasks.translation import goes_through_english
+from serve.running import article_room
 
 from .i18n import i18n
 from .messages import language
@@ -219,7 +217,7 @@ def translate_extras(tab: Tab) -> None:
 
 
 # One a direction, drawn from the validation split by a rule rather than picked for what the model
-# makes of them (tasks.data.translation_examples; tests/test_bundled.py checks they are its output).
+# makes of them (train.data.translation_examples; tests/test_bundled.py checks they are its output).
 TRANSLATE_EXAMPLES = [("Tom was accepted to Harvard.", "English", "French"),
                       ("We laugh a lot.", "English", "German"),
                       ("Je les ai appelés.", "French", "English"),
@@ -250,22 +248,17 @@ def summarize_widgets() -> Widgets:
 
 
 def article_length(host: ModelHost) -> Callable[[str, float, bool], str]:
-    """How much of the context the article's prompt takes, and whether it will be cut to fit:
-    the task's own build_prompt decides, so this line says exactly what a run will do."""
+    """How much of the context the article's prompt takes, and whether it will be cut to fit."""
     def length_line(article: str, max_new_tokens: float, adapter: bool, request: gr.Request) -> str:
         if not article.strip() or host.remote:  # (the tokenizer is the backend's)
             return ""
         loaded = host.current
         lang = language(request)
         try:
-            prompt = TASKS["summarize"].prompt(SummarizeInputs(checked_text("article", article)), loaded.tokenizer,
-                                               loaded.context, int(max_new_tokens), adapter)
+            parts = article_room(loaded, article, int(max_new_tokens), adapter)
         except ValueError as error:  # too long to send, say: what a run would answer
             return localized(str(error), lang)
-        left = new_token_budget(int(max_new_tokens), len(prompt.ids), loaded.context)  # what a run may generate
-        return " · ".join(localized(part, lang) for part in [
-            f"{len(prompt.ids):,} of {loaded.context:,} context tokens in the prompt; the summary may use up to {left:,}",
-            *prompt.notes])
+        return " · ".join(localized(part, lang) for part in parts)
     return length_line
 
 

@@ -1,6 +1,6 @@
 """Fine-tune one task's LoRA adapter with PEFT, on the prompt format the task uses with its adapter on.
 
-    python -m tasks.finetune --task translate --data runs/task-data/translate-train.jsonl \\
+    python -m train.finetune --task translate --data runs/task-data/translate-train.jsonl \\
         --val runs/task-data/translate-val.jsonl --out runs/adapters/translate
 
 Each record becomes the task's own training pair, `task.format_example(inputs, target)` ->
@@ -26,10 +26,10 @@ from tqdm import tqdm
 
 from model.checkpoint import load_pretrained, pick_device
 from model.tokenizer import Tokenizer
-from train.pretrain import IGNORE, TrainSettings, add_precision_flag, pick_bf16, seed_everything, train
+from tasks import TASKS
 
-from . import TASKS
 from .data import RECORD_FORMATS, example_from_record, read_records
+from .pretrain import IGNORE, TrainSettings, add_precision_flag, pick_bf16, seed_everything, train
 
 TARGET_MODULES = ["c_attn", "c_proj", "c_fc"]  # every projection of attention and MLP
 
@@ -126,10 +126,10 @@ def shown_path(path) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     formats = "\n".join(f"  {task}: {fmt}" for task, fmt in RECORD_FORMATS.items())
     p = argparse.ArgumentParser(
-        prog="python -m tasks.finetune", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m train.finetune", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a LoRA adapter (PEFT) for one task on a frozen GPT-2 base and save it in PEFT's format.",
         epilog=(f"--data and --val are JSONL files, one JSON object per line (other keys are ignored):\n{formats}\n"
-                "`python -m tasks.data --out runs/task-data` writes these files for the project's own data.\n"
+                "`python -m train.data --out runs/task-data` writes these files for the project's own data.\n"
                 "To ship an adapter with a checkpoint, copy --out to <checkpoint>/adapters/<task>/."))
     p.add_argument("--task", required=True, choices=list(RECORD_FORMATS), help="the task whose prompt format to train")
     p.add_argument("--data", type=Path, required=True, help="training records (JSONL, format below)")

@@ -12,13 +12,11 @@ switch one on).
 from __future__ import annotations
 
 import math
-import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
+from engine.residual import recording_outputs, residual_stream
 from model.gpt2 import GPT2
 from model.tokenizer import Tokenizer
 
@@ -53,37 +51,6 @@ def as_text(data: bytes) -> str:
 def token_label(tokenizer: Tokenizer, id: int) -> str:
     """A token on an axis: readable, or its id where it has no text of its own."""
     return readable(as_text(tokenizer.token_bytes(id))) or f"<{id}>"
-
-
-@contextmanager
-def recording_outputs(modules: list[nn.Module]):
-    """Collects each module's output of the forward calls this thread makes inside the block, in
-    module order. Other threads may be generating with the same model meanwhile (the app serves
-    several requests at once): their forward calls are not recorded."""
-    outputs: list[torch.Tensor | None] = [None] * len(modules)
-    recorder = threading.get_ident()
-
-    def keep(index):
-        def hook(module, inputs, output):
-            if threading.get_ident() == recorder:
-                outputs[index] = output.detach()
-        return hook
-
-    handles = [m.register_forward_hook(keep(i)) for i, m in enumerate(modules)]
-    try:
-        yield outputs
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def residual_stream(model: GPT2, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The residual stream (batch, time, n_embd) after the embeddings and after each block, and
-    the logits, from one forward pass."""
-    with recording_outputs([model.transformer.wte, model.transformer.wpe, *model.transformer.h]) as outputs:
-        logits = model(ids)
-    token, position, *blocks = outputs
-    return [token + position, *blocks], logits
 
 
 def attention_probabilities(c_attn_output: torch.Tensor, n_head: int, head: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ from collections import Counter
 import torch
 from rouge_score import rouge_scorer, tokenizers
 
-from .translation import PIVOT
+from tasks.translation import PIVOT
 
 CHUNK = 256  # queries scored against the whole index at once
 MAX_CONSTANT_CANDIDATES = 300  # training summaries tried as the constant answer (a fixed sample beyond)

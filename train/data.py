@@ -1,10 +1,10 @@
 """Each task's data set, made from ../shared/data, with its held-out test split fixed before any training.
 
-    python -m tasks.data --out runs/task-data
+    python -m train.data --out runs/task-data
 
 writes {task}-train.jsonl, {task}-val.jsonl and {task}-test.jsonl for dialogue, translate and
 summarize (plus summarize-derived-test.jsonl and translate-far-{val,test}.jsonl, see below): one JSON
-object per line, in the formats of RECORD_FORMATS, which is also what `python -m tasks.finetune
+object per line, in the formats of RECORD_FORMATS, which is also what `python -m train.finetune
 --data` reads.
 
 How the splits are made
@@ -60,14 +60,14 @@ from typing import Any, Iterable
 
 import yaml
 
-from train.corpus import DATA_DIR, read_text, translation_pairs
+from tasks import TASKS
+from tasks.base import one_line
+from tasks.dialogue import PERSONAS, DialogueInputs
+from tasks.summarization import SummarizeInputs
+from tasks.translation import PIVOT, TranslateInputs
 
-from . import TASKS
-from .base import one_line
 from .baselines import TranslationLookup
-from .dialogue import PERSONAS, DialogueInputs
-from .summarization import SummarizeInputs
-from .translation import PIVOT, TranslateInputs
+from .corpus import DATA_DIR, read_text, translation_pairs
 
 SPLITS = ("train", "val", "test")
 HISTORY_PAIRS = 2  # earlier (user, bot) exchanges kept before the message
@@ -127,7 +127,7 @@ def read_records(path: Path, task: str, limit: int | None = None) -> list[dict]:
     """The first `limit` (None: all) records of a JSONL file, each checked by making its training pair."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"data file {path} not found (make the task data with `python -m tasks.data`)")
+        raise FileNotFoundError(f"data file {path} not found (make the task data with `python -m train.data`)")
     records = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if limit is not None and len(records) >= limit:
@@ -454,7 +454,7 @@ def build(out: Path, tasks: Iterable[str] = tuple(BUILDERS)) -> dict[str, dict[s
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m tasks.data", description=(
+    p = argparse.ArgumentParser(prog="python -m train.data", description=(
         "Build each task's train/val/test JSONL from ../shared/data, with deterministic held-out splits "
         "(see this module's docstring for how). Run once, before any fine-tuning."))
     p.add_argument("--out", type=Path, required=True, help="directory for {task}-{train,val,test}.jsonl")

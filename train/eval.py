@@ -1,9 +1,9 @@
 """Evaluate a checkpoint on the held-out splits, prompting the base model and with each task's adapter.
 
-    python -m tasks.data --out runs/task-data      # once: the held-out splits (needs ../shared/data)
-    python -m tasks.eval --model bundled --data runs/task-data --out docs/eval-bundled.md \
+    python -m train.data --out runs/task-data      # once: the held-out splits (needs ../shared/data)
+    python -m train.eval --model bundled --data runs/task-data --out docs/eval-bundled.md \
         --on-by-default assets/adapters      # and let the validation rows pick the adapters the tabs start with
-    python -m tasks.eval --model bundled --limit 5  # a quick run: 5 examples a split, a short text
+    python -m train.eval --model bundled --limit 5  # a quick run: 5 examples a split, a short text
 
 Runs every measure twice: on the validation splits, which every decision reads (the adapters the
 tabs start with, the shipping gate of scripts/model_card.py), and on the test splits, for the card
@@ -14,7 +14,7 @@ two editions on the same items, where their difference varies far less than eith
   only, since no adapter is on when the app generates freely;
 - translation: chrF and BLEU (sacrebleu, corpus level) per direction and over all directions, and
   the generalisation rows: sentences written for the purpose (others for validation than for the
-  test) whose source is far from every training source (tasks.data.far_from_training), in the
+  test) whose source is far from every training source (train.data.far_from_training), in the
   four directions to and from English and French <-> German, which the tab translates through
   English; the shipping gate reads the validation one too (GENERALISATION);
 - summarisation: ROUGE-1/2/L F1 (rouge-score, Porter stemming), mean over the Aesop fables, and
@@ -22,9 +22,9 @@ two editions on the same items, where their difference varies far less than eith
 - dialogue: the loss of the held-out responses given their transcripts, teacher forced;
 - each task's loop rate at its tab's defaults: the outputs that repeat a word 3-gram three times
   or run past 2.5 times their reference, or their task's typical answer where the reference is
-  shorter (tasks/baselines.py, loops); over every seed where the task samples;
+  shorter (train/baselines.py, loops); over every seed where the task samples;
 - beside each chrF, BLEU and ROUGE, what answers with no model in them score on the same items
-  (tasks/baselines.py), and in plain words where the model does not beat them.
+  (train/baselines.py), and in plain words where the model does not beat them.
 Generation goes through run_task with each task's own defaults, as the app runs it: the base
 with the GPT-2 paper's prompt (translation: four example pairs and greedy decoding; summary:
 `TL;DR:`, top-k 2, the first 3 sentences of at most 100 tokens), the adapter with the format it
@@ -56,14 +56,14 @@ from tqdm import tqdm
 from engine.scheduler import MAX_BATCH, Scheduler
 from model.adapters import active_adapter, adapter_names, load_adapters, write_on_by_default
 from model.checkpoint import load_pretrained, pick_device
-from train.corpus import DATA_DIR, TINYSTORIES_DIR, tinystories_validation_text
-from train.metrics import bits_per_byte
+from tasks import TASKS, TaskDone, run_task
+from tasks.translation import PIVOT
 
-from . import TASKS, TaskDone, run_task
 from .baselines import TranslationLookup, loops, summary_baselines, translation_baselines, typical_length
+from .corpus import DATA_DIR, TINYSTORIES_DIR, tinystories_validation_text
 from .data import FAR_FROM_TRAINING, FAR_SENTENCES, example_from_record, read_records
 from .finetune import completion_nll, encode_records, shown_path
-from .translation import PIVOT
+from .metrics import bits_per_byte
 
 SEEDS = (0, 1, 2, 3, 4)  # summaries and chat replies are sampled, so they run once with each; greedy translation once
 TEST_FILES = (*(f"{task}-{split}.jsonl" for split in ("train", "val", "test")
@@ -74,7 +74,7 @@ SYSTEMS = ("base", "adapter")  # the base model with the task's prompt; the same
 SYSTEM_NAMES = {"base": "prompt", "adapter": "adapter"}
 BOOTSTRAP = 200  # resamples of the items for the standard error of a greedy or exact score
 TATOEBA = "Tatoeba"
-FAR = "new sentences far from training"  # the generalisation set (tasks.data.far_from_training)
+FAR = "new sentences far from training"  # the generalisation set (train.data.far_from_training)
 TO_AND_FROM_ENGLISH, THROUGH_ENGLISH = "to and from English", "French<->German (through English)"
 LOOP_METRIC = "loop rate (% of outputs, lower is better)"
 SUMMARY_SETS = {"aesop": "Aesop fable -> lesson", "sgd-derived": "derived: SGD dialogue -> services"}
@@ -212,7 +212,7 @@ def paired_difference_error(now: dict, now_system: str, before: dict, before_sys
 
 def loop_row(task: str, test_set: str, records: list[dict], outputs: dict[str, list[str]], reference_key: str,
              typical: int, per_seed: int = 1) -> dict:
-    """The share of outputs that loop (tasks.baselines.loops, with the task's typical answer
+    """The share of outputs that loop (train.baselines.loops, with the task's typical answer
     length from its training split), in percent; `outputs` may hold `per_seed` runs of the
     records one after another."""
     references = [r[reference_key] for r in records] * per_seed
@@ -461,14 +461,14 @@ def markdown(rows: list[dict], header: str) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tasks.eval", description=(
-        "Evaluate a checkpoint on the held-out test splits written by `python -m tasks.data`: the base model "
+    p = argparse.ArgumentParser(prog="python -m train.eval", description=(
+        "Evaluate a checkpoint on the held-out test splits written by `python -m train.data`: the base model "
         "with each task's prompt, and with the task's adapter where the checkpoint has one. Writes a markdown "
         "table and a JSON file with the same numbers."))
     p.add_argument("--model", default="bundled",
                    help="checkpoint directory, hub id such as gpt2, or 'bundled' (default); its adapters/ are used")
     p.add_argument("--adapters", type=Path, default=None,
-                   help="also load the adapters in DIR/<task>/ (e.g. fresh ones from tasks.finetune), "
+                   help="also load the adapters in DIR/<task>/ (e.g. fresh ones from train.finetune), "
                         "replacing the checkpoint's own of the same name")
     p.add_argument("--data", type=Path, default=Path("runs/task-data"), help="directory of the {task}-test.jsonl files")
     p.add_argument("--out", type=Path, default=None,
@@ -508,7 +508,7 @@ def missing_prerequisite(data: Path) -> str | None:
     missing = [name for name in TEST_FILES if not (data / name).is_file()]
     if missing:
         return (f"the task data is missing: no {', '.join(missing)} in {data}; make it with "
-                f"`python -m tasks.data --out {data}`")
+                f"`python -m train.data --out {data}`")
     return None
 
 
@@ -516,14 +516,14 @@ def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     missing = missing_prerequisite(args.data)
     if missing:
-        raise SystemExit(f"tasks.eval: {missing}")
+        raise SystemExit(f"train.eval: {missing}")
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
     try:
         model, tokenizer = load_pretrained(args.model, device=pick_device(args.device))
     except (OSError, ValueError) as error:  # CheckpointError and friends: a message, not a traceback
-        raise SystemExit(f"tasks.eval: could not load the model {args.model}: {error}") from None
+        raise SystemExit(f"train.eval: could not load the model {args.model}: {error}") from None
     if args.adapters is not None:
         if not load_adapters(model, args.adapters):
             raise FileNotFoundError(f"no adapters (<task>/adapter_config.json) in {args.adapters}")
@@ -537,7 +537,7 @@ def main(argv=None) -> list[dict]:
         r.pop("per_item", None)
     minutes = (time.perf_counter() - started) / 60
     c = model.config
-    command = " ".join(["python -m tasks.eval", f"--model {shown_path(args.model)}", f"--data {shown_path(args.data)}"]
+    command = " ".join(["python -m train.eval", f"--model {shown_path(args.model)}", f"--data {shown_path(args.data)}"]
                        + ([f"--adapters {shown_path(args.adapters)}"] if args.adapters else [])
                        + ([f"--limit {args.limit}"] if args.limit else [])
                        + ([f"--bpb-chars {args.bpb_chars}"] if args.bpb_chars else []))
@@ -545,13 +545,13 @@ def main(argv=None) -> list[dict]:
               f"{model.num_parameters():,} parameters ({c.n_layer} layers, n_embd {c.n_embd}, "
               f"context {c.n_positions}), "
               f"{tokenizer.name} tokenizer ({tokenizer.vocab_size:,} tokens); adapters: "
-              f"{', '.join(adapter_names(model)) or 'none'}. Held-out test splits made by `python -m tasks.data`. "
+              f"{', '.join(adapter_names(model)) or 'none'}. Held-out test splits made by `python -m train.data`. "
               "Generation uses each task's defaults through run_task, as its tab starts: translation greedy, "
               "summaries and replies sampled with each of the seeds "
               f"{', '.join(map(str, SEEDS))}, their scores the mean over the seeds ± its standard error (a greedy "
               "score's ± is a bootstrap over the items). "
-              f"The rows \"{FAR}\" are sentences written for the purpose (tasks/far_from_training.tsv; for "
-              "validation, others: tasks/far_from_training_val.tsv), each "
+              f"The rows \"{FAR}\" are sentences written for the purpose (train/far_from_training.tsv; for "
+              "validation, others: train/far_from_training_val.tsv), each "
               f"source with no training source at a character-trigram similarity of {FAR_FROM_TRAINING} or more. "
               "A loop is an output that repeats a word 3-gram three times or runs past 2.5 times its reference "
               "(or the task's median training reference, where that is longer). chrF, BLEU and ROUGE are on a "

@@ -1,0 +1,81 @@
+"""What the app takes: each decoding setting's range and the checks that refuse the rest.
+
+The engine decodes whatever SamplingParams it is given; what a user may ask for is this app's
+choice, made here, where the page, the Gradio API and `/v1` all check their values (the sliders
+are built from LIMITS too). A refusal names the setting, its range and what it got.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from engine.generate import MAX_SEED, SamplingParams
+
+# (lowest, highest) accepted value of each numeric setting; the UI builds its sliders from these.
+LIMITS = {
+    "temperature": (0.0, 5.0),
+    "top_k": (0, 1000),
+    "top_p": (0.01, 1.0),
+    "min_p": (0.0, 1.0),
+    "typical_p": (0.01, 1.0),
+    "repetition_penalty": (0.5, 3.0),
+    "no_repeat_ngram_size": (0, 10),
+    "max_new_tokens": (1, 2048),
+    "min_new_tokens": (0, 2048),
+    "seed": (0, MAX_SEED),
+    "adapter_scale": (0.0, 2.0),
+    "logprobs": (0, 20),
+}
+INTEGER_SETTINGS = ("top_k", "no_repeat_ngram_size", "max_new_tokens", "min_new_tokens", "seed", "logprobs")
+MAX_STOP_STRINGS, MAX_STOP_LENGTH = 8, 100
+# Between 0 (greedy) and this, sampling is greedy in all but name, and far below it the scores
+# divided by the temperature overflow to infinity, which no sampler can draw from.
+MIN_TEMPERATURE = 0.01
+
+
+def brief(value, limit: int = 60) -> str:
+    """repr(value), cut to `limit` characters: an error message quotes what it refuses, however big."""
+    if isinstance(value, int) and value.bit_length() > 4 * limit:  # str() of a huge int is slow, or refused
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def check_setting(name: str, value, low, high, integer: bool = False):
+    """`value` if it is a number (an integer, if `integer`) from low to high; otherwise a
+    ValueError that names the setting, its range and what it got. NaN, the infinities, booleans
+    and integers too large for a float are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {brief(value)}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low:,} and {high:,}, got {brief(value)}")
+    if integer and value != int(value):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(value) if integer else float(value)  # float: transformers' processors refuse an int temperature
+
+
+def check_temperature(value: float) -> float:
+    if 0 < value < MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {value}")
+    return value
+
+
+def check_stop(stop: tuple[str, ...]) -> tuple[str, ...]:
+    if len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LENGTH for s in stop):
+        raise ValueError(f"stop must be at most {MAX_STOP_STRINGS} non-empty strings "
+                         f"of at most {MAX_STOP_LENGTH} characters")
+    return stop
+
+
+def checked_params(base: SamplingParams, **settings) -> SamplingParams:
+    """`base` with `settings`, each checked against LIMITS (integers as int, the rest as float),
+    or a ValueError naming the first one out of its range."""
+    checked = {}
+    for name, value in settings.items():
+        if name == "stop":
+            checked[name] = check_stop((value,) if isinstance(value, str) else tuple(value))
+        elif not (name == "seed" and value is None):
+            low, high = LIMITS[name]
+            checked[name] = check_setting(name, value, low, high, integer=name in INTEGER_SETTINGS)
+    if "temperature" in checked:
+        check_temperature(checked["temperature"])
+    return replace(base, **checked)
