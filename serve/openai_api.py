@@ -19,7 +19,7 @@ import json
 import threading
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 import anyio
@@ -48,6 +48,20 @@ SETTINGS = {"temperature": ("temperature", 1.0), "top_p": ("top_p", 1.0), "max_t
 INTEGER = {"top_k", "max_new_tokens", "no_repeat_ngram_size"}
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """What OpenAI names differently in /v1/completions and /v1/chat/completions."""
+    chat: bool
+    id_prefix: str  # an answer's id is PREFIX-hex
+    answer_object: str  # the `object` of a whole answer
+    chunk_object: str  # the `object` of a stream's chunk
+
+
+COMPLETIONS = Endpoint(chat=False, id_prefix="cmpl", answer_object="text_completion", chunk_object="text_completion")
+CHAT_COMPLETIONS = Endpoint(chat=True, id_prefix="chatcmpl", answer_object="chat.completion",
+                            chunk_object="chat.completion.chunk")
+
+
 class BadRequest(ValueError):
     """A request the API does not take: OpenAI's 400 (or `status`), naming the field."""
 
@@ -56,10 +70,13 @@ class BadRequest(ValueError):
         super().__init__(message)
         self.param, self.status, self.kind, self.code = param, status, kind, code
 
+    def error_object(self) -> dict:
+        """OpenAI's error: a response's body, or a stream's last event."""
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+
     def response(self) -> JSONResponse:
         retry = {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503) else {}
-        return JSONResponse({"error": {"message": str(self), "type": self.kind, "param": self.param,
-                                       "code": self.code}}, status_code=self.status, headers=retry)
+        return JSONResponse(self.error_object(), status_code=self.status, headers=retry)
 
 
 class Admission:
@@ -139,8 +156,7 @@ def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 7
             raise BadRequest("prompt must be text (one string)", param="prompt")
         api = TaskAPI(task, "v1/completions", (Param("prompt", str),),
                       make_inputs=lambda prompt: GenerateInputs(checked_text("prompt", prompt)), description="")
-        return await respond(request, host, body, api, {"prompt": prompt}, adapter, completion_choice,
-                             completion_chunk, "text_completion")
+        return await respond(request, host, body, api, {"prompt": prompt}, adapter, COMPLETIONS)
 
     async def chat_completions(request: Request):
         body = await json_body(request)
@@ -150,8 +166,7 @@ def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 7
         inputs = dialogue_inputs(body.get("messages"))
         api = TaskAPI(task, "v1/chat/completions", (Param("inputs", DialogueInputs),),
                       make_inputs=lambda inputs: inputs, description="")
-        return await respond(request, host, body, api, {"inputs": inputs}, adapter, chat_choice, chat_chunk,
-                             "chat.completion")
+        return await respond(request, host, body, api, {"inputs": inputs}, adapter, CHAT_COMPLETIONS)
 
     router.add_api_route("/models", guarded(models, admitted=False), methods=["GET"])
     router.add_api_route("/models/{model_id:path}", guarded(one_model, admitted=False), methods=["GET"])
@@ -326,13 +341,12 @@ def choice_count(body: dict) -> int:
 
 
 async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, inputs: dict, adapter: bool,
-                  choice, chunk, kind: str):
+                  endpoint: Endpoint):
     """The request's n runs, streamed as server-sent events or answered at once when all have ended."""
-    chat = kind == "chat.completion"
     settings = request_values(body)
-    top = logprobs_asked(body, chat)
+    top = logprobs_asked(body, endpoint.chat)
     n = choice_count(body)
-    echo = bool(body.get("echo")) and not chat
+    echo = bool(body.get("echo")) and not endpoint.chat
     seed = settings.pop("seed", None)
     if seed is None:
         seed = int.from_bytes(uuid.uuid4().bytes[:4], "little")
@@ -341,22 +355,26 @@ async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, i
             # the engine's logprobs 0 is none at all: 1 gives each token's own, its alternatives cut to `top`
             **settings, **inputs, "adapter": adapter, "logprobs": max(top, 1) if top >= 0 else 0}
     values = [{**base, "seed": (seed + i) % (LIMITS["seed"][1] + 1)} for i in range(n)]
-    created, name = int(time.time()), f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     headers = {"X-Seed": str(seed)}
-    meta = {"id": name, "created": created, "model": body.get("model"), "system_fingerprint": f"seed-{seed}"}
+    meta = {"id": f"{endpoint.id_prefix}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
+            "model": body.get("model"), "system_fingerprint": f"seed-{seed}"}
+    echoed = inputs["prompt"] if echo else ""
     if body.get("stream"):
         with_usage = usage_asked(body)
         first, runs = await anyio.to_thread.run_sync(start_runs, api, host, values)
-        head = inputs["prompt"] if echo else ""
-        return StreamingResponse(streamed(request, first, runs, chunk, meta, top, head, with_usage),
+        return StreamingResponse(streamed(request, first, runs, endpoint, meta, top, echoed, with_usage),
                                  media_type="text/event-stream", headers=headers)
-    head_logprobs = (await anyio.to_thread.run_sync(prompt_logprobs, host, api, inputs["prompt"], base, top)
-                     if echo and top >= 0 else [])
+    echoed_logprobs = (await anyio.to_thread.run_sync(prompt_logprobs, host, api, inputs["prompt"], base, top)
+                       if echo and top >= 0 else [])
     finals = await anyio.to_thread.run_sync(lambda: [last_of(api, host, run_values) for run_values in values])
-    choices = [choice(i, *final, top=top, echo=echo, inputs=inputs, head_logprobs=head_logprobs)
-               for i, final in enumerate(finals)]
-    return JSONResponse({**meta, "object": kind, "choices": choices, "usage": usage([f[1] for f in finals])},
-                        headers=headers)
+    choices = []
+    for index, (text, outcome, _, logprobs) in enumerate(finals):
+        shared = dict(index=index, text=text, outcome=outcome, logprobs=logprobs, top=top)
+        choices.append(chat_choice(**shared) if endpoint.chat
+                       else completion_choice(**shared, echoed=echoed, echoed_logprobs=echoed_logprobs))
+    outcomes = [outcome for _, outcome, _, _ in finals]
+    return JSONResponse(counted_object(meta=meta, object_type=endpoint.answer_object, choices=choices,
+                                       outcomes=outcomes), headers=headers)
 
 
 def prompt_logprobs(host: ModelHost, api: TaskAPI, prompt: str, values: dict, top: int) -> list[dict]:
@@ -416,17 +434,17 @@ def start_runs(api: TaskAPI, host: ModelHost, values: list[dict]):
     return first, runs
 
 
-async def streamed(request: Request, first, runs: list[Iterator], chunk, meta: dict, top: int, head: str,
-                   with_usage: bool = False):
+async def streamed(request: Request, first, runs: list[Iterator], endpoint: Endpoint, meta: dict, top: int,
+                   echoed: str, with_usage: bool = False):
     """Server-sent events: each choice's new text as it comes (choices one after another, each
-    after `head`, the prompt where it is echoed), its finish_reason last, then, with_usage, a chunk
+    after `echoed`, the prompt where it is echoed), its finish_reason last, then, with_usage, a chunk
     of no choices with the usage, then [DONE]; a client that leaves ends every run, freeing its
     decoding row."""
     outcomes = []
     try:
         for index, events in enumerate(runs):
-            if head:
-                yield event(chunk(index, head, None, [], top, meta, False))
+            if echoed:  # only a completion echoes
+                yield event(completion_chunk(meta=meta, index=index, text=echoed, outcome=None, logprobs=[], top=top))
             sent, update, opening = "", first if index == 0 else None, True
             while True:
                 if update is None:
@@ -440,17 +458,16 @@ async def streamed(request: Request, first, runs: list[Iterator], chunk, meta: d
                 delta = text[len(sent):] if text.startswith(sent) else ""
                 if delta or outcome is not None:
                     sent = sent + delta
-                    yield event(chunk(index, delta, outcome, logprobs if outcome is not None else [], top, meta,
-                                      opening))
+                    shared = dict(meta=meta, index=index, text=delta, outcome=outcome, logprobs=logprobs, top=top)
+                    yield event(chat_chunk(**shared, opening=opening) if endpoint.chat else completion_chunk(**shared))
                     opening = False
                 if await request.is_disconnected():
                     return
         if with_usage:
-            kind = chunk(0, "", None, [], top, meta, False)["object"]
-            yield event({**meta, "object": kind, "choices": [], "usage": usage(outcomes)})
+            yield event(counted_object(meta=meta, object_type=endpoint.chunk_object, choices=[], outcomes=outcomes))
         yield "data: [DONE]\n\n"
     except BadRequest as failed:
-        yield event({"error": {"message": str(failed), "type": failed.kind, "param": failed.param, "code": None}})
+        yield event(failed.error_object())
     finally:
         with anyio.CancelScope(shield=True):  # a client gone cancels this task: the runs must close all the same
             for events in runs:
@@ -486,39 +503,43 @@ def chat_logprobs(entries: list[dict], top: int) -> dict:
     return {"content": [{**one(e), "top_logprobs": [one(alt) for alt in e["top"][:top]]} for e in entries]}
 
 
-def completion_choice(index: int, text: str, outcome: Outcome, prompt: str, logprobs: list, top: int, echo: bool,
-                      inputs: dict, head_logprobs: list) -> dict:
-    """A completion's choice; echoed, the prompt comes first, and so do its tokens' logprobs."""
-    head = inputs["prompt"] if echo else ""
+def counted_object(*, meta: dict, object_type: str, choices: list[dict], outcomes: list[Outcome]) -> dict:
+    """A whole answer, or a stream's usage chunk (of no choices): its choices and their usage."""
+    return {**meta, "object": object_type, "choices": choices, "usage": usage(outcomes)}
+
+
+def completion_choice(*, index: int, text: str, outcome: Outcome, logprobs: list, top: int, echoed: str,
+                      echoed_logprobs: list) -> dict:
+    """A completion's choice; `echoed`, the prompt comes first, and so do its tokens' logprobs."""
     if top < 0:
-        return {"index": index, "text": head + text, "finish_reason": finish_reason(outcome), "logprobs": None}
+        return {"index": index, "text": echoed + text, "finish_reason": finish_reason(outcome), "logprobs": None}
     # each part's offsets counted from where it starts: a token that is a piece of a character
     # shows as U+FFFD, so the prompt's token texts need not add up to its length
-    parts = [completion_logprobs(head_logprobs, top), completion_logprobs(logprobs, top, len(head))]
-    return {"index": index, "text": head + text, "finish_reason": finish_reason(outcome),
+    parts = [completion_logprobs(echoed_logprobs, top), completion_logprobs(logprobs, top, len(echoed))]
+    return {"index": index, "text": echoed + text, "finish_reason": finish_reason(outcome),
             "logprobs": {key: parts[0][key] + parts[1][key] for key in parts[1]}}
 
 
-def chat_choice(index: int, text: str, outcome: Outcome, prompt: str, logprobs: list, top: int, echo: bool,
-                inputs: dict, head_logprobs: list) -> dict:
+def chat_choice(*, index: int, text: str, outcome: Outcome, logprobs: list, top: int) -> dict:
     return {"index": index, "message": {"role": "assistant", "content": text},
             "finish_reason": finish_reason(outcome), "logprobs": chat_logprobs(logprobs, top) if top >= 0 else None}
 
 
-def completion_chunk(index: int, delta: str, outcome: Outcome | None, logprobs: list, top: int, meta: dict,
-                     opening: bool) -> dict:
-    """A completion stream's chunk (`opening` is chat_chunk's: a completion has no role)."""
-    return {**meta, "object": "text_completion",
-            "choices": [{"index": index, "text": delta, "finish_reason": finish_reason(outcome) if outcome else None,
+def completion_chunk(*, meta: dict, index: int, text: str, outcome: Outcome | None, logprobs: list,
+                     top: int) -> dict:
+    """A completion stream's chunk: a choice's new text; the last, with the run's outcome, also
+    its finish_reason and logprobs."""
+    return {**meta, "object": COMPLETIONS.chunk_object,
+            "choices": [{"index": index, "text": text, "finish_reason": finish_reason(outcome) if outcome else None,
                          "logprobs": completion_logprobs(logprobs, top) if outcome and top >= 0 else None}]}
 
 
-def chat_chunk(index: int, delta: str, outcome: Outcome | None, logprobs: list, top: int, meta: dict,
+def chat_chunk(*, meta: dict, index: int, text: str, outcome: Outcome | None, logprobs: list, top: int,
                opening: bool) -> dict:
-    """A chat stream's chunk: the role in a choice's first (`opening`) only, as OpenAI sends it;
-    clients that join the deltas' fields would otherwise repeat it."""
+    """A chat stream's chunk, as completion_chunk's; the role in a choice's first (`opening`) only,
+    as OpenAI sends it: clients that join the deltas' fields would otherwise repeat it."""
     role = {"role": "assistant"} if opening else {}
-    return {**meta, "object": "chat.completion.chunk",
-            "choices": [{"index": index, "delta": {**role, "content": delta},
+    return {**meta, "object": CHAT_COMPLETIONS.chunk_object,
+            "choices": [{"index": index, "delta": {**role, "content": text},
                          "finish_reason": finish_reason(outcome) if outcome else None,
                          "logprobs": chat_logprobs(logprobs, top) if outcome and top >= 0 else None}]}
