@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Sequence
 
 import gradio as gr
+from fastapi import APIRouter
 from huggingface_hub.constants import HF_HUB_CACHE
 
 from serve import MAX_BATCH, QUANTIZATIONS, TASKS
 from serve.messages import localized
 from serve.backend import RemoteHost
+from serve.host import Host
 from serve.model_host import BUNDLED, ModelHost, ModelLoadError
 from serve.openai_api import openai_routes
 from serve.running import StopSwitches
@@ -47,7 +49,7 @@ APP_DIR = Path(__file__).resolve().parent
 MAX_UPLOAD = "1mb"
 
 
-def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_size: int = DEFAULT_QUEUE_SIZE) -> gr.Blocks:
+def build_app(host: Host, concurrency: int = DEFAULT_CONCURRENCY, queue_size: int = DEFAULT_QUEUE_SIZE) -> gr.Blocks:
     """The whole interface, serving the models of `host`, with its queue set up; start it with
     `launch`. At most `concurrency` generations run at once (UI and API together)."""
     stop_switches = StopSwitches()
@@ -79,7 +81,7 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
                   api_visibility="private")
         # While the decode kernels build, the model line is refreshed until it says which path stays;
         # and written again in the language picked in Settings.
-        refresh = gr.Timer(5, active=refreshing(host))
+        refresh = gr.Timer(5, active=host.settling())
         for event in (refresh.tick, language_switched.click):
             event(refresh_model_line(host), None, [model_info, refresh], queue=False, api_visibility="private")
         tab_blocks = [block for block in demo.blocks.values() if isinstance(block, gr.Tab)]
@@ -91,12 +93,9 @@ def build_app(host: ModelHost, concurrency: int = DEFAULT_CONCURRENCY, queue_siz
     return demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
 
 
-def launch(demo: gr.Blocks, models: Sequence[str] = (), host: ModelHost | None = None, api_key: str | None = None,
-           capacity: int = DEFAULT_CONCURRENCY + DEFAULT_QUEUE_SIZE, **options):
+def launch(demo: gr.Blocks, models: Sequence[str] = (), routes: Sequence[APIRouter] = (), **options):
     """Start serving `demo` (options: those of gr.Blocks.launch), with the interface text in the
-    browser's language, and OpenAI's /v1 API for `host`'s models on the same server and port
-    (serve/openai_api.py; with `api_key`, each /v1 request needs it; `capacity` of them at once,
-    as many as the page's generations and its queue).
+    browser's language, and `routes` on the same server and port (v1_routes: OpenAI's /v1 API).
 
     Gradio serves only the files the app hands out (its cache) and uploads, which no tab takes,
     so they are capped at 1 MB. The app's folder (code, bundled weights), the Hugging Face cache,
@@ -111,11 +110,18 @@ def launch(demo: gr.Blocks, models: Sequence[str] = (), host: ModelHost | None =
     blocking = not options.pop("prevent_thread_lock", False)
     served = demo.launch(i18n=i18n, css=PAGE_CSS, js=PAGE_JS, blocked_paths=blocked, max_file_size=MAX_UPLOAD,
                          prevent_thread_lock=True, **options)
-    if host is not None and not host.remote:  # Gradio makes its FastAPI app as it launches: the routes join it then
-        demo.app.include_router(openai_routes(host, api_key, capacity))  # (a backend serves its own /v1)
+    for router in routes:  # Gradio makes its FastAPI app as it launches: the routes join it then
+        demo.app.include_router(router)
     if blocking:
         demo.block_thread()
     return served
+
+
+def v1_routes(host: ModelHost, api_key: str | None = None,
+              capacity: int = DEFAULT_CONCURRENCY + DEFAULT_QUEUE_SIZE) -> list[APIRouter]:
+    """OpenAI's /v1 API for `host`'s models (serve/openai_api.py): with `api_key`, each request
+    needs it; `capacity` of them at once, as many as the page's generations and its queue."""
+    return [openai_routes(host, api_key, capacity)]
 
 
 @dataclass(frozen=True)
@@ -136,7 +142,7 @@ class ModelParts:
         return [tab.bundled_note for tab in self.tabs if tab.bundled_note is not None]
 
 
-def show_model(host: ModelHost, parts: ModelParts, on_load: bool = False):
+def show_model(host: Host, parts: ModelParts, on_load: bool = False):
     """The page's parts for the model being served. On a page's load, a tab that keeps its adapter
     switch in the browser (Chat) keeps the value it restores: this load event and that one race."""
     def switch_state(tab: Tab, loaded) -> dict:
@@ -166,19 +172,13 @@ def tab_names(tab_blocks: list[gr.Tab]):
     return in_language
 
 
-def refreshing(host: ModelHost) -> bool:
-    """Whether the model line may still change by itself: while the decode kernels build (here,
-    or on the backend)."""
-    return host.settling()
-
-
-def refresh_model_line(host: ModelHost):
+def refresh_model_line(host: Host):
     def model_line(request: gr.Request):
-        return host.current.describe(language(request)), gr.update(active=refreshing(host))
+        return host.current.describe(language(request)), gr.update(active=host.settling())
     return model_line
 
 
-def switch_model(host: ModelHost, parts: ModelParts):
+def switch_model(host: Host, parts: ModelParts):
     model_state = show_model(host, parts)
 
     def load_model(name: str, request: gr.Request):
@@ -245,13 +245,15 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     try:
-        host = RemoteHost(args.backend, args.backend_key) if args.backend else ModelHost(args.model, device=args.device,
-                                                                      quantize=args.quantize)
+        if args.backend:  # the deployment answers /v1 itself, at its own address
+            host, routes = RemoteHost(args.backend, args.backend_key), []
+        else:
+            host = ModelHost(args.model, device=args.device, quantize=args.quantize)
+            routes = v1_routes(host, args.api_key, args.concurrency + args.queue_size)
     except ModelLoadError as error:
         sys.exit(f"app.py: {error}")
     demo = build_app(host, concurrency=args.concurrency, queue_size=args.queue_size)
-    launch(demo, models=args.model, host=host, api_key=args.api_key, capacity=args.concurrency + args.queue_size,
-           server_name=args.host, server_port=args.port, share=args.share)
+    launch(demo, models=args.model, routes=routes, server_name=args.host, server_port=args.port, share=args.share)
 
 
 if __name__ == "__main__":

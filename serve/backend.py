@@ -62,7 +62,7 @@ class RemoteModel:
 
 
 class RemoteHost:
-    remote = True
+    """serve/host.py's Host for a model on a deployment's replicas."""
 
     def __init__(self, url: str, api_key: str | None = None):
         """Ask the backend at `url` what it serves (with `api_key`, the deployment's --api-key);
@@ -152,6 +152,9 @@ class RemoteHost:
             yield Outcome(DONE)
         elif not ended:  # the replica went away mid-stream
             yield Outcome(FAULT, Message.of(cut_message(self.url)))
+
+    def article_room(self, article: str, max_new_tokens: int, adapter: bool) -> list[str]:
+        return []  # the tokenizer is the backend's: a run there says what it cut
 
     def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
         try:

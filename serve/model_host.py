@@ -1,26 +1,43 @@
-"""The one place that holds the model every request runs on.
+"""The host of the model in this process (serve/host.py's Host): the one place that holds the
+model every request runs on, and runs them.
 
 The app is started with a list of models (the bundled one, hub ids, local directories); the
 first is loaded, and the UI may switch among the others, never to a path typed in the browser.
 Each request takes `host.current` once, at its start, so a switch never changes a request that
 is already running. Each loaded model has its own Scheduler, which decodes the requests running
 on it in one batch (see engine/scheduler.py).
+
+Both the browser and `gradio_client` end up in `ModelHost.run`, which takes plain values and
+yields updates at most MAX_UPDATES_PER_SECOND times a second, ending with the run's outcome
+record (serve/outcome.py). Bad input of any kind ends it refused, with the message that names the
+field and the limit, so the caller sees why and the app keeps serving; a generation that fails,
+or is cancelled, or whose client leaves, frees its decoding row and is logged in one line.
 """
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
-from typing import Sequence
+import time
+from contextlib import closing
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Sequence
 
 from engine import kernels, prepare_for_serving
+from engine.generate import SamplingParams, new_token_budget, resolve_seed, score_tokens
 from engine.scheduler import Scheduler, in_thread_of_its_own
 from model import GPT2, load_pretrained
-from model.adapters import adapter_names, adapters_on_by_default
+from model.adapters import adapter_names, adapters_on_by_default, check_adapter
 from model.checkpoint import pick_device
 from model.tokenizer import Tokenizer
+from tasks import TASKS, SummarizeInputs, TaskDone, run_task
 
+from .host import CompareUpdate, RunUpdate
+from .inspection import inspect_prompt, logit_lens
+from .limits import brief
 from .messages import MODEL_LINE, MODEL_LINE_DECODING, MODEL_LINE_QUANTIZED, localized
+from .outcome import Outcome
+from .running import (MAX_UPDATES_PER_SECOND, TOP_SHOWN, LiveView, Pacer, TaskAPI, adapter_state, checked_slider,
+                      checked_text, compared_outcome, first_difference, outcome_of, sampling_params)
 
 BUNDLED = "bundled"
 log = logging.getLogger(__name__)
@@ -75,8 +92,6 @@ class LoadedModel:
 
 
 class ModelHost:
-    remote = False  # the model is here (a RemoteHost's is on another machine: serve/backend.py)
-
     def __init__(self, names: Sequence[str], device: str = "auto", quantize: str | None = None):
         """Load the first of `names`; the others can be switched to later. Raises ModelLoadError
         when the first cannot be loaded: there is nothing to serve without it. quantize="int8"
@@ -129,3 +144,119 @@ class ModelHost:
         loaded = LoadedModel(name, model, tokenizer, Scheduler(model), self.quantize)
         log.info("model %s decodes on %s", name, loaded.decode_path)
         return loaded
+
+    def run(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None = None) -> Iterator[RunUpdate]:
+        """Stream (text so far, outcome, prompt sent, logprobs) for one request, as often as a Pacer of
+        MAX_UPDATES_PER_SECOND lets it; the outcome (None until then), prompt and logprobs (with the
+        logprobs setting: each generated token's, see engine.generate.Result) come with the last
+        update, which always goes, and each update holds all the text so far. Bad input ends it with a
+        refused outcome, a failure with a fault's, after the text made before it."""
+        loaded = self.current  # once: a model switch does not reach a running request
+        sent, held_back, pacer = 0, None, Pacer(MAX_UPDATES_PER_SECOND)
+        try:
+            params = sampling_params(api.task, values)
+            inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
+            adapter = values.get("adapter", False)
+            if not isinstance(adapter, bool):
+                raise ValueError(f"adapter must be true or false, got {brief(adapter)}")
+            # Through the model's scheduler: concurrent requests are decoded in one batch. Closing the
+            # events, however this ends, gives the request's row back at once.
+            with closing(run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter, cancel,
+                                  values.get("forced", ()))) as events:
+                for event in events:
+                    if isinstance(event, TaskDone):
+                        if event.result.stop_reason == "cancelled":
+                            log.info("/%s: stopped by its user after %d tokens", api.name, event.result.generated_tokens)
+                        sent += 1
+                        outcome = outcome_of(event, api.task, params, adapter_state(adapter, params.adapter_scale))
+                        yield event.text, outcome, event.prompt.text, event.result.logprobs
+                    elif pacer.due(time.monotonic()):
+                        sent, held_back = sent + 1, None
+                        yield event.text, None, "", []
+                    else:
+                        held_back = event.text
+        except ValueError as error:  # the input's: the message names the field and why
+            yield "", Outcome.refused(str(error)), "", []
+        except GeneratorExit:  # Gradio closes the run when its client cancels or goes away
+            log.info("/%s: cancelled, or its client left, after %d updates; its decoding row is freed", api.name, sent)
+            raise
+        except Exception as error:  # a fault in the app, not in the input: say so, and keep serving
+            if held_back is not None:  # the text made before the fault, which the user would not see otherwise
+                yield held_back, None, "", []
+            yield "", Outcome.fault(f"/{api.name} on {loaded.name}", error), "", []
+
+    def run_compare(self, api: TaskAPI, values: dict[str, Any],
+                    cancel: threading.Event | None = None) -> Iterator[CompareUpdate]:
+        """The request twice at once, adapter off and on, under one seed, so both draw the same random
+        numbers at every step: (both texts so far, None, None) as often as the Pacer lets, then the
+        texts, the outcome of the side the adapter switch picks (compared_outcome) and the comparison
+        (compare_sides). Stop (cancel) ends both; refusals and faults end it with their outcome, as
+        in `run`."""
+        loaded = self.current
+        try:
+            params = sampling_params(api.task, values)
+            params = replace(params, seed=resolve_seed(params.seed), logprobs=max(params.logprobs, TOP_SHOWN))
+            inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
+            sides = [run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter_on, cancel)
+                     for adapter_on in (False, True)]
+            texts, done, pacer = ["", ""], [None, None], Pacer(MAX_UPDATES_PER_SECOND)
+            with closing(sides[0]), closing(sides[1]):
+                while None in done:
+                    for side, events in enumerate(sides):  # both decode in one batch: a token of each
+                        if done[side] is None:
+                            event = next(events)
+                            texts[side] = event.text
+                            if isinstance(event, TaskDone):
+                                done[side] = event
+                    if None in done and pacer.due(time.monotonic()):
+                        yield list(texts), None, None
+            comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params))
+            yield [d.text for d in done], compared_outcome(done, api.task, params, bool(values["adapter"])), comparison
+        except ValueError as error:
+            yield ["", ""], Outcome.refused(str(error)), None
+        except GeneratorExit:
+            log.info("/%s: a comparison was cancelled, or its client left; its decoding rows are freed", api.name)
+            raise
+        except Exception as error:
+            yield ["", ""], Outcome.fault(f"/{api.name} compare on {loaded.name}", error), None
+
+    def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
+        """The live view of `prompt` (layer and head from 1, held to the model's), the logit lens with
+        `adapter` (None: the base model). Bad input is a ValueError naming the field, under the task
+        tabs' limits."""
+        loaded = self.current  # once: a model switch meanwhile does not change this request
+        config = loaded.model.config
+        checked_text("prompt", prompt)
+        layer = checked_slider("layer", layer, 1, config.n_layer)
+        head = checked_slider("head", head, 1, config.n_head)
+        check_adapter(loaded.model, adapter)
+        # A forward pass is parallel work: not in a server's worker thread, which lives on
+        # (engine/scheduler.py, in_thread_of_its_own, says why).
+        seen = in_thread_of_its_own(lambda: inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1, head - 1))
+        lens = in_thread_of_its_own(lambda: logit_lens(loaded.model, loaded.tokenizer, prompt, adapter))
+        return LiveView(loaded.name, config.n_layer, config.n_head, seen, lens)
+
+    def article_room(self, article: str, max_new_tokens: int, adapter: bool) -> list[str]:
+        """How much of the context an article's summary prompt takes, and what it had to cut to fit:
+        the task's own build_prompt decides, so this says exactly what a run will do. A ValueError
+        where a run would refuse the article."""
+        loaded = self.current
+        prompt = TASKS["summarize"].prompt(SummarizeInputs(checked_text("article", article)), loaded.tokenizer,
+                                           loaded.context, max_new_tokens, adapter)
+        left = new_token_budget(max_new_tokens, len(prompt.ids), loaded.context)  # what a run may generate
+        return [f"{len(prompt.ids):,} of {loaded.context:,} context tokens in the prompt; "
+                f"the summary may use up to {left:,}", *prompt.notes]
+
+
+def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], params: SamplingParams) -> dict:
+    """Each side's tokens with their log-probabilities, the same tokens' log-probabilities under
+    the other side (its prompt, its adapter setting), and the first token where they part."""
+    off, on = done
+    tokens = [off.result.token_ids, on.result.token_ids]
+    eos_id = loaded.tokenizer.eos_id
+    under_other = [score_tokens(loaded.model, on.prompt.ids, tokens[0], params, adapter, eos_id),
+                   score_tokens(loaded.model, off.prompt.ids, tokens[1], params, None, eos_id)]
+    return {"entries": [off.result.logprobs, on.result.logprobs], "under_other": under_other,
+            "prompts": [off.prompt.text, on.prompt.text], "diverges_at": first_difference(*tokens)}
+
+

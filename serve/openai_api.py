@@ -7,8 +7,8 @@ LangChain, editors, evaluation harnesses) can use the app unchanged.
 - POST /v1/chat/completions: the messages as the Chat tab's transcript (a system message is the
   persona), the reply cut where the Chat tab cuts it; `bundled:dialogue` switches its adapter on.
 
-Requests run through serve.running.run, under the same limits and checks as the page and the
-Gradio API; a refusal is a 400 in OpenAI's error shape naming the field (`param`), an unknown
+Requests run through the host's run (serve/model_host.py), under the same limits and checks as
+the page and the Gradio API; a refusal is a 400 in OpenAI's error shape naming the field (`param`), an unknown
 model a 404. The seed each choice ran with comes back in `system_fingerprint` (`seed-N`; the
 choices of n > 1 run with N, N+1, ...), so a run can be repeated. Streaming (server-sent events,
 ending `data: [DONE]`) stops the generation and frees its decoding row when the client goes.
@@ -35,7 +35,7 @@ from .limits import LIMITS, MAX_STOP_LENGTH, MAX_STOP_STRINGS, check_setting, ch
 from .model_host import ModelHost
 from .outcome import Outcome
 from .running import (MAX_CHARS, MAX_CHAT_TURNS, SETTING_RANGES, Param, TaskAPI, check_count, check_size,
-                      checked_text, run)
+                      checked_text)
 from .running import SETTINGS as TASK_SETTINGS
 
 MAX_CHOICES = 8  # n: each choice holds a decoding row until it is done
@@ -412,7 +412,7 @@ def usage(outcomes: list[Outcome]) -> dict:
 def last_of(api: TaskAPI, host: ModelHost, values: dict) -> tuple[str, Outcome, str, list]:
     """A run's last update, or its refusal as a BadRequest."""
     last = None
-    for last in run(api, host, values):
+    for last in host.run(api, values):
         pass
     return checked_outcome(last)
 
@@ -429,7 +429,7 @@ def checked_outcome(update):
 def start_runs(api: TaskAPI, host: ModelHost, values: list[dict]):
     """The runs of a streamed request, and the first update of the first (a refusal comes before
     any byte is sent, as a 400)."""
-    runs = [run(api, host, run_values) for run_values in values]
+    runs = [host.run(api, run_values) for run_values in values]
     first = checked_outcome(next(runs[0]))
     return first, runs
 

@@ -23,14 +23,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from .apis import APIS
 from .inspection import Inspection, LogitLens
-from .model_host import ModelHost
+from .host import Host
 from .outcome import Outcome
-from .running import LiveView, look_inside, run, run_compare
+from .running import LiveView
 
 PREFIX = "/studio"
 
 
-def page_routes(host: ModelHost, api_key: str | None = None) -> APIRouter:
+def page_routes(host: Host, api_key: str | None = None) -> APIRouter:
     """The routes for a page in front of `host`; with `api_key`, each needs it as a bearer token."""
     def key_checked(request: Request) -> None:
         if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
@@ -45,30 +45,30 @@ def page_routes(host: ModelHost, api_key: str | None = None) -> APIRouter:
                              "line": {lang: loaded.describe(lang) for lang in ("en", "zh")}})
 
     def streamed_route(runner: Callable, fields: tuple[str, ...]):
-        """A route that streams `runner`'s updates for the task named in its path, as JSON lines
-        of `fields`, the outcome as its JSON record."""
+        """A route that streams `runner`'s updates (the host's run or run_compare) for the task
+        named in its path, as JSON lines of `fields`, the outcome as its JSON record."""
         async def route(api_name: str, request: Request):
             api, values = APIS.get(api_name), await request.json()
             if api is None:
                 return JSONResponse({"error": f"no task {api_name!r}"}, status_code=404)
             updates = ({**dict(zip(fields, update)), "outcome": update[1] and update[1].as_json()}
-                       for update in runner(api, host, values))
+                       for update in runner(api, values))
             return StreamingResponse(lines(request, updates), media_type="application/x-ndjson")
         return route
 
     async def inside(request: Request):
         asked = await request.json()
         try:
-            view = await anyio.to_thread.run_sync(lambda: look_inside(
-                host, asked.get("prompt"), asked.get("layer"), asked.get("head"), asked.get("adapter")))
+            view = await anyio.to_thread.run_sync(lambda: host.look_inside(
+                asked.get("prompt"), asked.get("layer"), asked.get("head"), asked.get("adapter")))
         except ValueError as error:
             return JSONResponse({"refused": str(error)}, status_code=400)
         return JSONResponse(view_as_json(view))
 
     router.add_api_route("/model", model, methods=["GET"])
-    router.add_api_route("/run/{api_name}", streamed_route(run, ("text", "outcome", "prompt", "logprobs")),
+    router.add_api_route("/run/{api_name}", streamed_route(host.run, ("text", "outcome", "prompt", "logprobs")),
                          methods=["POST"])
-    router.add_api_route("/compare/{api_name}", streamed_route(run_compare, ("texts", "outcome", "comparison")),
+    router.add_api_route("/compare/{api_name}", streamed_route(host.run_compare, ("texts", "outcome", "comparison")),
                          methods=["POST"])
     router.add_api_route("/look_inside", inside, methods=["POST"])
     return router

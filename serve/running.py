@@ -1,35 +1,25 @@
-"""Running a task for the UI and the API: decoding settings, limits, one streaming loop, and Stop.
-
-Both the browser and `gradio_client` end up in `run`, which takes plain values and yields
-(text so far, outcome, prompt sent, logprobs), at most MAX_UPDATES_PER_SECOND times a second,
-ending with the run's outcome record (serve/outcome.py). Bad input of any kind ends it refused, with
-the message that names the field and the limit, so the caller sees why and the app keeps
-serving (the Gradio API answers it as an error: ui/api.py); a generation that fails, or is cancelled, or whose
-client leaves, frees its decoding row and is logged in one line.
+"""What every host runs a task with (serve/host.py): the API's parameters and the request's
+limits, its decoding settings, the outcome of a run, the pace of its updates, and Stop. A host on
+this machine (model_host.py) and one in front of replicas (backend.py) both use these, so a run
+is checked, described and stopped the same way wherever it decodes.
 """
 from __future__ import annotations
 
 import inspect
-import logging
 import math
 import threading
-import time
-from contextlib import closing, contextmanager
-from dataclasses import dataclass, field, replace
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from engine.generate import SamplingParams, new_token_budget, resolve_seed, score_tokens
-from engine.scheduler import in_thread_of_its_own
-from model.adapters import check_adapter
-from tasks import TASKS, SummarizeInputs, Task, TaskDone, run_task
+from engine.generate import SamplingParams, resolve_seed
+from tasks import Task, TaskDone
 
-from .inspection import Inspection, LogitLens, inspect_prompt, logit_lens
-from .limits import LIMITS, brief, check_setting, checked_params
-from .model_host import LoadedModel, ModelHost
+from .inspection import Inspection, LogitLens
+from .limits import LIMITS, check_setting, checked_params
 from .outcome import Outcome
 
 REQUIRED = inspect.Parameter.empty
-log = logging.getLogger(__name__)
 
 # What one request may send. The context window bounds what a model reads, but text is tokenized
 # (and a conversation or example list walked) before it is cut to fit, so these bound that work
@@ -141,17 +131,6 @@ def check_count(what: str, count: int, limit: int) -> None:
         raise ValueError(f"too many {what}: {count:,}; the limit is {limit:,}")
 
 
-def article_room(loaded: LoadedModel, article: str, max_new_tokens: int, adapter: bool) -> list[str]:
-    """How much of the context an article's summary prompt takes, and what it had to cut to fit:
-    the task's own build_prompt decides, so this says exactly what a run will do. A ValueError
-    where a run would refuse the article."""
-    prompt = TASKS["summarize"].prompt(SummarizeInputs(checked_text("article", article)), loaded.tokenizer,
-                                       loaded.context, max_new_tokens, adapter)
-    left = new_token_budget(max_new_tokens, len(prompt.ids), loaded.context)  # what a run may generate
-    return [f"{len(prompt.ids):,} of {loaded.context:,} context tokens in the prompt; the summary may use up to {left:,}",
-            *prompt.notes]
-
-
 def outcome_of(done: TaskDone, task: Task, params: SamplingParams, adapter: str) -> Outcome:
     """How to reproduce the run (seed, token counts, speed, why it stopped; `adapter`, where the
     task has one: adapter_state, or compared_state for a comparison, since the prompt and output
@@ -196,90 +175,6 @@ class TaskAPI:
                                  return_annotation=tuple[str, str, str, list])
 
 
-def run(api: TaskAPI, host: ModelHost, values: dict[str, Any],
-        cancel: threading.Event | None = None) -> Iterator[tuple[str, Outcome | None, str, list]]:
-    """Stream (text so far, outcome, prompt sent, logprobs) for one request, as often as a Pacer of
-    MAX_UPDATES_PER_SECOND lets it; the outcome (None until then), prompt and logprobs (with the
-    logprobs setting: each generated token's, see engine.generate.Result) come with the last
-    update, which always goes, and each update holds all the text so far. Bad input ends it with a
-    refused outcome, a failure with a fault's, after the text made before it."""
-    if host.remote:  # another machine's replicas run it (serve/backend.py)
-        yield from host.run(api, values, cancel)
-        return
-    loaded = host.current  # once: a model switch does not reach a running request
-    sent, held_back, pacer = 0, None, Pacer(MAX_UPDATES_PER_SECOND)
-    try:
-        params = sampling_params(api.task, values)
-        inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
-        adapter = values.get("adapter", False)
-        if not isinstance(adapter, bool):
-            raise ValueError(f"adapter must be true or false, got {brief(adapter)}")
-        # Through the model's scheduler: concurrent requests are decoded in one batch. Closing the
-        # events, however this ends, gives the request's row back at once.
-        with closing(run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter, cancel,
-                              values.get("forced", ()))) as events:
-            for event in events:
-                if isinstance(event, TaskDone):
-                    if event.result.stop_reason == "cancelled":
-                        log.info("/%s: stopped by its user after %d tokens", api.name, event.result.generated_tokens)
-                    sent += 1
-                    outcome = outcome_of(event, api.task, params, adapter_state(adapter, params.adapter_scale))
-                    yield event.text, outcome, event.prompt.text, event.result.logprobs
-                elif pacer.due(time.monotonic()):
-                    sent, held_back = sent + 1, None
-                    yield event.text, None, "", []
-                else:
-                    held_back = event.text
-    except ValueError as error:  # the input's: the message names the field and why
-        yield "", Outcome.refused(str(error)), "", []
-    except GeneratorExit:  # Gradio closes the run when its client cancels or goes away
-        log.info("/%s: cancelled, or its client left, after %d updates; its decoding row is freed", api.name, sent)
-        raise
-    except Exception as error:  # a fault in the app, not in the input: say so, and keep serving
-        if held_back is not None:  # the text made before the fault, which the user would not see otherwise
-            yield held_back, None, "", []
-        yield "", Outcome.fault(f"/{api.name} on {loaded.name}", error), "", []
-
-
-def run_compare(api: TaskAPI, host: ModelHost, values: dict[str, Any],
-                cancel: threading.Event | None = None) -> Iterator[tuple[list[str], Outcome | None, dict | None]]:
-    """The request twice at once, adapter off and on, under one seed, so both draw the same random
-    numbers at every step: (both texts so far, None, None) as often as the Pacer lets, then the
-    texts, the outcome of the side the adapter switch picks (compared_outcome) and the comparison
-    (compare_sides). Stop (cancel) ends
-    both; refusals and faults end it with their outcome, as in `run`."""
-    if host.remote:
-        yield from host.run_compare(api, values, cancel)
-        return
-    loaded = host.current
-    try:
-        params = sampling_params(api.task, values)
-        params = replace(params, seed=resolve_seed(params.seed), logprobs=max(params.logprobs, TOP_SHOWN))
-        inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
-        sides = [run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter_on, cancel)
-                 for adapter_on in (False, True)]
-        texts, done, pacer = ["", ""], [None, None], Pacer(MAX_UPDATES_PER_SECOND)
-        with closing(sides[0]), closing(sides[1]):
-            while None in done:
-                for side, events in enumerate(sides):  # both decode in one batch: a token of each
-                    if done[side] is None:
-                        event = next(events)
-                        texts[side] = event.text
-                        if isinstance(event, TaskDone):
-                            done[side] = event
-                if None in done and pacer.due(time.monotonic()):
-                    yield list(texts), None, None
-        comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params))
-        yield [d.text for d in done], compared_outcome(done, api.task, params, bool(values["adapter"])), comparison
-    except ValueError as error:
-        yield ["", ""], Outcome.refused(str(error)), None
-    except GeneratorExit:
-        log.info("/%s: a comparison was cancelled, or its client left; its decoding rows are freed", api.name)
-        raise
-    except Exception as error:
-        yield ["", ""], Outcome.fault(f"/{api.name} compare on {loaded.name}", error), None
-
-
 # serve.messages: other_side_note
 OTHER_SIDE_NOTE = "{side}: {note}"
 
@@ -316,43 +211,12 @@ class LiveView:
     lens: LogitLens
 
 
-def look_inside(host: ModelHost, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
-    """The live view of `prompt` (layer and head from 1, held to the model's), the logit lens with
-    `adapter` (None: the base model). Bad input is a ValueError naming the field, under the task
-    tabs' limits."""
-    if host.remote:
-        return host.look_inside(prompt, layer, head, adapter)
-    loaded = host.current  # once: a model switch meanwhile does not change this request
-    config = loaded.model.config
-    checked_text("prompt", prompt)
-    layer = checked_slider("layer", layer, 1, config.n_layer)
-    head = checked_slider("head", head, 1, config.n_head)
-    check_adapter(loaded.model, adapter)
-    # A forward pass is parallel work: not in a server's worker thread, which lives on
-    # (engine/scheduler.py, in_thread_of_its_own, says why).
-    seen = in_thread_of_its_own(lambda: inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1, head - 1))
-    lens = in_thread_of_its_own(lambda: logit_lens(loaded.model, loaded.tokenizer, prompt, adapter))
-    return LiveView(loaded.name, config.n_layer, config.n_head, seen, lens)
-
-
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """The first position where two token lists differ (one ending first counts), or None."""
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], params: SamplingParams) -> dict:
-    """Each side's tokens with their log-probabilities, the same tokens' log-probabilities under
-    the other side (its prompt, its adapter setting), and the first token where they part."""
-    off, on = done
-    tokens = [off.result.token_ids, on.result.token_ids]
-    eos_id = loaded.tokenizer.eos_id
-    under_other = [score_tokens(loaded.model, on.prompt.ids, tokens[0], params, adapter, eos_id),
-                   score_tokens(loaded.model, off.prompt.ids, tokens[1], params, None, eos_id)]
-    return {"entries": [off.result.logprobs, on.result.logprobs], "under_other": under_other,
-            "prompts": [off.prompt.text, on.prompt.text], "diverges_at": first_difference(*tokens)}
 
 
 def public_logprobs(entries: list[dict]) -> list[dict]:

@@ -182,17 +182,21 @@ def wait_until(condition, timeout_s: float = 10.0) -> bool:
 
 
 @contextmanager
-def studio_app(models, **launch_options) -> Iterator[tuple]:
+def studio_app(models, api_key: str | None = None, capacity: int | None = None, **launch_options) -> Iterator[tuple]:
     """The app, as app.py builds and launches it, served on a free loopback port in this process;
-    yields (its gr.Blocks, its URL). `models`: the names to start it with, or a ModelHost the test
-    keeps to look inside."""
+    yields (its gr.Blocks, its URL). `models`: the names to start it with, or a host the test keeps
+    to look inside (a ModelHost, or a RemoteHost in front of a deployment, which answers /v1 itself);
+    `api_key` and `capacity`: the /v1 API's."""
     import app  # here, not at the top: only the app tests pay for importing Gradio
     from bench.load import free_port
+    from serve.backend import RemoteHost
     from serve.model_host import ModelHost
 
-    host = models if hasattr(models, "remote") else ModelHost(models, device="cpu")  # a ModelHost or a RemoteHost
+    host = models if isinstance(models, (ModelHost, RemoteHost)) else ModelHost(models, device="cpu")
+    v1 = {} if capacity is None else {"capacity": capacity}
+    routes = app.v1_routes(host, api_key, **v1) if isinstance(host, ModelHost) else []
     demo = app.build_app(host)
-    _, url, _ = app.launch(demo, models=host.names, host=host,
+    _, url, _ = app.launch(demo, models=host.names, routes=routes,
                            server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
                            **launch_options)
     try:

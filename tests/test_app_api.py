@@ -236,7 +236,7 @@ def test_two_users_at_once_each_get_their_own_output(studio_url):
 
 
 def test_a_cancelled_request_leaves_the_app_serving(client, caplog):
-    caplog.set_level(logging.INFO, logger="serve.running")
+    caplog.set_level(logging.INFO, logger="serve.model_host")
     job = client.submit("Once upon a time", max_new_tokens=500, seed=1, api_name="/generate")
     for _ in job:
         break  # the first piece of text has arrived: the generation is running

@@ -19,7 +19,6 @@ from gradio_client import Client
 from serve.apis import APIS
 from serve.backend import CONNECT_TIMEOUT_S, BackendDown, RemoteHost
 from serve.model_host import ModelHost
-from serve.running import run, run_compare
 
 from .conftest import REPO, open_app, studio_app, wait_until
 
@@ -78,7 +77,7 @@ REQUESTS = [("generate", dict(prompt="Once upon a time", max_new_tokens=16, seed
 
 
 def test_two_replicas_answer_clients_each_with_the_single_process_text(cluster, local):
-    expected = {i: last_update(run(APIS[name], local, values_for(name, **given)))[0]
+    expected = {i: last_update(local.run(APIS[name], values_for(name, **given)))[0]
                 for i, (name, given) in enumerate(REQUESTS)}
     def answer(i: int) -> tuple[int, tuple]:
         name, given = REQUESTS[i]
@@ -104,17 +103,16 @@ def test_the_app_in_front_serves_every_tab_with_logprobs_compare_and_look_inside
         client = Client(url, verbose=False)
         for name, given in REQUESTS:
             text, status, prompt, logprobs = client.predict(**given, logprobs=3, api_name=f"/{name}")
-            alone = last_update(run(APIS[name], local, values_for(name, **given, logprobs=3)))
+            alone = last_update(local.run(APIS[name], values_for(name, **given, logprobs=3)))
             assert (text, prompt) == (alone[0], alone[2]) and status.startswith("seed ")
             assert [entry["token"] for entry in logprobs] == [entry["token"] for entry in alone[3]]
         refused = pytest.raises(Exception, client.predict, prompt="   ", api_name="/generate")
         assert "prompt is empty" in str(refused.value)
     summarize = values_for("summarize", **REQUESTS[4][1])
-    texts, outcome, comparison = last_update(run_compare(APIS["summarize"], backend, summarize))
-    expected = last_update(run_compare(APIS["summarize"], local, summarize))
+    texts, outcome, comparison = last_update(backend.run_compare(APIS["summarize"], summarize))
+    expected = last_update(local.run_compare(APIS["summarize"], summarize))
     assert texts == expected[0] and comparison["diverges_at"] == expected[2]["diverges_at"] and outcome.ran
-    from serve.running import look_inside
-    view, alone = look_inside(backend, "Once upon a time", 2, 1, "translate"), look_inside(local, "Once upon a time", 2, 1, "translate")
+    view, alone = backend.look_inside("Once upon a time", 2, 1, "translate"), local.look_inside("Once upon a time", 2, 1, "translate")
     # the same tokens; their probabilities the same up to rounding (a replica sums on its own threads)
     assert [t for t, _ in view.seen.top_tokens] == [t for t, _ in alone.seen.top_tokens]
     assert [p for _, p in view.seen.top_tokens] == pytest.approx([p for _, p in alone.seen.top_tokens], rel=1e-4)

@@ -309,7 +309,7 @@ def test_weights_are_never_unpickled_freely_nor_remote_code_trusted():
 # --- faults -------------------------------------------------------------------------------------
 
 def test_a_cancel_mid_stream_frees_the_request_row(client, host, caplog):
-    caplog.set_level(logging.INFO, logger="serve.running")
+    caplog.set_level(logging.INFO, logger="serve.model_host")
     scheduler = host.current.scheduler
     job = client.submit("Once upon a time", max_new_tokens=MAX_NEW_TOKENS, seed=1, api_name="/generate")
     for _ in job:
@@ -322,7 +322,7 @@ def test_a_cancel_mid_stream_frees_the_request_row(client, host, caplog):
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_row(url, host, client, caplog):
-    caplog.set_level(logging.INFO, logger="serve.running")
+    caplog.set_level(logging.INFO, logger="serve.model_host")
     scheduler = host.current.scheduler
     data = api_data(client, "/generate", prompt="Once upon a time", max_new_tokens=MAX_NEW_TOKENS, seed=1)
     with closing(join_queue(url, "generate", data)) as messages:

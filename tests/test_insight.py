@@ -1,6 +1,6 @@
 """What the app shows of why the model said what it said: token log-probabilities
 (SamplingParams.logprobs), the adapter's strength (adapter_scale), adapter off and on compared
-under one seed (serve.running.run_compare, ui.tokens), and the logit lens (serve.inspection)."""
+under one seed (ModelHost.run_compare, ui.tokens), and the logit lens (serve.inspection)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -171,10 +171,9 @@ def host(adapter_checkpoint):
 
 
 def compared(host, **settings):
-    from serve.running import run_compare
     from ui.views import SUMMARIZE
 
-    updates = list(run_compare(SUMMARIZE.api, host, compare_values(SUMMARIZE.api, **settings)))
+    updates = list(host.run_compare(SUMMARIZE.api, compare_values(SUMMARIZE.api, **settings)))
     return updates[-1]
 
 
@@ -200,12 +199,11 @@ def test_a_comparison_says_the_off_sides_own_notes_as_its_own(host):
     example pairs): the line gives the shown side's English (adapter on), and the other side's,
     marked as such."""
     from serve.outcome import english_status
-    from serve.running import run_compare
     from ui.views import TRANSLATE
 
     values = compare_values(TRANSLATE.api, text="Le chat dort.", source="French", target="German", max_new_tokens=8,
                             adapter=True)
-    *_, (texts, outcome, comparison) = run_compare(TRANSLATE.api, host, values)
+    *_, (texts, outcome, comparison) = host.run_compare(TRANSLATE.api, values)
     status = english_status(outcome)
     steps = [prompt.split("\n\n")[0] for prompt in comparison["prompts"]]
     assert steps[0] != steps[1] and " = " in steps[0]  # the off side's first step sends pairs
@@ -218,7 +216,7 @@ def test_a_comparison_says_the_off_sides_own_notes_as_its_own(host):
     assert "the output and counts are with adapter on" in status and f" + {len(comparison['entries'][1])} generated" in status
 
     # With the adapter switched off, the line is the off side's, and the on side's note is marked.
-    *_, (_, outcome, comparison) = run_compare(TRANSLATE.api, host, {**values, "adapter": False})
+    *_, (_, outcome, comparison) = host.run_compare(TRANSLATE.api, {**values, "adapter": False})
     parts = english_status(outcome).split(" · ")
     assert "adapter off vs on: the output and counts are with adapter off" in parts
     assert f"{prompt_tokens[0]} prompt" in next(part for part in parts if part.startswith("translated through"))

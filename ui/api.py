@@ -6,23 +6,23 @@ from typing import Callable, Iterator
 
 import gradio as gr
 
-from serve.model_host import ModelHost
+from serve.host import Host
 from serve.outcome import english_status
-from serve.running import TaskAPI, public_logprobs, run
+from serve.running import TaskAPI, public_logprobs
 
 RETURNS = ("Returns (text, status line, prompt sent, logprobs: each generated token's {token, bytes, logprob, top} "
            "when logprobs > 0); streams.")
 
 
-def api_endpoint(api: TaskAPI, host: ModelHost) -> Callable[..., Iterator[tuple[str, str, str, list]]]:
-    """`run` as a function with the task's named, typed parameters, for `gr.api`, which
+def api_endpoint(api: TaskAPI, host: Host) -> Callable[..., Iterator[tuple[str, str, str, list]]]:
+    """The host's run as a function with the task's named, typed parameters, for `gr.api`, which
     documents an endpoint from its function's signature."""
     signature = api.signature
 
     def endpoint(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        for text, outcome, prompt, logprobs in run(api, host, bound.arguments):
+        for text, outcome, prompt, logprobs in host.run(api, bound.arguments):
             if outcome is not None and not outcome.ran:  # a refusal or a fault is answered as an error
                 raise gr.Error(outcome.message.english, print_exception=False)
             yield text, english_status(outcome), prompt, public_logprobs(logprobs)

@@ -16,9 +16,8 @@ from matplotlib.patches import Rectangle
 
 from serve.inspection import Inspection, LogitLens
 from serve.messages import PLOT_TEXT, TOP_HEADERS, localized
-from serve.model_host import ModelHost
+from serve.host import Host
 from serve.outcome import Outcome, status_line
-from serve.running import look_inside as serve_look_inside
 
 from .i18n import ENGLISH, i18n
 from .messages import language, on_page_language
@@ -181,7 +180,7 @@ def swipe_hint() -> None:
     gr.Markdown(i18n("swipe_sideways"), elem_classes="swipe-hint")
 
 
-def look_inside(host: ModelHost):
+def look_inside(host: Host):
     """The live view's run: by the name of each part it changes (norms, attention, top, layer,
     head, lens), the part's new value, and its outcome (refused: the outcome, and None for each
     part drawn: DRAWN)."""
@@ -189,7 +188,7 @@ def look_inside(host: ModelHost):
             request: gr.Request | None = None) -> dict:
         adapter = None if adapter in (None, NO_ADAPTER) else adapter
         try:
-            view = serve_look_inside(host, prompt, layer, head, adapter)
+            view = host.look_inside(prompt, layer, head, adapter)
         except ValueError as error:  # said in the tab's status line, as the task tabs say a refusal
             # The plots go: left under another prompt, they passed for its.
             return {**dict.fromkeys(DRAWN), "outcome": Outcome.refused(str(error))}
@@ -253,7 +252,7 @@ def lens_choices(loaded, lang: str, reset: bool = True) -> dict:
     return gr.update(choices=choices, value=NO_ADAPTER) if reset else gr.update(choices=choices)
 
 
-def architecture_tab(host: ModelHost) -> tuple[gr.Dropdown, list[gr.Button]]:
+def architecture_tab(host: Host) -> tuple[gr.Dropdown, list[gr.Button]]:
     """Build the tab; call inside gr.Tabs(). Returns the lens's adapter menu, which follows the
     model being served (lens_choices), and the tab's buttons."""
     config = host.current.config

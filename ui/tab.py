@@ -11,10 +11,11 @@ import gradio as gr
 
 from serve import Task
 from serve.messages import localized
-from serve.model_host import BUNDLED, LoadedModel, ModelHost
+from serve.host import Host, ServedModel
+from serve.model_host import BUNDLED
 from serve.outcome import FAULT, Outcome, status_line
-from serve.running import (MAX_CHARS, RANDOM_SEED, SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI, drawn_seed, run,
-                           run_compare)
+from serve.running import (MAX_CHARS, RANDOM_SEED, SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI,
+                           drawn_seed)
 
 from .i18n import i18n
 from .messages import language, on_page_language, word
@@ -100,7 +101,7 @@ class TaskView:
 @dataclass
 class Tab:
     view: TaskView
-    host: ModelHost
+    host: Host
     stop_switches: StopSwitches
     widgets: Widgets
     settings: dict[str, gr.Component]
@@ -195,7 +196,7 @@ class Tab:
             try:
                 with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
                     if comparing:
-                        for texts, outcome, comparison in run_compare(view.api, self.host, values, cancel):
+                        for texts, outcome, comparison in self.host.run_compare(view.api, values, cancel):
                             if outcome is None:
                                 yield dict(zip(insight.compare_texts, texts))
                             elif not outcome.ran:
@@ -213,7 +214,7 @@ class Tab:
                                                                       ran_with, shown),
                                        **cleared, **self.held(False)}
                         return
-                    for text, outcome, prompt, logprobs in run(view.api, self.host, values, cancel):
+                    for text, outcome, prompt, logprobs in self.host.run(view.api, values, cancel):
                         if outcome is None:
                             yield {output: view.present(values, text), **cleared}
                         elif not outcome.ran:
@@ -321,12 +322,12 @@ def append_run(text: str, output: str, outcome: Outcome | None) -> str:
     return text + output if outcome is not None and outcome.ran and output else text
 
 
-def serves_bundled(loaded: LoadedModel) -> bool:
+def serves_bundled(loaded: ServedModel) -> bool:
     """Whether the model served is the bundled one, which the tabs' notes on it speak of."""
     return loaded.name == BUNDLED
 
 
-def adapter_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
+def adapter_props(task: Task, loaded: ServedModel) -> dict[str, Any]:
     """The adapter switch's state for this task and model: on where the checkpoint's evaluation
     found its adapter better than the prompt alone; off and greyed out, with the reason as its
     info, when there is no adapter to switch on."""
@@ -338,7 +339,7 @@ def adapter_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
     return dict(value=on, interactive=True, info=i18n("adapter_info" if on else "adapter_info_off"))
 
 
-def compare_props(task: Task, loaded: LoadedModel) -> dict[str, Any]:
+def compare_props(task: Task, loaded: ServedModel) -> dict[str, Any]:
     """Compare adapter off and on: offered where the adapter switch can be used; otherwise off
     and greyed out, with the switch's reason."""
     switch = adapter_props(task, loaded)
@@ -381,7 +382,7 @@ def labelled_examples(view: TaskView, widgets: Widgets) -> gr.Examples:
     return examples
 
 
-def task_tab(view: TaskView, host: ModelHost, stop_switches: StopSwitches,
+def task_tab(view: TaskView, host: Host, stop_switches: StopSwitches,
              page_state: gr.Component | None = None) -> Tab:
     """Lay out and wire one task's tab; call inside a gr.Blocks. `page_state`: the view's state
     made at the page's top level (TaskView.page_state)."""

@@ -9,8 +9,7 @@ import gradio as gr
 from serve import DEFAULT_EXAMPLES, LANGUAGES, goes_through_english
 from serve.apis import GENERATE_API, SUMMARIZE_API, TRANSLATE_API
 from serve.messages import LABELS_ZH, localized
-from serve.model_host import ModelHost
-from serve.running import article_room
+from serve.host import Host
 
 from .i18n import i18n
 from .messages import language
@@ -247,15 +246,14 @@ def summarize_widgets() -> Widgets:
     return Widgets({"article": article}, output_box("summary", 3, "summarize"), more={"length": length})
 
 
-def article_length(host: ModelHost) -> Callable[[str, float, bool], str]:
+def article_length(host: Host) -> Callable[[str, float, bool], str]:
     """How much of the context the article's prompt takes, and whether it will be cut to fit."""
     def length_line(article: str, max_new_tokens: float, adapter: bool, request: gr.Request) -> str:
-        if not article.strip() or host.remote:  # (the tokenizer is the backend's)
+        if not article.strip():
             return ""
-        loaded = host.current
         lang = language(request)
         try:
-            parts = article_room(loaded, article, int(max_new_tokens), adapter)
+            parts = host.article_room(article, int(max_new_tokens), adapter)
         except ValueError as error:  # too long to send, say: what a run would answer
             return localized(str(error), lang)
         return " · ".join(localized(part, lang) for part in parts)

@@ -1,0 +1,69 @@
+"""One interface for where the model runs: in this process (ModelHost, model_host.py) or on a
+deployment's replicas (RemoteHost, backend.py). The page, its Gradio API and the replicas' routes
+call a host through it and never ask which one they have."""
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterator, Protocol
+
+from model import GPT2Config
+
+from .outcome import Outcome
+from .running import LiveView, TaskAPI
+
+# One update of a run: (text so far, outcome (None until the last), prompt sent, logprobs).
+RunUpdate = tuple[str, Outcome | None, str, list]
+# One update of a comparison: (both texts so far, outcome, comparison (None until the last)).
+CompareUpdate = tuple[list[str], Outcome | None, dict | None]
+
+
+class ServedModel(Protocol):
+    """What the page shows of the model being served."""
+    name: str
+
+    @property
+    def config(self) -> GPT2Config: ...
+
+    @property
+    def context(self) -> int: ...
+
+    @property
+    def adapters(self) -> list[str]: ...
+
+    @property
+    def adapters_on(self) -> list[str]: ...
+
+    @property
+    def decode_path(self) -> str: ...
+
+    def describe(self, lang: str = "en") -> str:
+        """The model line, in Markdown, in `lang`."""
+
+
+class Host(Protocol):
+    names: tuple[str, ...]  # the models it can serve, the first at start
+    loading: str | None  # the model being loaded to switch to, while it loads
+
+    @property
+    def current(self) -> ServedModel: ...
+
+    def switch(self, name: str) -> ServedModel:
+        """Serve `name` from now on (a ModelLoadError where it cannot be had; the current stays)."""
+
+    def settling(self) -> bool:
+        """Whether the model line may still change by itself (the decode kernels build)."""
+
+    def run(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None = None) -> Iterator[RunUpdate]:
+        """One request's updates, at most MAX_UPDATES_PER_SECOND a second, the last with its outcome:
+        done, refused (the field and why) or a fault."""
+
+    def run_compare(self, api: TaskAPI, values: dict[str, Any],
+                    cancel: threading.Event | None = None) -> Iterator[CompareUpdate]:
+        """The request with the adapter off and on under one seed, as `run` streams one."""
+
+    def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
+        """The Architecture tab's live view of `prompt`; a ValueError naming the field where refused."""
+
+    def article_room(self, article: str, max_new_tokens: int, adapter: bool) -> list[str]:
+        """What a summary's prompt would take of the context, and what it would cut, as messages
+        (none where the tokenizer is not here); a ValueError where a run would refuse the article."""
