@@ -187,7 +187,7 @@ def switch_model(host: Host, parts: ModelParts):
             host.switch(name)
         except ModelLoadError as error:  # and the model being served stays, as model_state shows
             lang = language(request)
-            gr.Warning(localized(str(error), lang), title=word("warning", lang))
+            gr.Warning(localized(error, lang), title=word("warning", lang))
         return model_state(request)
     return load_model
 
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
             host = ModelHost(args.model, device=args.device, quantize=args.quantize)
             routes = v1_routes(host, args.api_key, args.concurrency + args.queue_size)
     except ModelLoadError as error:
-        sys.exit(f"app.py: {error}")
+        sys.exit(f"app.py: {localized(error, 'en')}")
     demo = build_app(host, concurrency=args.concurrency, queue_size=args.queue_size)
     launch(demo, models=args.model, routes=routes, server_name=args.host, server_port=args.port, share=args.share)
 

@@ -45,12 +45,12 @@ FLOAT_SETTINGS = ("temperature", "top_p", "min_p", "typical_p", "repetition_pena
 
 
 class ContextLengthError(ValueError):
-    """The prompt does not fit in the model's context window; `tokens`, where known, is how many
-    tokens the part that cannot shrink needs."""
+    """The prompt of `tokens` tokens does not fit in the model's context window of `context`."""
 
-    def __init__(self, message: str, tokens: int | None = None):
-        super().__init__(message)
-        self.tokens = tokens
+    def __init__(self, tokens: int, context: int):
+        super().__init__(f"the prompt is {tokens:,} tokens; the context window is {context:,} tokens and at least one "
+                         "must be left to generate")
+        self.tokens, self.context = tokens, context
 
 
 @dataclass(frozen=True)
@@ -164,8 +164,7 @@ def check_prompt_fits(model: GPT2 | BatchDecoder, prompt_length: int) -> None:
     if prompt_length == 0:
         raise ValueError("the prompt is empty")
     if prompt_length >= n_ctx:
-        raise ContextLengthError(f"the prompt is {prompt_length:,} tokens; the context window is {n_ctx:,} "
-                                 "tokens and at least one must be left to generate")
+        raise ContextLengthError(prompt_length, n_ctx)
 
 
 class Sampler:

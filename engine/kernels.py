@@ -31,6 +31,7 @@ import shutil
 import threading
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -64,20 +65,45 @@ _lock = threading.Lock()
 _build: threading.Thread | None = None
 _built = threading.Event()  # set once the build has succeeded or failed
 _module = None  # the compiled module, once built
-_why_not = ""  # why there is none, once the build has given up
+_why_not: tuple[str, str] = ("none", "")  # why there is none (WHY_NOT's key, detail), once the build has given up
 _switched_off = 0  # blocks of `switched_off()` open: PyTorch's path, for side-by-side measurements
-BUILDING = "PyTorch (decode kernels building)"  # the decode path until the build has ended
+# Why decoding is on PyTorch's path, by key, in the log's words; serve/messages.py says each in
+# the page's language. {detail}: the CPU's capability, or the failed build's error.
+WHY_NOT = {"building": "decode kernels building", "switched_off": "kernels switched off", "none": "no kernels",
+           "env_off": "STUDIO_DECODE_KERNELS=0", "no_avx2": "the CPU has no AVX2 ({detail})",
+           "no_compiler": "no C++ compiler", "build_failed": "the build failed ({detail})"}
+
+
+@dataclass(frozen=True)
+class DecodePath:
+    """Which path decodes: the kernels (`why` empty), or PyTorch's and why (WHY_NOT's key)."""
+    why: str = ""
+    detail: str = ""
+
+    def __str__(self) -> str:
+        if not self.why:
+            return f"decode kernels ({CAPABILITY})"
+        return f"PyTorch ({WHY_NOT[self.why].format(detail=self.detail)})"
+
+
+BUILDING = str(DecodePath("building"))  # the decode path until the build has ended
+
+
+def unavailable() -> tuple[str, str] | None:
+    """Why the kernels can never run here (WHY_NOT's key, detail), or None where they can be built."""
+    if os.environ.get("STUDIO_DECODE_KERNELS", "1") == "0":
+        return "env_off", ""
+    if CAPABILITY not in ("AVX2", "AVX512"):
+        return "no_avx2", CAPABILITY
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return "no_compiler", ""
+    return None
 
 
 def unavailable_reason() -> str | None:
-    """Why the kernels can never run here, or None where they can be built."""
-    if os.environ.get("STUDIO_DECODE_KERNELS", "1") == "0":
-        return "STUDIO_DECODE_KERNELS=0"
-    if CAPABILITY not in ("AVX2", "AVX512"):
-        return f"the CPU has no AVX2 ({CAPABILITY})"
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
-        return "no C++ compiler"
-    return None
+    """Why the kernels can never run here, in words, or None where they can be built."""
+    why = unavailable()
+    return None if why is None else WHY_NOT[why[0]].format(detail=why[1])
 
 
 def start_build() -> None:
@@ -86,10 +112,10 @@ def start_build() -> None:
     with _lock:
         if _build is not None or _built.is_set():
             return
-        reason = unavailable_reason()
-        if reason is not None:
-            _why_not = reason
-            log.info("decode kernels unavailable (%s): decoding runs on PyTorch", reason)
+        why = unavailable()
+        if why is not None:
+            _why_not = why
+            log.info("decode kernels unavailable (%s): decoding runs on PyTorch", unavailable_reason())
             _built.set()
             return
         _build = threading.Thread(target=_compile, name="decode-kernels-build", daemon=True)
@@ -132,7 +158,7 @@ def _compile() -> None:
                            build_directory=str(directory))
         log.info("decode kernels ready: decoding runs on them from now on")
     except Exception as error:  # a missing compiler or ninja: slower, not broken
-        _why_not = f"the build failed ({type(error).__name__})"
+        _why_not = ("build_failed", type(error).__name__)
         log.warning("decode kernels unavailable, decoding stays on PyTorch: the build failed: %s", error)
         warnings.warn(f"the decode kernels could not be built, so decoding runs on PyTorch's products and attention "
                       f"(slower; results the same up to rounding): {error}")
@@ -158,15 +184,20 @@ def decode_kernels():
     return None if _switched_off else _module
 
 
-def decode_path() -> str:
-    """Which path decodes now, in words, for the status line and the log."""
+def current_path() -> DecodePath:
+    """Which path decodes now."""
     if _module is not None and not _switched_off:
-        return f"decode kernels ({CAPABILITY})"
+        return DecodePath()
     if _switched_off:
-        return "PyTorch (kernels switched off)"
+        return DecodePath("switched_off")
     if _built.is_set():
-        return f"PyTorch ({_why_not or 'no kernels'})"
-    return BUILDING
+        return DecodePath(*_why_not)
+    return DecodePath("building")
+
+
+def decode_path() -> str:
+    """Which path decodes now, in words, for the log, the benchmarks and the API's header."""
+    return str(current_path())
 
 
 @contextmanager

@@ -8,6 +8,7 @@ from typing import Any
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
 
 from .limits import brief
+from .messages import Refusal
 from .running import MAX_CHARS, MAX_CHAT_TURNS, MAX_EXAMPLE_PAIRS, Param, TaskAPI, check_count, check_size, checked_text
 
 
@@ -18,7 +19,7 @@ def history_pairs(history: Any) -> list[tuple[str, str]]:
         check_count("turns in history", len(history), MAX_CHAT_TURNS)  # before its turns are walked
     if not is_list or not all(isinstance(turn, (list, tuple)) and len(turn) == 2
                               and all(isinstance(said, str) for said in turn) for turn in history):
-        raise ValueError("history must be a list of [user, bot] pairs of text")
+        raise Refusal("history_pairs")
     check_size("history", sum(len(user) + len(bot) for user, bot in history), MAX_CHARS["history"])
     return [(user, bot) for user, bot in history]
 
@@ -34,7 +35,7 @@ def example_pairs(lines: str | None) -> list[tuple[str, str]] | None:
             continue
         source, equals, target = line.partition("=")
         if not (equals and source.strip() and target.strip()):
-            raise ValueError(f"example pairs line {number} is not 'source = target': {brief(line.strip())}")
+            raise Refusal("example_line", number=number, line=brief(line.strip()))
         pairs.append((source.strip(), target.strip()))
     check_count("example pairs", len(pairs), MAX_EXAMPLE_PAIRS)
     return pairs

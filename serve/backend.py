@@ -24,9 +24,9 @@ import httpx
 from engine.kernels import BUILDING
 from model import GPT2Config
 
-from .messages import Message
+from .messages import Message, Refusal
 from .model_host import ModelLoadError
-from .outcome import DONE, FAULT, Outcome
+from .outcome import DONE, FAULT, Outcome, message_from_json
 from .page_api import PREFIX, update_from_json, view_from_json
 from .running import (LiveView, TaskAPI, adapter_state, changed_settings, compared_state, drawn_seed,
                       sampling_params)
@@ -35,7 +35,7 @@ CONNECT_TIMEOUT_S = 3  # how long a backend that is down takes to be said so
 # How long a run may hear nothing from its replica: a request waiting in a busy replica's queue
 # hears nothing until its first token.
 SILENCE_S = 120
-STOPPED_NOTE = "stopped: the token counts stay with the backend"
+STOPPED_NOTE = Message.keyed("backend_stopped")
 
 
 class BackendDown(ModelLoadError):
@@ -80,7 +80,7 @@ class RemoteHost:
 
     def switch(self, name: str) -> RemoteModel:
         if name != self._current.name:
-            raise ModelLoadError(f"'{name}' is not served by the backend {self.url}")
+            raise ModelLoadError("backend_only", name=name, url=self.url)
         return self._current
 
     def settling(self) -> bool:
@@ -98,7 +98,7 @@ class RemoteHost:
             response = self.http.get(f"{self.url}{PREFIX}/model", timeout=CONNECT_TIMEOUT_S * 2)
             response.raise_for_status()
         except httpx.HTTPError as error:
-            raise BackendDown(down_message(self.url, error)) from None
+            raise BackendDown.saying(down_message(self.url, error)) from None
         info = response.json()
         return RemoteModel(info["name"], info["adapters"], info["adapters_on"], GPT2Config(**info["config"]),
                            info["decode_path"], info["line"], self.url)
@@ -115,7 +115,7 @@ class RemoteHost:
         for update in self.updates(f"compare/{api.name}", api, values, cancel, adapter, ["texts"]):
             yield update["texts"], update["outcome"], update.get("comparison")
 
-    def updates(self, route: str, api: TaskAPI, values: dict, cancel: threading.Event | None, adapter: str,
+    def updates(self, route: str, api: TaskAPI, values: dict, cancel: threading.Event | None, adapter: Message,
                 kept: list[str]) -> Iterator[dict]:
         """The backend's updates, each with its outcome as the record; where the stream ends
         before its last update, the text so far (the `kept` fields) with an outcome of its own:
@@ -146,14 +146,14 @@ class RemoteHost:
             if cancel is not None and cancel.is_set():
                 yield Outcome(DONE)
             elif not ended:
-                yield Outcome(FAULT, Message.of(cut_message(self.url) if started else down_message(self.url, error)))
+                yield Outcome(FAULT, cut_message(self.url) if started else down_message(self.url, error))
             return
         if cancel is not None and cancel.is_set() and not ended:
             yield Outcome(DONE)
         elif not ended:  # the replica went away mid-stream
-            yield Outcome(FAULT, Message.of(cut_message(self.url)))
+            yield Outcome(FAULT, cut_message(self.url))
 
-    def article_room(self, article: str, max_new_tokens: int, adapter: bool) -> list[str]:
+    def article_room(self, article: str, max_new_tokens: int, adapter: bool) -> list[Message]:
         return []  # the tokenizer is the backend's: a run there says what it cut
 
     def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
@@ -161,11 +161,11 @@ class RemoteHost:
             response = self.http.post(f"{self.url}{PREFIX}/look_inside",
                                       json={"prompt": prompt, "layer": layer, "head": head, "adapter": adapter})
             if response.status_code == 400:
-                raise ValueError(response.json()["refused"])
+                raise Refusal.saying(message_from_json(response.json()["refused"]))
             response.raise_for_status()
             return view_from_json(response.json())
         except (httpx.HTTPError, KeyError) as error:  # said in the tab's status line, as a refusal is
-            raise ValueError(down_message(self.url, error)) from None
+            raise Refusal.saying(down_message(self.url, error)) from None
 
 
 class closed_on:
@@ -189,19 +189,19 @@ class closed_on:
         self.done.set()
 
 
-def down_message(url: str, error: Exception) -> str:
+def down_message(url: str, error: Exception) -> Message:
     if isinstance(error, httpx.HTTPStatusError):
-        return f"the backend {url} failed (HTTP {error.response.status_code}); please try again"
-    return f"the backend {url} does not answer ({type(error).__name__}); please try again"
+        return Message.keyed("backend_failed", url=url, status=error.response.status_code)
+    return Message.keyed("backend_down", url=url, kind=type(error).__name__)
 
 
-def cut_message(url: str) -> str:
-    return f"the backend {url} stopped answering in the middle of this run; please try again"
+def cut_message(url: str) -> Message:
+    return Message.keyed("backend_cut", url=url)
 
 
-def stopped(api: TaskAPI, values: dict, adapter: str) -> Outcome:
+def stopped(api: TaskAPI, values: dict, adapter: Message) -> Outcome:
     """The outcome of a run stopped by its user: what reproduces it, as far as it is known here."""
     params = sampling_params(api.task, values)
     return Outcome(DONE, seed=params.seed, stop_reason="cancelled",
-                   adapter=None if api.task.adapter is None else Message.of(adapter),
-                   changed=tuple(changed_settings(params, api.task.defaults)), notes=(Message.of(STOPPED_NOTE),))
+                   adapter=None if api.task.adapter is None else adapter,
+                   changed=tuple(changed_settings(params, api.task.defaults)), notes=(STOPPED_NOTE,))

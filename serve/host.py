@@ -8,6 +8,7 @@ from typing import Any, Iterator, Protocol
 
 from model import GPT2Config
 
+from .messages import Message
 from .outcome import Outcome
 from .running import LiveView, TaskAPI
 
@@ -64,6 +65,6 @@ class Host(Protocol):
     def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
         """The Architecture tab's live view of `prompt`; a ValueError naming the field where refused."""
 
-    def article_room(self, article: str, max_new_tokens: int, adapter: bool) -> list[str]:
+    def article_room(self, article: str, max_new_tokens: int, adapter: bool) -> list[Message]:
         """What a summary's prompt would take of the context, and what it would cut, as messages
         (none where the tokenizer is not here); a ValueError where a run would refuse the article."""

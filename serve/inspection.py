@@ -19,6 +19,7 @@ import torch
 from engine.residual import recording_outputs, residual_stream
 from model.gpt2 import GPT2
 from model.tokenizer import Tokenizer
+from tasks.messages import Refusal
 
 MAX_TOKENS = 64  # more than this makes the attention map unreadable
 
@@ -67,13 +68,13 @@ def attention_probabilities(c_attn_output: torch.Tensor, n_head: int, head: int)
 
 
 def live_view_ids(model: GPT2, tokenizer: Tokenizer, prompt: str) -> list[int]:
-    """The prompt's tokens, or a ValueError where it is empty or longer than a live view takes."""
+    """The prompt's tokens, or a Refusal where it is empty or longer than a live view takes."""
     ids = tokenizer.encode(prompt)
     if not ids:
-        raise ValueError("the prompt is empty")
+        raise Refusal("prompt_empty_tokens")
     most = min(MAX_TOKENS, model.config.n_positions)
     if len(ids) > most:
-        raise ValueError(f"the prompt has {len(ids):,} tokens; the live view takes at most {most:,}")
+        raise Refusal("live_view_tokens", tokens=len(ids), most=most)
     return ids
 
 

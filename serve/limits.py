@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from engine.generate import MAX_SEED, SamplingParams
+from tasks.messages import Refusal
 
 # (lowest, highest) accepted value of each numeric setting; the UI builds its sliders from these.
 LIMITS = {
@@ -41,34 +42,33 @@ def brief(value, limit: int = 60) -> str:
 
 
 def check_setting(name: str, value, low, high, integer: bool = False):
-    """`value` if it is a number (an integer, if `integer`) from low to high; otherwise a
-    ValueError that names the setting, its range and what it got. NaN, the infinities, booleans
-    and integers too large for a float are refused."""
+    """`value` if it is a number (an integer, if `integer`) from low to high; otherwise a Refusal
+    that names the setting, its range and what it got. NaN, the infinities, booleans and integers
+    too large for a float are refused."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {brief(value)}")
+        raise Refusal("not_integer" if integer else "not_number", name=name, value=brief(value))
     if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low:,} and {high:,}, got {brief(value)}")
+        raise Refusal("out_of_range", name=name, low=low, high=high, value=brief(value))
     if integer and value != int(value):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise Refusal("not_integer", name=name, value=repr(value))
     return int(value) if integer else float(value)  # float: transformers' processors refuse an int temperature
 
 
 def check_temperature(value: float) -> float:
     if 0 < value < MIN_TEMPERATURE:
-        raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {value}")
+        raise Refusal("temperature_low", low=MIN_TEMPERATURE, value=value)
     return value
 
 
 def check_stop(stop: tuple[str, ...]) -> tuple[str, ...]:
     if len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LENGTH for s in stop):
-        raise ValueError(f"stop must be at most {MAX_STOP_STRINGS} non-empty strings "
-                         f"of at most {MAX_STOP_LENGTH} characters")
+        raise Refusal("stop_strings", count=MAX_STOP_STRINGS, length=MAX_STOP_LENGTH)
     return stop
 
 
 def checked_params(base: SamplingParams, **settings) -> SamplingParams:
     """`base` with `settings`, each checked against LIMITS (integers as int, the rest as float),
-    or a ValueError naming the first one out of its range."""
+    or a Refusal naming the first one out of its range."""
     checked = {}
     for name, value in settings.items():
         if name == "stop":

@@ -1,51 +1,55 @@
 """The messages a user can get, in the user's language.
 
-The engine, the tasks and the UI's checks say what went wrong in English, the language of the API
-and the log. Text that Gradio translates in the browser (gr.I18n) must be fixed when the page is
-built, but these messages carry the request's own numbers and names, so the server translates
-them, for the language the browser asks for (its Accept-Language), by matching each against the
-English templates below and filling in the Chinese one. A message no template matches is shown as
-it is; tests/test_messages.py makes every message the app makes match one.
+Whatever finds a refusal or a note says it as a key and its fields (tasks/messages.py: Message,
+Refusal); the text of each key, in English and Chinese, is here, and a message becomes text only at
+the edge: the page's status line in the language the browser asks for (its Accept-Language, or the
+one picked in Settings), the APIs' errors in English. Text that Gradio translates in the browser
+(gr.I18n) must be fixed when the page is built; these carry the request's own numbers and names.
+A field may itself be a Message (a refusal within another), a name the app uses (a setting, a box,
+a language: said in Chinese as the page labels it), a number (formatted as its template says), or
+text of the user's or the model's, said as it is.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from functools import lru_cache
+from typing import Any
 
+from engine.generate import ContextLengthError
+from tasks.messages import Message, Refusal
 
-# key: (the English message with {fields}, as the code writes it; its Chinese)
+__all__ = ["Message", "Refusal", "TEMPLATES", "render", "english", "localized", "message_of", "said"]
+
+# key: (the English text with {fields}, its Chinese)
 TEMPLATES: dict[str, tuple[str, str]] = {
-    # a seed the app refuses (serve/running.py), before out_of_range, which would take its end as the value
-    # -1: serve.running.RANDOM_SEED (tests/test_messages.py checks that they agree)
+    # a seed the app refuses (serve/running.py); -1: serve.running.RANDOM_SEED (tests/test_messages.py checks it)
     "random_seed": ("{error}; -1 draws a random seed", "{error}；设为 -1 则随机抽取种子"),
-    # an imported conversation the API would refuse (ui/chat.py), before the refusals it holds
+    # an imported conversation the API would refuse (ui/chat.py)
     "in_the_file": ("in the file: {error}", "文件中：{error}"),
-    # decoding settings (engine/generate.py)
+    # decoding settings (serve/limits.py)
     "temperature_low": ("temperature must be 0 (greedy) or at least {low}, got {value}",
                         "温度必须为 0（贪心）或至少 {low}，收到的是 {value}"),
     "stop_strings": ("stop must be at most {count} non-empty strings of at most {length} characters",
                      "停止串最多 {count} 个，每个须非空且不超过 {length} 个字符"),
     "not_integer": ("{name} must be an integer, got {value}", "{name}必须是整数，收到的是 {value}"),
     "not_number": ("{name} must be a number, got {value}", "{name}必须是数字，收到的是 {value}"),
-    "out_of_range": ("{name} must be between {low} and {high}, got {value}",
-                     "{name}必须在 {low} 到 {high} 之间，收到的是 {value}"),
+    "out_of_range": ("{name} must be between {low:,} and {high:,}, got {value}",
+                     "{name}必须在 {low:,} 到 {high:,} 之间，收到的是 {value}"),
     "prompt_empty_tokens": ("the prompt is empty", "提示词为空"),
     # the Architecture tab's live view (serve/inspection.py)
-    "live_view_tokens": ("the prompt has {tokens} tokens; the live view takes at most {most}",
-                         "提示词有 {tokens} 个词元；实时视图最多接受 {most} 个"),
-    "prompt_fills_context": ("the prompt is {tokens} tokens; the context window is {context} tokens and at least one "
-                             "must be left to generate",
-                             "提示词有 {tokens} 个词元；上下文窗口为 {context} 个词元，至少要留一个用于生成"),
+    "live_view_tokens": ("the prompt has {tokens:,} tokens; the live view takes at most {most:,}",
+                         "提示词有 {tokens:,} 个词元；实时视图最多接受 {most:,} 个"),
+    # a prompt the engine cannot take (engine.generate.ContextLengthError)
+    "prompt_fills_context": ("the prompt is {tokens:,} tokens; the context window is {context:,} tokens and at least "
+                             "one must be left to generate",
+                             "提示词有 {tokens:,} 个词元；上下文窗口为 {context:,} 个词元，至少要留一个用于生成"),
     # fitting a prompt into the context (tasks/base.py)
-    "too_long_shorten": ("{what}: {tokens} tokens, but only {room} fit in the context next to max_new_tokens; "
-                         "shorten it, or set max_new_tokens to {most} or less",
-                         "{what}：需要 {tokens} 个词元，但留出最大新词元数后，上下文只容得下 {room} 个；"
-                         "请缩短它，或把最大新词元数设为 {most} 或更少"),
-    "too_long_context": ("{what}: {tokens} tokens, but only {room} fit in the context next to max_new_tokens; "
-                         "shorten it: the model's whole context is {context} tokens",
-                         "{what}：需要 {tokens} 个词元，但留出最大新词元数后，上下文只容得下 {room} 个；"
-                         "请缩短它：模型的整个上下文只有 {context} 个词元"),
+    "too_long_shorten": ("{what}: {tokens:,} tokens, but only {room:,} fit in the context next to max_new_tokens; "
+                         "shorten it, or set max_new_tokens to {most:,} or less",
+                         "{what}：需要 {tokens:,} 个词元，但留出最大新词元数后，上下文只容得下 {room:,} 个；"
+                         "请缩短它，或把最大新词元数设为 {most:,} 或更少"),
+    "too_long_context": ("{what}: {tokens:,} tokens, but only {room:,} fit in the context next to max_new_tokens; "
+                         "shorten it: the model's whole context is {context:,} tokens",
+                         "{what}：需要 {tokens:,} 个词元，但留出最大新词元数后，上下文只容得下 {room:,} 个；"
+                         "请缩短它：模型的整个上下文只有 {context:,} 个词元"),
     "empty": ("{name} is empty", "{name}为空"),
     "no_letters": ("the text to translate has no letters: there are no words in it to translate",
                    "要翻译的文本中没有文字：其中没有可翻译的词"),
@@ -54,10 +58,11 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                          "此模型没有「{adapter}」适配器（已有：{adapters}）"),
     "languages": ("cannot translate {source} to {target}: source and target must be two different languages of "
                   "{languages}", "无法从{source}翻译为{target}：源语言和目标语言必须是 {languages} 中两种不同的语言"),
-    # the UI's checks (serve/running.py, ui/chat.py, ui/views.py)
+    # the requests' checks (serve/running.py, serve/apis.py, ui/chat.py)
     "not_text": ("{name} must be text, got {kind}", "{name}必须是文本，收到的是 {kind}"),
-    "too_big": ("{name} is too long: {size} characters; the limit is {limit}", "{name}太长：{size} 个字符；上限为 {limit}"),
-    "too_many": ("too many {what}: {count}; the limit is {limit}", "{what}太多：{count}；上限为 {limit}"),
+    "too_big": ("{name} is too long: {size:,} characters; the limit is {limit:,}",
+                "{name}太长：{size:,} 个字符；上限为 {limit:,}"),
+    "too_many": ("too many {what}: {count:,}; the limit is {limit:,}", "{what}太多：{count:,}；上限为 {limit:,}"),
     "adapter_bool": ("adapter must be true or false, got {value}", "适配器必须为 true 或 false，收到的是 {value}"),
     "history_pairs": ("history must be a list of [user, bot] pairs of text", "对话历史必须是 [用户, 机器人] 文本对的列表"),
     "no_retry": ("there is no turn to retry", "没有可以重试的一轮"),
@@ -78,30 +83,31 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     # what a prompt had to drop (tasks/), shown in the status line
     "dropped_turn": ("dropped the {count} oldest turn to fit the context", "为放入上下文，删去了最早的 {count} 轮"),
     "dropped_turns": ("dropped the {count} oldest turns to fit the context", "为放入上下文，删去了最早的 {count} 轮"),
-    "dropped_examples": ("dropped {count} of the {total} examples to fit the context",
-                         "为放入上下文，删去了 {total} 个示例中的 {count} 个"),
+    "dropped_examples": ("dropped {count:,} of the {total:,} examples to fit the context",
+                         "为放入上下文，删去了 {total:,} 个示例中的 {count:,} 个"),
     "no_examples": ("no example pairs sent: only the first line names the languages, and the model may still answer "
                     "in the wrong language", "未发送示例对：只有第一行写明了语言，模型仍可能用错误的语言回答"),
     "first_sentence_only": ("only the first sentence is translated: the model learnt one at a time, so give it the "
                             "others one by one", "只翻译第一句：模型是逐句学会翻译的，其余句子请逐句输入"),
-    "prompt_cut": ("prompt cut to its last {room} of {tokens} tokens to fit the context",
-                   "为放入上下文，提示词只保留了最后 {room} 个词元（共 {tokens} 个）"),
-    "article_cut": ("article cut to its first {room} of {tokens} tokens to fit the context",
-                    "为放入上下文，文章只保留了前 {room} 个词元（共 {tokens} 个）"),
-    "output_room": ("max_new_tokens keeps {reserved} of the context's {context} tokens for the output; set it below "
-                    "{below} to let the model read more",  # below: the same number (a field is matched once)
-                    "最多生成的词元数为输出预留了上下文 {context} 个词元中的 {reserved} 个；设为小于 {below} 可让模型读入更多"),
+    "prompt_cut": ("prompt cut to its last {room:,} of {tokens:,} tokens to fit the context",
+                   "为放入上下文，提示词只保留了最后 {room:,} 个词元（共 {tokens:,} 个）"),
+    "article_cut": ("article cut to its first {room:,} of {tokens:,} tokens to fit the context",
+                    "为放入上下文，文章只保留了前 {room:,} 个词元（共 {tokens:,} 个）"),
+    "output_room": ("max_new_tokens keeps {reserved:,} of the context's {context:,} tokens for the output; set it "
+                    "below {reserved:,} to let the model read more",
+                    "最多生成的词元数为输出预留了上下文 {context:,} 个词元中的 {reserved:,} 个；设为小于 {reserved:,} "
+                    "可让模型读入更多"),
     "translated_through": ("translated through {language} (first step: {prompt} prompt + {generated} generated "
                            "tokens): {text}", "经由{language}翻译（第一步：提示词 {prompt} + 生成 {generated} 个词元）：{text}"),
-    "first_step_cut": ("the first step's output cut to its first {kept} of {tokens} tokens to fit the second step's "
-                       "context", "为放入第二步的上下文，第一步的输出只保留了前 {kept} 个词元（共 {tokens} 个）"),
-    "notebook_tail": ("sent the prompt's last {kept} of {characters} characters, the most a run takes",
-                      "只发送了提示词的最后 {kept} 个字符（共 {characters} 个），这是一次运行能接受的上限"),
-    # a comparison's note of the side not shown (serve.running.OTHER_SIDE_NOTE)
+    "first_step_cut": ("the first step's output cut to its first {kept:,} of {tokens:,} tokens to fit the second "
+                       "step's context", "为放入第二步的上下文，第一步的输出只保留了前 {kept:,} 个词元（共 {tokens:,} 个）"),
+    "notebook_tail": ("sent the prompt's last {kept:,} of {characters:,} characters, the most a run takes",
+                      "只发送了提示词的最后 {kept:,} 个字符（共 {characters:,} 个），这是一次运行能接受的上限"),
+    # a comparison's note of the side not shown (serve.running.compared_outcome)
     "off_side_note": ("adapter off: {note}", "适配器关：{note}"),
     "on_side_note": ("adapter on: {note}", "适配器开：{note}"),
-    "article_length": ("{tokens} of {context} context tokens in the prompt; the summary may use up to {left}",
-                       "提示词占上下文 {context} 个词元中的 {tokens} 个；摘要最多可用 {left} 个"),
+    "article_length": ("{tokens:,} of {context:,} context tokens in the prompt; the summary may use up to {left:,}",
+                       "提示词占上下文 {context:,} 个词元中的 {tokens:,} 个；摘要最多可用 {left:,} 个"),
     # the token view (ui/tokens.py)
     "alternatives_to": ("alternatives to token {index} ({token})", "第 {index} 个词元（{token}）的备选"),
     "tokens_note": ("green: a likely token, through yellow, to red: an unlikely one; point at a token for its "
@@ -125,20 +131,24 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                     "后端 {url} 在这次运行中途停止了响应；请重试"),
     "backend_stopped": ("stopped: the token counts stay with the backend", "已停止：词元计数留在后端"),
     "backend_only": ("'{name}' is not served by the backend {url}", "后端 {url} 不提供「{name}」"),
-    # which path decodes (engine/kernels.py, decode_path)
+    # which path decodes (engine/kernels.py, decode_state; serve/model_host.py)
     "kernels_on": ("decode kernels ({capability})", "解码内核（{capability}）"),
     "kernels_off": ("PyTorch ({reason})", "PyTorch（{reason}）"),
     "no_avx2": ("the CPU has no AVX2 ({capability})", "CPU 不支持 AVX2（{capability}）"),
     "build_failed": ("the build failed ({kind})", "构建失败（{kind}）"),
-    # the status line of a run (engine/generate.py, Result.summary)
+    # the status line of a run (serve/outcome.py, status_line)
     "status": ("seed {seed} · {prompt} prompt + {generated} generated tokens · {speed} tokens/s · stopped: {reason}",
                "种子 {seed} · 提示词 {prompt} + 生成 {generated} 个词元 · 每秒 {speed} 个词元 · 停止原因：{reason}"),
-    "adapter_on_scaled": ("adapter on at strength {scale}", "适配器开，强度 {scale}"),  # "adapter on": NAMES_ZH
-    # {side}: "adapter off" or "adapter on", the side the output box shows
+    "adapter_off": ("adapter off", "适配器关"),
+    "adapter_on": ("adapter on", "适配器开"),
+    "adapter_on_scaled": ("adapter on at strength {scale:g}", "适配器开，强度 {scale:g}"),
+    # {side}: adapter_off or adapter_on, the side the output box shows
     "compared": ("adapter off vs on: the output and counts are with {side}", "适配器关与开对比：输出和计数属于{side}的一侧"),
-    "compared_scaled": ("adapter off vs on at strength {scale}: the output and counts are with {side}",
-                        "适配器关与开（强度 {scale}）对比：输出和计数属于{side}的一侧"),
-    "changed_settings": ("changed settings: {settings}", "更改的设置：{settings}"),  # "name value, ..."
+    "compared_scaled": ("adapter off vs on at strength {scale:g}: the output and counts are with {side}",
+                        "适配器关与开（强度 {scale:g}）对比：输出和计数属于{side}的一侧"),
+    "changed_settings": ("changed settings: {settings}", "更改的设置：{settings}"),  # settings: ((name, value), ...)
+    # an error no key was given for (a library's, say): its own text, in every language
+    "text": ("{text}", "{text}"),
 }
 
 # The interface's Chinese labels of what a message may name: ui/i18n.py takes them from here, so that
@@ -200,73 +210,53 @@ PLOT_TEXT = {
 MODEL_LINE_QUANTIZED = {"en": " · {quantize} weights", "zh": " · {quantize} 权重"}
 MODEL_LINE_DECODING = {"en": " · decoding on {path}", "zh": " · 解码方式：{path}"}
 
-
-@lru_cache(maxsize=None)
-def _pattern(template: str) -> re.Pattern:
-    parts = re.split(r"\{(\w+)\}", template)  # literal, field, literal, field, ...
-    return re.compile("".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>.+?)" for i, part in enumerate(parts))
-                      + r"\Z", re.DOTALL)
+# Fields whose text is the user's, the model's or a token's, said as it is in every language.
+AS_GIVEN = {"token"}
 
 
-@dataclass(frozen=True)
-class Message:
-    """A message as a key of TEMPLATES with its fields, so that it can be said in any language
-    without reading a line back; key "" holds a text no template matches (a name the app uses, or
-    anything else), under the field "text"."""
-    key: str
-    fields: tuple[tuple[str, str], ...]
-
-    @classmethod
-    def of(cls, english: str) -> "Message":
-        """The message the code wrote in English, as its template's key and fields."""
-        if english not in NAMES_ZH:
-            for key, (template, _) in TEMPLATES.items():
-                found = _pattern(template).match(english)
-                if found:
-                    return cls(key, tuple(found.groupdict().items()))
-        return cls("", (("text", english),))
-
-    @property
-    def english(self) -> str:
-        return self.render("en")
-
-    def render(self, lang: str) -> str:
-        fields = dict(self.fields)
-        if not self.key:
-            return fields["text"] if lang != "zh" else NAMES_ZH.get(fields["text"], fields["text"])
-        english, chinese = TEMPLATES[self.key]
-        if lang != "zh":
-            return english.format(**fields)
-        return chinese.format(**{key: translate_field(key, value) for key, value in fields.items()})
+def render(message: Message, lang: str) -> str:
+    """`message` in `lang` ("zh" Chinese, anything else English)."""
+    in_english, in_chinese = TEMPLATES[message.key]
+    template = in_chinese if lang == "zh" else in_english
+    return template.format(**{name: shown(name, value, lang) for name, value in message.fields})
 
 
-def localized(message: str, lang: str) -> str:
-    """`message` in `lang`: itself in English; in Chinese the first template it matches, its
-    fields translated where they are names the app uses."""
-    return Message.of(message).render(lang)
+def english(message: Message) -> str:
+    """As the APIs and the log say it."""
+    return render(message, "en")
 
 
-def translate_one(message: str) -> str:
-    return localized(message, "zh")
-
-
-def translate_field(key: str, value: str) -> str:
-    """A field's value in Chinese: a stop reason or an error as a message; a token as it is; a list ("English,
-    French, German", "temperature 0.7, top_k 40") item by item."""
-    if key in ("reason", "error", "note"):  # a message within the message
-        return translate_one(value)
-    if key == "token":  # a token of the model's ("none", "text"), never a name to translate
+def shown(name: str, value: Any, lang: str) -> Any:
+    """A field as its template takes it: a message rendered, names said in `lang`, a number as it is
+    (its template formats it)."""
+    if isinstance(value, Message):
+        return render(value, lang)
+    if isinstance(value, tuple):  # settings with their values: ((name, value), ...)
+        return ("，" if lang == "zh" else ", ").join(f"{said(setting, lang)} {number:g}" for setting, number in value)
+    if not isinstance(value, str) or lang != "zh" or name in AS_GIVEN:
         return value
     items = value.split(", ")
-    translated = [translate_item(item) for item in items]
+    translated = [NAMES_ZH.get(item, item) for item in items]
     if len(items) > 1 and any(new == old for new, old in zip(translated, items)):
-        return value  # not a list of names the app uses (a user's text, model names): as it is
+        return value  # not a list of names the app uses (model names, say): as it is
     return "，".join(translated)
 
 
-def translate_item(item: str) -> str:
-    """A name the app uses, or a setting with its value ("temperature 0.7"), in Chinese."""
-    name, _, number = item.rpartition(" ")
-    if item not in NAMES_ZH and name in NAMES_ZH and re.fullmatch(r"-?[\d.]+", number):
-        return f"{NAMES_ZH[name]} {number}"
-    return NAMES_ZH.get(item, item)
+def said(name: str, lang: str) -> str:
+    """A name the app uses (a setting, a box, a language, a word of the page), in `lang`."""
+    return NAMES_ZH.get(name, name) if lang == "zh" else name
+
+
+def message_of(error: BaseException) -> Message:
+    """What an error says to the user: a refusal's own message; a prompt the engine cannot take,
+    with its counts; anything else in its own words."""
+    if isinstance(error, Refusal):
+        return error.message
+    if isinstance(error, ContextLengthError):
+        return Message.keyed("prompt_fills_context", tokens=error.tokens, context=error.context)
+    return Message.keyed("text", text=str(error))
+
+
+def localized(what: Message | BaseException, lang: str) -> str:
+    """A message, or what an error says, in `lang`."""
+    return render(what if isinstance(what, Message) else message_of(what), lang)

@@ -26,7 +26,7 @@ from engine import kernels, prepare_for_serving
 from engine.generate import SamplingParams, new_token_budget, resolve_seed, score_tokens
 from engine.scheduler import Scheduler, in_thread_of_its_own
 from model import GPT2, load_pretrained
-from model.adapters import adapter_names, adapters_on_by_default, check_adapter
+from model.adapters import adapter_names, adapters_on_by_default
 from model.checkpoint import pick_device
 from model.tokenizer import Tokenizer
 from tasks import TASKS, SummarizeInputs, TaskDone, run_task
@@ -34,7 +34,7 @@ from tasks import TASKS, SummarizeInputs, TaskDone, run_task
 from .host import CompareUpdate, RunUpdate
 from .inspection import inspect_prompt, logit_lens
 from .limits import brief
-from .messages import MODEL_LINE, MODEL_LINE_DECODING, MODEL_LINE_QUANTIZED, localized
+from .messages import MODEL_LINE, MODEL_LINE_DECODING, MODEL_LINE_QUANTIZED, Message, Refusal, render, said
 from .outcome import Outcome
 from .running import (MAX_UPDATES_PER_SECOND, TOP_SHOWN, LiveView, Pacer, TaskAPI, adapter_state, checked_slider,
                       checked_text, compared_outcome, first_difference, outcome_of, sampling_params)
@@ -43,8 +43,8 @@ BUNDLED = "bundled"
 log = logging.getLogger(__name__)
 
 
-class ModelLoadError(ValueError):
-    """A model could not be loaded; the message says which and why."""
+class ModelLoadError(Refusal):
+    """A model could not be loaded: its message says which and why."""
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,21 @@ class LoadedModel:
         line = MODEL_LINE[lang].format(
             name=self.name, millions=f"{self.model.num_parameters() / 1e6:.1f}", context=self.context,
             tokenizer=self.tokenizer.name, vocab=f"{self.tokenizer.vocab_size:,}",
-            adapters=", ".join(self.adapters) or localized("none", lang), device=device)
+            adapters=", ".join(self.adapters) or said("none", lang), device=device)
         if self.quantize:
             line += MODEL_LINE_QUANTIZED[lang].format(quantize=self.quantize)
         if device.type == "cpu":
-            line += MODEL_LINE_DECODING[lang].format(path=localized(self.decode_path, lang))
+            line += MODEL_LINE_DECODING[lang].format(path=render(path_message(kernels.current_path()), lang))
         return line
+
+
+def path_message(path: kernels.DecodePath) -> Message:
+    """Which path decodes, as the model line says it."""
+    if not path.why:
+        return Message.keyed("kernels_on", capability=kernels.CAPABILITY)
+    if path.why in ("no_avx2", "build_failed"):  # their own message, with the CPU's capability or the error
+        return Message.keyed("kernels_off", reason=Message.keyed(path.why, capability=path.detail, kind=path.detail))
+    return Message.keyed("kernels_off", reason=kernels.WHY_NOT[path.why])
 
 
 class ModelHost:
@@ -116,8 +125,7 @@ class ModelHost:
     def switch(self, name: str) -> LoadedModel:
         """Load `name` and serve it from now on. When it fails, the current model stays."""
         if name not in self.names:
-            raise ModelLoadError(f"{name!r} is not one of the models this app was started with "
-                                 f"({', '.join(self.names)})")
+            raise ModelLoadError("not_a_model", name=repr(name), names=", ".join(self.names))
         with self._switching:
             if name != self._current.name:
                 self.loading = name
@@ -140,7 +148,7 @@ class ModelHost:
         except Exception as error:  # whatever goes wrong, the model being served must keep serving
             log.warning("could not load model %s: %s", name, error)
             reason = str(error).removeprefix(f"{name}: ")  # a checkpoint error starts with the path it names
-            raise ModelLoadError(f"could not load {name}: {reason}") from error
+            raise ModelLoadError("load_failed", name=name, reason=reason) from error
         loaded = LoadedModel(name, model, tokenizer, Scheduler(model), self.quantize)
         log.info("model %s decodes on %s", name, loaded.decode_path)
         return loaded
@@ -158,7 +166,7 @@ class ModelHost:
             inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
             adapter = values.get("adapter", False)
             if not isinstance(adapter, bool):
-                raise ValueError(f"adapter must be true or false, got {brief(adapter)}")
+                raise Refusal("adapter_bool", value=brief(adapter))
             # Through the model's scheduler: concurrent requests are decoded in one batch. Closing the
             # events, however this ends, gives the request's row back at once.
             with closing(run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter, cancel,
@@ -176,7 +184,7 @@ class ModelHost:
                     else:
                         held_back = event.text
         except ValueError as error:  # the input's: the message names the field and why
-            yield "", Outcome.refused(str(error)), "", []
+            yield "", Outcome.refused(error), "", []
         except GeneratorExit:  # Gradio closes the run when its client cancels or goes away
             log.info("/%s: cancelled, or its client left, after %d updates; its decoding row is freed", api.name, sent)
             raise
@@ -213,7 +221,7 @@ class ModelHost:
             comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params))
             yield [d.text for d in done], compared_outcome(done, api.task, params, bool(values["adapter"])), comparison
         except ValueError as error:
-            yield ["", ""], Outcome.refused(str(error)), None
+            yield ["", ""], Outcome.refused(error), None
         except GeneratorExit:
             log.info("/%s: a comparison was cancelled, or its client left; its decoding rows are freed", api.name)
             raise
@@ -229,14 +237,15 @@ class ModelHost:
         checked_text("prompt", prompt)
         layer = checked_slider("layer", layer, 1, config.n_layer)
         head = checked_slider("head", head, 1, config.n_head)
-        check_adapter(loaded.model, adapter)
+        if adapter is not None and adapter not in loaded.adapters:
+            raise Refusal("no_model_adapter", adapter=adapter, adapters=", ".join(loaded.adapters) or "none")
         # A forward pass is parallel work: not in a server's worker thread, which lives on
         # (engine/scheduler.py, in_thread_of_its_own, says why).
         seen = in_thread_of_its_own(lambda: inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1, head - 1))
         lens = in_thread_of_its_own(lambda: logit_lens(loaded.model, loaded.tokenizer, prompt, adapter))
         return LiveView(loaded.name, config.n_layer, config.n_head, seen, lens)
 
-    def article_room(self, article: str, max_new_tokens: int, adapter: bool) -> list[str]:
+    def article_room(self, article: str, max_new_tokens: int, adapter: bool) -> list[Message]:
         """How much of the context an article's summary prompt takes, and what it had to cut to fit:
         the task's own build_prompt decides, so this says exactly what a run will do. A ValueError
         where a run would refuse the article."""
@@ -244,8 +253,8 @@ class ModelHost:
         prompt = TASKS["summarize"].prompt(SummarizeInputs(checked_text("article", article)), loaded.tokenizer,
                                            loaded.context, max_new_tokens, adapter)
         left = new_token_budget(max_new_tokens, len(prompt.ids), loaded.context)  # what a run may generate
-        return [f"{len(prompt.ids):,} of {loaded.context:,} context tokens in the prompt; "
-                f"the summary may use up to {left:,}", *prompt.notes]
+        return [Message.keyed("article_length", tokens=len(prompt.ids), context=loaded.context, left=left),
+                *prompt.notes]
 
 
 def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], params: SamplingParams) -> dict:

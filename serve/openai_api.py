@@ -32,8 +32,9 @@ from tasks import TASKS, DialogueInputs, GenerateInputs, Task
 from tasks.base import ADAPTER_END, room_to_generate
 
 from .limits import LIMITS, MAX_STOP_LENGTH, MAX_STOP_STRINGS, check_setting, check_temperature
+from .messages import Refusal, english, message_of
 from .model_host import ModelHost
-from .outcome import Outcome
+from .outcome import REFUSED, Outcome
 from .running import (MAX_CHARS, MAX_CHAT_TURNS, SETTING_RANGES, Param, TaskAPI, check_count, check_size,
                       checked_text)
 from .running import SETTINGS as TASK_SETTINGS
@@ -69,6 +70,11 @@ class BadRequest(ValueError):
                  kind: str = "invalid_request_error", code: str | None = None):
         super().__init__(message)
         self.param, self.status, self.kind, self.code = param, status, kind, code
+
+    @classmethod
+    def refusing(cls, error: ValueError, param: str | None) -> "BadRequest":
+        """What the app's own checks refused, as a 400 that names the request's field."""
+        return cls(english(message_of(error)), param=param)
 
     def error_object(self) -> dict:
         """OpenAI's error: a response's body, or a stream's last event."""
@@ -290,7 +296,7 @@ def dialogue_inputs(messages: Any) -> DialogueInputs:
         check_size("history", sum(len(user) + len(bot) for user, bot in history), MAX_CHARS["history"])
         return DialogueInputs(checked_text("message", turns[-1][0]), history, checked_text("persona", " ".join(persona)))
     except ValueError as error:
-        raise BadRequest(str(error), param="messages") from None
+        raise BadRequest.refusing(error, "messages") from None
 
 
 def request_values(body: dict) -> dict[str, Any]:
@@ -305,14 +311,15 @@ def request_values(body: dict) -> dict[str, Any]:
             values[name] = check_setting(name, value, low, high, integer=name in INTEGER)
             if name == "temperature":
                 check_temperature(values[name])
-        except ValueError as error:
-            raise BadRequest(str(error).replace(name, field, 1), param=field) from None
+        except Refusal as error:  # said with the request's own name of the field (max_tokens)
+            named = error.message.with_fields(name=field) if error.message.field("name") == name else error.message
+            raise BadRequest.refusing(Refusal.saying(named), field) from None
     seed = body.get("seed")
     if seed is not None:
         try:
             values["seed"] = check_setting("seed", seed, *LIMITS["seed"], integer=True)
         except ValueError as error:
-            raise BadRequest(str(error), param="seed") from None
+            raise BadRequest.refusing(error, "seed") from None
     return values
 
 
@@ -330,14 +337,14 @@ def logprobs_asked(body: dict, chat: bool) -> int:
     try:
         return check_setting(field, value, 0, LIMITS["logprobs"][1], integer=True)
     except ValueError as error:
-        raise BadRequest(str(error), param=field) from None
+        raise BadRequest.refusing(error, field) from None
 
 
 def choice_count(body: dict) -> int:
     try:
         return check_setting("n", body.get("n", 1), 1, MAX_CHOICES, integer=True)
     except ValueError as error:
-        raise BadRequest(str(error), param="n") from None
+        raise BadRequest.refusing(error, "n") from None
 
 
 async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, inputs: dict, adapter: bool,
@@ -420,9 +427,9 @@ def last_of(api: TaskAPI, host: ModelHost, values: dict) -> tuple[str, Outcome, 
 def checked_outcome(update):
     text, outcome, prompt, logprobs = update
     if outcome is not None and not outcome.ran:
-        if outcome.kind == "refused":  # the field the message names, where it names one
-            raise BadRequest(outcome.message.english, param=dict(outcome.message.fields).get("name"))
-        raise BadRequest(outcome.message.english, status=500, kind="server_error")
+        if outcome.kind == REFUSED:  # the field the message names, where it names one
+            raise BadRequest(english(outcome.message), param=outcome.message.field("name"))
+        raise BadRequest(english(outcome.message), status=500, kind="server_error")
     return update
 
 

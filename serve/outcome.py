@@ -11,16 +11,18 @@ from dataclasses import asdict, dataclass, replace
 
 from engine.generate import Result
 
-from .messages import Message
+from .messages import Message, message_of, render
 
 log = logging.getLogger(__name__)
 
 DONE, REFUSED, FAULT = "done", "refused", "fault"
 REFUSED_MARK = "⚠️ "  # how the line of a refusal or a fault starts
-FAULT_MESSAGE = "the generation failed ({kind}); the app is still serving, please try again"
 # Why a run stopped, as its status line says it to a person (Result.stop_reason keeps the code).
 STOP_REASON_WORDS = {"eos": "end of text", "stop_string": "stop string", "max_tokens": "max_new_tokens reached",
                      "context_full": "context full", "cancelled": "Stop pressed", "task_done": "answer complete"}
+# What a retry of the same request adds to say why its reply is the same (ui/chat.py).
+SAME_SEED, GREEDY_SAME = Message.keyed("same_seed"), Message.keyed("greedy_same")
+RETRY_NOTES = {SAME_SEED.key, GREEDY_SAME.key}
 
 
 @dataclass(frozen=True)
@@ -37,39 +39,39 @@ class Outcome:
     notes: tuple[Message, ...] = ()  # what the prompt had to drop, what a run was continued from, ...
 
     @classmethod
-    def done(cls, result: Result, adapter: str | None, changed: list[tuple[str, float]],
-             notes: list[str]) -> "Outcome":
+    def done(cls, result: Result, adapter: Message | None, changed: list[tuple[str, float]],
+             notes: list[Message]) -> "Outcome":
         return cls(DONE, seed=result.seed, prompt_tokens=result.prompt_tokens,
                    generated_tokens=result.generated_tokens, tokens_per_second=result.tokens_per_second,
-                   stop_reason=result.stop_reason, adapter=None if adapter is None else Message.of(adapter),
-                   changed=tuple(changed), notes=tuple(map(Message.of, notes)))
+                   stop_reason=result.stop_reason, adapter=adapter, changed=tuple(changed), notes=tuple(notes))
 
     @classmethod
-    def refused(cls, message: str) -> "Outcome":
-        """An input the app does not take; `message` names the field and why."""
-        return cls(REFUSED, Message.of(message))
+    def refused(cls, why: Message | ValueError) -> "Outcome":
+        """An input the app does not take; `why` (a message, or the error that refused it) names the
+        field and why."""
+        return cls(REFUSED, why if isinstance(why, Message) else message_of(why))
 
     @classmethod
     def fault(cls, where: str, error: BaseException) -> "Outcome":
         """A failure of the app, not of the input: logged, and said without the app's internals."""
         log.error("%s: generation failed: %s: %s", where, type(error).__name__, error)
-        return cls(FAULT, Message.of(FAULT_MESSAGE.format(kind=type(error).__name__)))
+        return cls(FAULT, Message.keyed("generation_failed", kind=type(error).__name__))
 
     @property
     def ran(self) -> bool:
         return self.kind == DONE
 
-    def noted(self, note: str) -> "Outcome":
-        return replace(self, notes=(*self.notes, Message.of(note)))
+    def noted(self, note: Message) -> "Outcome":
+        return replace(self, notes=(*self.notes, note))
 
     def as_json(self) -> dict:
         """The record as JSON values, for a front end on another machine (serve/cluster.py)."""
-        return asdict(self)
+        return asdict(self)  # (a Message, also one within another's fields, becomes {"key", "fields"})
 
     @classmethod
     def from_json(cls, data: dict) -> "Outcome":
         def message(value) -> Message | None:
-            return None if value is None else Message(value["key"], tuple(map(tuple, value["fields"])))
+            return None if value is None else message_from_json(value)
         return cls(**{**data, "message": message(data["message"]), "adapter": message(data["adapter"]),
                       "changed": tuple(map(tuple, data["changed"])),
                       "notes": tuple(map(message, data["notes"]))})
@@ -80,15 +82,23 @@ class Outcome:
         if other is None or not (self.ran and other.ran):
             return False
         def run_of(outcome: Outcome) -> tuple:
-            notes = tuple(note for note in outcome.notes if note.english not in RETRY_NOTES)
+            notes = tuple(note for note in outcome.notes if note.key not in RETRY_NOTES)
             return (outcome.seed, outcome.prompt_tokens, outcome.generated_tokens, outcome.stop_reason,
                     outcome.adapter, outcome.changed, notes)
         return run_of(self) == run_of(other)
 
 
-SAME_SEED = "the same seed gives the same reply: a seed of -1 draws a new one each time"
-GREEDY_SAME = "greedy decoding (temperature 0 or top_k 1) gives the same reply each time"
-RETRY_NOTES = {SAME_SEED, GREEDY_SAME}
+def message_from_json(data: dict) -> Message:
+    """A Message from its JSON form ({"key", "fields": [[name, value], ...]}), a message within it
+    too; a ValueError where this app cannot say it (a record kept by an older one, say)."""
+    def value_of(value):
+        return message_from_json(value) if isinstance(value, dict) else value
+    message = Message(data["key"], tuple((name, value_of(value)) for name, value in data["fields"]))
+    try:
+        render(message, "en")
+    except (KeyError, IndexError, ValueError) as error:
+        raise ValueError(f"a message this app cannot say: {data!r}") from error
+    return message
 
 
 def status_line(outcome: Outcome | None, lang: str) -> str:
@@ -98,16 +108,14 @@ def status_line(outcome: Outcome | None, lang: str) -> str:
     if outcome is None:
         return ""
     if not outcome.ran:
-        return REFUSED_MARK + outcome.message.render(lang)
+        return REFUSED_MARK + render(outcome.message, lang)
     speed = f"{outcome.tokens_per_second:.1f}" if outcome.tokens_per_second else "—"  # none drawn: no speed
-    summary = Message("status", (("seed", str(outcome.seed)), ("prompt", str(outcome.prompt_tokens)),
-                                 ("generated", str(outcome.generated_tokens)), ("speed", speed),
-                                 ("reason", STOP_REASON_WORDS[outcome.stop_reason])))
-    changed = [Message("changed_settings", (("settings", ", ".join(f"{name} {value:g}"
-                                                                   for name, value in outcome.changed)),))]
-    parts = [summary, *([outcome.adapter] if outcome.adapter else []), *(changed if outcome.changed else []),
-             *outcome.notes]
-    return " · ".join(part.render(lang) for part in parts)
+    summary = Message.keyed("status", seed=outcome.seed, prompt=outcome.prompt_tokens,
+                            generated=outcome.generated_tokens, speed=speed,
+                            reason=STOP_REASON_WORDS[outcome.stop_reason])
+    changed = [Message.keyed("changed_settings", settings=outcome.changed)] if outcome.changed else []
+    parts = [summary, *([outcome.adapter] if outcome.adapter else []), *changed, *outcome.notes]
+    return " · ".join(render(part, lang) for part in parts)
 
 
 def english_status(outcome: Outcome | None) -> str:

@@ -22,8 +22,9 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from .apis import APIS
-from .inspection import Inspection, LogitLens
 from .host import Host
+from .inspection import Inspection, LogitLens
+from .messages import message_of
 from .outcome import Outcome
 from .running import LiveView
 
@@ -62,7 +63,7 @@ def page_routes(host: Host, api_key: str | None = None) -> APIRouter:
             view = await anyio.to_thread.run_sync(lambda: host.look_inside(
                 asked.get("prompt"), asked.get("layer"), asked.get("head"), asked.get("adapter")))
         except ValueError as error:
-            return JSONResponse({"refused": str(error)}, status_code=400)
+            return JSONResponse({"refused": dataclasses.asdict(message_of(error))}, status_code=400)
         return JSONResponse(view_as_json(view))
 
     router.add_api_route("/model", model, methods=["GET"])

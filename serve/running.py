@@ -17,6 +17,7 @@ from tasks import Task, TaskDone
 
 from .inspection import Inspection, LogitLens
 from .limits import LIMITS, check_setting, checked_params
+from .messages import Message, Refusal
 from .outcome import Outcome
 
 REQUIRED = inspect.Parameter.empty
@@ -99,8 +100,8 @@ def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
     if not asks_random_seed(seed):
         try:
             check_setting("seed", seed, *SETTING_RANGES["seed"], integer=True)
-        except ValueError as error:  # check_setting's own message knows nothing of the app's -1
-            raise ValueError(f"{error}; {RANDOM_SEED} draws a random seed") from None
+        except Refusal as error:  # check_setting's own message knows nothing of the app's -1
+            raise Refusal("random_seed", error=error.message) from None
     check_setting("max_new_tokens", values["max_new_tokens"], *SETTING_RANGES["max_new_tokens"], integer=True)
     settings = {name: values[name] for name, _ in SETTINGS}
     return checked_params(task.defaults, **settings, seed=None if asks_random_seed(seed) else seed,
@@ -109,29 +110,29 @@ def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
 
 
 def checked_text(name: str, value: Any) -> str:
-    """A text field as it came in (any unicode at all), or a ValueError naming the field and,
-    for text that is too long, the limit."""
+    """A text field as it came in (any unicode at all), or a Refusal naming the field and, for
+    text that is too long, the limit."""
     said = SAID_AS.get(name, name)
     if not isinstance(value, str):
-        raise ValueError(f"{said} must be text, got {type(value).__name__}")
+        raise Refusal("not_text", name=said, kind=type(value).__name__)
     check_size(said, len(value), MAX_CHARS[name])
     return value
 
 
 def check_size(name: str, characters: int, limit: int) -> None:
-    """Refuse a text longer than the app serves (a ValueError the user sees), before any work on it."""
+    """Refuse a text longer than the app serves, before any work on it."""
     if characters > limit:
-        raise ValueError(f"{name} is too long: {characters:,} characters; the limit is {limit:,}")
+        raise Refusal("too_big", name=name, size=characters, limit=limit)
 
 
 def check_count(what: str, count: int, limit: int) -> None:
     """Refuse a list longer than the app serves ("too many example pairs: 70; the limit is 64"),
     before any work on it."""
     if count > limit:
-        raise ValueError(f"too many {what}: {count:,}; the limit is {limit:,}")
+        raise Refusal("too_many", what=what, count=count, limit=limit)
 
 
-def outcome_of(done: TaskDone, task: Task, params: SamplingParams, adapter: str) -> Outcome:
+def outcome_of(done: TaskDone, task: Task, params: SamplingParams, adapter: Message) -> Outcome:
     """How to reproduce the run (seed, token counts, speed, why it stopped; `adapter`, where the
     task has one: adapter_state, or compared_state for a comparison, since the prompt and output
     differ with it; the settings changed from the task's defaults, which the seed alone does not
@@ -145,17 +146,22 @@ def changed_settings(params: SamplingParams, defaults: SamplingParams) -> list[t
     return [(name, getattr(params, name)) for name, _ in SETTINGS if getattr(params, name) != getattr(defaults, name)]
 
 
-def adapter_state(adapter_on: bool, adapter_scale: float) -> str:
+def adapter_state(adapter_on: bool, adapter_scale: float) -> Message:
     if not adapter_on:
-        return "adapter off"
-    return "adapter on" if adapter_scale == 1 else f"adapter on at strength {adapter_scale:g}"
+        return ADAPTER_OFF
+    return ADAPTER_ON if adapter_scale == 1 else Message.keyed("adapter_on_scaled", scale=adapter_scale)
 
 
-def compared_state(adapter_scale: float, shown_on: bool) -> str:
+def compared_state(adapter_scale: float, shown_on: bool) -> Message:
     """A comparison's status part: both sides ran; the line's counts, and the output box, are the
     side the adapter switch picks (`shown_on`), as a run without Compare would have shown."""
-    on = adapter_state(True, adapter_scale).removeprefix("adapter ")
-    return f"adapter off vs {on}: the output and counts are with {adapter_state(shown_on, 1)}"
+    side = ADAPTER_ON if shown_on else ADAPTER_OFF
+    if adapter_scale == 1:
+        return Message.keyed("compared", side=side)
+    return Message.keyed("compared_scaled", scale=adapter_scale, side=side)
+
+
+ADAPTER_OFF, ADAPTER_ON = Message.keyed("adapter_off"), Message.keyed("adapter_on")
 
 
 @dataclass(frozen=True)
@@ -175,10 +181,6 @@ class TaskAPI:
                                  return_annotation=tuple[str, str, str, list])
 
 
-# serve.messages: other_side_note
-OTHER_SIDE_NOTE = "{side}: {note}"
-
-
 def compared_outcome(done: list[TaskDone], task: Task, params: SamplingParams, shown_on: bool) -> Outcome:
     """A comparison's outcome: the shown side's (`shown_on`: the adapter-on side), with the notes
     only the other side made, marked as its own (the English a French -> German run went
@@ -187,7 +189,8 @@ def compared_outcome(done: list[TaskDone], task: Task, params: SamplingParams, s
     outcome = outcome_of(shown, task, params, compared_state(params.adapter_scale, shown_on))
     for note in other.prompt.notes:
         if note not in shown.prompt.notes:
-            outcome = outcome.noted(OTHER_SIDE_NOTE.format(side=adapter_state(not shown_on, 1), note=note))
+            other_side = "off_side_note" if shown_on else "on_side_note"
+            outcome = outcome.noted(Message.keyed(other_side, note=note))
     return outcome
 
 

@@ -10,26 +10,28 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
-from engine.generate import ContextLengthError, Result, SamplingParams, resolve_seed, stream
+from engine.generate import Result, SamplingParams, resolve_seed, stream
 from model.gpt2 import GPT2
 from model.tokenizer import Tokenizer
+
+from .messages import Message, Refusal
 
 # Every adapter completion ends with this, and generation with an adapter on stops at it: an
 # adapter answers in one line and has learned to say when it is done.
 ADAPTER_END = "\n"
 
-# How a prompt's note that says what of the user's input gave way to fit the context ends: Task.prompt
-# then adds why there, where max_new_tokens keeps a large share of the context for the output, since
-# "the last 256 of 4,401 tokens" of a 512-token context is a puzzle otherwise. (Where it keeps a
-# small share, as Chat's replies do, the note would only repeat itself under every reply.)
-TO_FIT = "to fit the context"
+# The notes that say what of the user's input gave way to fit the context: Task.prompt then adds
+# why there, where max_new_tokens keeps a large share of the context for the output, since "the
+# last 256 of 4,401 tokens" of a 512-token context is a puzzle otherwise. (Where it keeps a small
+# share, as Chat's replies do, the note would only repeat itself under every reply.)
+GAVE_WAY = {"prompt_cut", "article_cut", "dropped_turn", "dropped_turns", "dropped_examples"}
 
 
 @dataclass
 class Prompt:
     text: str  # what the model is given, as text; a run in two steps (Task.two_steps): both steps' prompts
     ids: list[int]  # what the model is given (the last step's); at most max_prompt_tokens
-    notes: list[str] = field(default_factory=list)  # what had to change to fit the context, for the caller to show
+    notes: list[Message] = field(default_factory=list)  # what had to change to fit the context, for the caller to show
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,9 @@ class Task:
     adapter: str | None = None
     format_example: Callable[[Any, str], tuple[str, str]] | None = None  # (inputs, target) -> adapter training pair
     # For inputs the model does better in two steps (French -> German through English): (inputs, adapter_on)
-    # -> (the first step's inputs, its output -> the second step's inputs, the note that says so), or None.
-    two_steps: Callable[[Any, bool], tuple[Any, Callable[[str], Any], str] | None] | None = None
+    # -> (the first step's inputs, its output -> the second step's inputs, the note that says so, which
+    # run_task gives the first step's text and counts), or None.
+    two_steps: Callable[[Any, bool], tuple[Any, Callable[[str], Any], Message] | None] | None = None
 
     def prompt(self, inputs, tokenizer: Tokenizer, n_ctx: int, max_new_tokens: int, adapter_on: bool) -> Prompt:
         """build_prompt in the room that max_new_tokens leaves the prompt (room_to_generate). A
@@ -53,15 +56,14 @@ class Task:
         kept_for_output = room_to_generate(n_ctx, max_new_tokens)
         try:
             prompt = self.build_prompt(inputs, tokenizer, n_ctx - kept_for_output, adapter_on)
-        except ContextLengthError as error:
-            if error.tokens is None:
-                raise
-            advice = (f"shorten it, or set max_new_tokens to {n_ctx - error.tokens:,} or less" if error.tokens < n_ctx
-                      else f"shorten it: the model's whole context is {n_ctx:,} tokens")
-            raise ContextLengthError(f"{error}; {advice}") from None
-        if kept_for_output >= n_ctx // 4 and any(note.endswith(TO_FIT) for note in prompt.notes):
-            prompt.notes.append(f"max_new_tokens keeps {kept_for_output:,} of the context's {n_ctx:,} tokens for the "
-                                f"output; set it below {kept_for_output:,} to let the model read more")
+        except PromptTooLong as error:
+            if error.tokens < n_ctx:
+                raise Refusal("too_long_shorten", what=error.what, tokens=error.tokens, room=error.room,
+                              most=n_ctx - error.tokens) from None
+            raise Refusal("too_long_context", what=error.what, tokens=error.tokens, room=error.room,
+                          context=n_ctx) from None
+        if kept_for_output >= n_ctx // 4 and any(note.key in GAVE_WAY for note in prompt.notes):
+            prompt.notes.append(Message.keyed("output_room", reserved=kept_for_output, context=n_ctx))
         return prompt
 
 
@@ -79,9 +81,10 @@ class TaskDone:
 
 # --- prompt pieces ----------------------------------------------------------------------------
 
-def require_text(text: str, message: str) -> None:
+def require_text(text: str, name: str) -> None:
+    """Refuse an input field `name` with no text in it."""
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(message)
+        raise Refusal("empty", name=name)
 
 
 def has_letters(text: str) -> bool:
@@ -100,14 +103,17 @@ def adapter_completion(target: str) -> str:
 
     The prompts end in a tag ("TL;DR:", "Bot:", "French:"), after which text starts with a space.
     """
-    require_text(target, "target is empty")
+    require_text(target, "target")
     return f" {one_line(target)}{ADAPTER_END}"
 
 
-def too_long(what: str, n_tokens: int, max_tokens: int) -> ContextLengthError:
-    """The error of a prompt that needs n_tokens where max_tokens fit (Task.prompt adds what to do)."""
-    return ContextLengthError(f"{what}: {n_tokens:,} tokens, but only {max_tokens:,} fit in the context next to "
-                              "max_new_tokens", tokens=n_tokens)
+class PromptTooLong(ValueError):
+    """A prompt whose part that cannot shrink, `what`, needs `tokens` where `room` fit; Task.prompt
+    refuses it, saying what would make it fit."""
+
+    def __init__(self, what: str, tokens: int, room: int):
+        super().__init__(f"{what}: {tokens:,} tokens, but only {room:,} fit")
+        self.what, self.tokens, self.room = what, tokens, room
 
 
 def cut_between_characters(tokenizer: Tokenizer, ids: Sequence[int], cut: int, step: int) -> int:
@@ -132,7 +138,7 @@ def fit_newest(tokenizer: Tokenizer, max_tokens: int, first: str, parts: list[st
     first_ids, last_ids = tokenizer.encode(first), tokenizer.encode(last)
     room = max_tokens - len(first_ids) - len(last_ids)
     if room < 0:
-        raise too_long(required, len(first_ids) + len(last_ids), max_tokens)
+        raise PromptTooLong(required, len(first_ids) + len(last_ids), max_tokens)
     kept_parts, kept_ids = [], []
     for part in reversed(parts):
         ids = tokenizer.encode(part)
@@ -238,7 +244,7 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
     stops = task.defaults.stop + ((ADAPTER_END,) if adapter_on else ()) + params.stop
     params = replace(params, stop=tuple(dict.fromkeys(stops)))
     if adapter_on and task.adapter is None:
-        raise ValueError(f"the {task.name} task has no adapter")
+        raise Refusal("no_task_adapter", task=task.name)
     start = tokenizer.decode(list(forced)) if forced else ""
     if len(forced) >= params.max_new_tokens:
         result = Result("", resolve_seed(params.seed), len(prompt.ids), len(forced), 0.0, "max_tokens")
@@ -283,7 +289,7 @@ def run_in_two_steps(task: Task, model: GPT2, tokenizer: Tokenizer, steps, param
     # Nothing to go on with (the second step would refuse an English with no letters as the user's text)
     if first.result.stop_reason == "cancelled" or not has_letters(first.text):
         yield TaskDone("", first.result, Prompt(first.prompt.text, first.prompt.ids,
-                                                [*first.prompt.notes, note.format(text="(nothing)", **counts)]))
+                                                [*first.prompt.notes, note.with_fields(text="(nothing)", **counts)]))
         return
     text, cut_notes = fit_for_second_step(task, tokenizer, model.config.n_positions, params.max_new_tokens,
                                           adapter_on, second_inputs, first.text)
@@ -292,35 +298,32 @@ def run_in_two_steps(task: Task, model: GPT2, tokenizer: Tokenizer, steps, param
             # a note both steps make (no example pairs sent) is said once
             later = [n for n in event.prompt.notes if n not in first.prompt.notes]
             event.prompt = Prompt(f"{first.prompt.text}\n\n{event.prompt.text}", event.prompt.ids,
-                                  [*first.prompt.notes, note.format(text=text, **counts), *cut_notes, *later])
+                                  [*first.prompt.notes, note.with_fields(text=text, **counts), *cut_notes, *later])
         yield event
 
 
-# serve.messages: first_step_cut. The first step may write more than the second step's prompt has
-# room for (a sentence that never ends, up to max_new_tokens); its text is the app's, not the
-# user's, so it is cut rather than refused as too long. Its tokens are counted as the second step
-# reads them (the text encoded again), which may differ from the first step's generated count.
-FIRST_STEP_CUT = ("the first step's output cut to its first {kept:,} of {tokens:,} tokens to fit the second step's "
-                  "context")
-
-
 def fit_for_second_step(task: Task, tokenizer: Tokenizer, n_ctx: int, max_new_tokens: int, adapter_on: bool,
-                        second_inputs, text: str) -> tuple[str, list[str]]:
+                        second_inputs, text: str) -> tuple[str, list[Message]]:
     """The first step's output, cut at its end to what the second step's prompt leaves it room for,
     and the note that says so (none when it fits whole). Where even one token of it leaves no room
-    (a context far smaller than any model's), the second step's refusal stands."""
+    (a context far smaller than any model's), the second step's refusal stands.
+
+    The first step may write more than the second step's prompt has room for (a sentence that
+    never ends, up to max_new_tokens); its text is the app's, not the user's, so it is cut rather
+    than refused as too long. Its tokens are counted as the second step reads them (the text
+    encoded again), which may differ from the first step's generated count."""
     room = n_ctx - room_to_generate(n_ctx, max_new_tokens)
     ids = tokenizer.encode(text)
     kept = ids
     while True:
         try:
             task.build_prompt(second_inputs(text), tokenizer, room, adapter_on)
-        except ContextLengthError as error:
-            excess = (error.tokens or 0) - room
+        except PromptTooLong as error:
+            excess = error.tokens - room
             if excess <= 0 or len(kept) - excess < 1:
                 raise  # not the text's length: nothing a cut can mend
             kept = kept[:cut_between_characters(tokenizer, kept, len(kept) - excess, -1)]
             text = tokenizer.decode(kept)
             continue
         was_cut = len(kept) < len(ids)
-        return text, [FIRST_STEP_CUT.format(kept=len(kept), tokens=len(ids))] if was_cut else []
+        return text, [Message.keyed("first_step_cut", kept=len(kept), tokens=len(ids))] if was_cut else []

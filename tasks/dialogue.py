@@ -14,7 +14,8 @@ from typing import Sequence
 from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
-from .base import TO_FIT, Prompt, Task, adapter_completion, first_line, fit_newest, one_line, require_text
+from .base import Prompt, Task, adapter_completion, first_line, fit_newest, one_line, require_text
+from .messages import Message
 
 USER, BOT = "User", "Bot"
 
@@ -37,7 +38,7 @@ class DialogueInputs:
 
 def transcript(inputs: DialogueInputs) -> tuple[str, list[str], str]:
     """The persona line, one part per earlier turn, and the newest message ending in the bot's tag."""
-    require_text(inputs.message, "message is empty")
+    require_text(inputs.message, "message")
     persona = f"{one_line(inputs.persona)}\n" if inputs.persona.strip() else ""
     turns = [f"{USER}: {one_line(user)}\n{BOT}: {one_line(bot)}\n" for user, bot in inputs.history]
     return persona, turns, f"{USER}: {one_line(inputs.message)}\n{BOT}:"
@@ -49,7 +50,7 @@ def build_prompt(inputs: DialogueInputs, tokenizer: Tokenizer, max_prompt_tokens
     prompt, dropped = fit_newest(tokenizer, max_prompt_tokens, persona, turns, newest,
                                  required="the persona and the message")
     if dropped:
-        prompt.notes.append(f"dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} {TO_FIT}")
+        prompt.notes.append(Message.keyed("dropped_turns" if dropped > 1 else "dropped_turn", count=dropped))
     return prompt
 
 

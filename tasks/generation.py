@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
-from .base import TO_FIT, Prompt, Task, cut_between_characters, require_text
+from .base import Prompt, Task, cut_between_characters, require_text
+from .messages import Message
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,7 @@ class GenerateInputs:
 
 
 def build_prompt(inputs: GenerateInputs, tokenizer: Tokenizer, max_prompt_tokens: int, adapter_on: bool) -> Prompt:
-    require_text(inputs.prompt, "prompt is empty")
+    require_text(inputs.prompt, "prompt")
     # Not stripped: a trailing space or newline is part of what the user asks to continue.
     ids = tokenizer.encode(inputs.prompt)
     if len(ids) <= max_prompt_tokens:
@@ -25,7 +26,7 @@ def build_prompt(inputs: GenerateInputs, tokenizer: Tokenizer, max_prompt_tokens
     # oldest goes first, as Chat drops its oldest turns); the prompt box keeps all of it.
     kept = ids[cut_between_characters(tokenizer, ids, len(ids) - max_prompt_tokens, +1):]
     return Prompt(tokenizer.decode(kept), kept,
-                  [f"prompt cut to its last {len(kept):,} of {len(ids):,} tokens {TO_FIT}"])
+                  [Message.keyed("prompt_cut", room=len(kept), tokens=len(ids))])
 
 
 GENERATE = Task(

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
-from .base import (TO_FIT, Prompt, Task, adapter_completion, cut_between_characters, first_sentences, require_text,
-                   too_long)
+from .base import (Prompt, PromptTooLong, Task, adapter_completion, cut_between_characters, first_sentences,
+                   require_text)
+from .messages import Message
 
 TLDR = "\nTL;DR:"
 
@@ -20,22 +21,22 @@ class SummarizeInputs:
 
 
 def build_prompt(inputs: SummarizeInputs, tokenizer: Tokenizer, max_prompt_tokens: int, adapter_on: bool) -> Prompt:
-    require_text(inputs.article, "article is empty")
+    require_text(inputs.article, "article")
     article_ids, suffix_ids = tokenizer.encode(inputs.article.strip()), tokenizer.encode(TLDR)
     # Without TL;DR: the model does not know to summarise, so a long article gives way, from its end.
     room = max_prompt_tokens - len(suffix_ids)
     if room < 1:
-        raise too_long("TL;DR: and one token of the article", len(suffix_ids) + 1, max_prompt_tokens)
+        raise PromptTooLong("TL;DR: and one token of the article", len(suffix_ids) + 1, max_prompt_tokens)
     notes = []
     if len(article_ids) > room:
         end = cut_between_characters(tokenizer, article_ids, room, -1)
-        notes.append(f"article cut to its first {end:,} of {len(article_ids):,} tokens {TO_FIT}")
+        notes.append(Message.keyed("article_cut", room=end, tokens=len(article_ids)))
         article_ids = article_ids[:end]
     return Prompt(tokenizer.decode(article_ids) + TLDR, article_ids + suffix_ids, notes)
 
 
 def format_example(inputs: SummarizeInputs, summary: str) -> tuple[str, str]:
-    require_text(inputs.article, "article is empty")
+    require_text(inputs.article, "article")
     return inputs.article.strip() + TLDR, adapter_completion(summary)
 
 

@@ -17,8 +17,8 @@ from typing import Sequence
 from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
-from .base import (TO_FIT, Prompt, Task, adapter_completion, first_sentences, fit_newest, has_letters, one_line,
-                   require_text)
+from .base import Prompt, Task, adapter_completion, first_sentences, fit_newest, has_letters, one_line, require_text
+from .messages import Message, Refusal
 
 LANGUAGES = ("English", "French", "German")
 # Short everyday sentences written for this app, one column per language of LANGUAGES.
@@ -62,14 +62,13 @@ def languages_line(source: str, target: str) -> str:
 def prompt_parts(inputs: TranslateInputs, adapter_on: bool) -> tuple[str, list[str], str]:
     """The line that names the two languages (where the pairs may not show them: no pairs or the
     user's own; otherwise empty), the example lines, and the final line that asks for the translation."""
-    require_text(inputs.text, "text to translate is empty")
+    require_text(inputs.text, "text to translate")
     # Symbols alone ("@@@ ###") have no words to translate, yet the model would answer with a
     # confident sentence: said instead.
     if not has_letters(inputs.text):
-        raise ValueError("the text to translate has no letters: there are no words in it to translate")
+        raise Refusal("no_letters")
     if (inputs.source, inputs.target) not in DEFAULT_EXAMPLES:
-        raise ValueError(f"cannot translate {inputs.source} to {inputs.target}: source and target must be two "
-                         f"different languages of {', '.join(LANGUAGES)}")
+        raise Refusal("languages", source=inputs.source, target=inputs.target, languages=", ".join(LANGUAGES))
     text = one_line(inputs.text)
     if adapter_on:
         return "", [], f"{inputs.source}: {text}\n{inputs.target}:"
@@ -79,22 +78,18 @@ def prompt_parts(inputs: TranslateInputs, adapter_on: bool) -> tuple[str, list[s
     return first, [f"{one_line(source)} = {one_line(target)}\n" for source, target in examples], f"{text} ="
 
 
-# serve.messages: no_examples. The line that names the languages makes the target likely, not sure.
-NO_EXAMPLES = ("no example pairs sent: only the first line names the languages, and the model may still answer in "
-               "the wrong language")
-
-
-# serve.messages: first_sentence_only. The translation is cut at its first sentence (TRANSLATE's
-# postprocess), as the model learnt it: said, so that a paragraph's missing rest is not a surprise.
-FIRST_SENTENCE_ONLY = ("only the first sentence is translated: the model learnt one at a time, so give it the others "
-                       "one by one")
+# The line that names the languages makes the target likely, not sure.
+NO_EXAMPLES = Message.keyed("no_examples")
+# The translation is cut at its first sentence (TRANSLATE's postprocess), as the model learnt it:
+# said, so that a paragraph's missing rest is not a surprise.
+FIRST_SENTENCE_ONLY = Message.keyed("first_sentence_only")
 
 
 def build_prompt(inputs: TranslateInputs, tokenizer: Tokenizer, max_prompt_tokens: int, adapter_on: bool) -> Prompt:
     first, examples, query = prompt_parts(inputs, adapter_on)
     prompt, dropped = fit_newest(tokenizer, max_prompt_tokens, first, examples, query, required="the text to translate")
     if dropped:
-        prompt.notes.append(f"dropped {dropped:,} of the {len(examples):,} examples {TO_FIT}")
+        prompt.notes.append(Message.keyed("dropped_examples", count=dropped, total=len(examples)))
     text = one_line(inputs.text)
     if first_sentences(1)(text) != text:
         prompt.notes.append(FIRST_SENTENCE_ONLY)
@@ -124,8 +119,8 @@ def through_english(inputs: TranslateInputs, adapter_on: bool):
     pairs = [] if emptied else None
     return (TranslateInputs(inputs.text, inputs.source, PIVOT, pairs),
             lambda english: TranslateInputs(english, PIVOT, inputs.target, pairs),
-            # serve.messages: translated_through; the status line's counts are the second step's
-            f"translated through {PIVOT} (first step: {{prompt}} prompt + {{generated}} generated tokens): {{text}}")
+            # the status line's counts are the second step's: the note gives the first's
+            Message.keyed("translated_through", language=PIVOT))
 
 
 def format_example(inputs: TranslateInputs, translation: str) -> tuple[str, str]:

@@ -277,3 +277,17 @@ def page(browser, studio_url):
 def screenshot(page, name: str) -> None:
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=SCREENSHOTS / f"{name}.png", full_page=True)
+
+
+@contextmanager
+def refused(key: str, **fields):
+    """A block that must be refused (tasks.messages.Refusal) with the message `key`, and these
+    fields where given: what the user is told, as the code says it, before any rendering."""
+    from tasks.messages import Refusal
+
+    with pytest.raises(Refusal) as caught:
+        yield caught
+    message = caught.value.message
+    assert message.key == key, message
+    for name, value in fields.items():
+        assert message.field(name) == value, message

@@ -337,7 +337,9 @@ def test_the_reply_switcher_follows_the_last_turn():
     goes once the conversation's last turn is another (sent, undone, cleared, another chat)."""
     from engine.generate import Result
     from ui.chat import after_retry, forget_replaced, messages_from_pairs, replies_before_retry, switched
+    from serve.messages import Refusal
     from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome
+    from serve.running import ADAPTER_ON
 
     first = messages_from_pairs([["Hi", "Hello!"]])
 
@@ -345,7 +347,7 @@ def test_the_reply_switcher_follows_the_last_turn():
         return {"values": {"temperature": temperature, "top_k": top_k, "seed": 1}}
 
     def outcome(seed, speed, changed=()):
-        return Outcome.done(Result("", seed, 5, 3, speed, "stop_string"), "adapter on", list(changed), [])
+        return Outcome.done(Result("", seed, 5, 3, speed, "stop_string"), ADAPTER_ON, list(changed), [])
 
     kept = replies_before_retry(first, {}, outcome(1, 80.0))
     second = messages_from_pairs([["Hi", "Good day."]])
@@ -353,19 +355,19 @@ def test_the_reply_switcher_follows_the_last_turn():
     assert replies["at"] == 1 and len(replies["replies"]) == 2 and shown == outcome(2, 90.0)
     # The same reply from the same run (the speed aside) says why: a fixed seed, or greedy
     # decoding; a refusal, or a reply from other settings, does not.
-    same = [after_retry(first, kept, outcome(1, 70.0), ran(*settings))[1].notes[-1].english
+    same = [after_retry(first, kept, outcome(1, 70.0), ran(*settings))[1].notes[-1]
             for settings in ((0.8, 40), (0, 40), (0.8, 1))]
     assert same == [SAME_SEED, GREEDY_SAME, GREEDY_SAME]
     other = outcome(1, 70.0, [("top_p", 0.9)])
     assert after_retry(first, kept, other, ran(0.8, 40))[1] == other
-    refused = Outcome.refused("persona is too long: 1,001 characters; the limit is 1,000")  # no new reply: none kept
+    refused = Outcome.refused(Refusal("too_big", name="persona", size=1_001, limit=1_000))  # no new reply: none kept
     before = replies_before_retry(first, {}, outcome(1, 80.0))
     assert after_retry(first, before, refused, ran(0.8, 40)) == (before, None)
     # after ◀ to the first reply, a retry replaces that one: the same reply again is noted
     _, back, _ = switched(second, replies, -1)
     replies_third, third = after_retry(first, replies_before_retry(first, back, outcome(1, 80.0)), outcome(1, 60.0),
                                        ran(0.8, 40))
-    assert len(replies_third["replies"]) == 3 and third.notes[-1].english == SAME_SEED
+    assert len(replies_third["replies"]) == 3 and third.notes[-1] == SAME_SEED
     shown, replies, was = switched(second, replies, -1)
     assert (shown, replies["at"], was) == (first, 0, outcome(1, 80.0))
     assert forget_replaced(shown, replies, was) == (gr.skip(), gr.skip())  # still this turn: kept
@@ -382,19 +384,21 @@ def test_a_reload_brings_back_the_replies_and_outcome_only_of_the_conversation_t
     """run_record goes through the browser as JSON: read back, it gives the same outcomes; a
     record whose replies belong to another last turn, or that this app cannot read, gives none."""
     from engine.generate import Result
+    from serve.messages import Message, Refusal
     from serve.outcome import Outcome
+    from serve.running import ADAPTER_ON
     from ui.chat import run_from_record, run_record
 
     def outcome(seed):
-        return Outcome.done(Result("", seed, 5, 3, 80.0, "stop_string"), "adapter on", [("top_k", 20.0)],
-                            ["dropped the 1 oldest turn to fit the context"])
+        return Outcome.done(Result("", seed, 5, 3, 80.0, "stop_string"), ADAPTER_ON, [("top_k", 20.0)],
+                            [Message.keyed("dropped_turn", count=1)])
     replies = {"turn": 1, "replies": [("Hello!", outcome(1)), ("Good day.", outcome(2))], "at": 1}
     history = [["Hi", "Yo"], ["Hi again", "Good day."]]
     record = json.loads(json.dumps(run_record(outcome(2), replies)))  # as the browser keeps it
     assert run_from_record({"history": history, **record}) == (outcome(2), replies)
     # one reply (no retry): nothing to switch to; a refusal is no run to reproduce
     assert run_record(outcome(2), {**replies, "replies": replies["replies"][1:], "at": 0})["replies"] == {}
-    assert run_record(Outcome.refused("message is empty"), {})["outcome"] is None
+    assert run_record(Outcome.refused(Refusal("empty", name="message")), {})["outcome"] is None
     # the replies of another last turn, or of another reply shown there, are not brought back
     assert run_from_record({"history": history[:1], **record}) == (outcome(2), {})
     assert run_from_record({"history": [history[0], ["Hi again", "Hm."]], **record})[1] == {}

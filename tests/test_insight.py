@@ -17,7 +17,7 @@ from model.adapters import active_adapter
 from serve.limits import checked_params
 from serve.outcome import Outcome, status_line
 
-from .conftest import serving
+from .conftest import refused, serving
 
 PROMPT = [5, 17, 300, 42, 9]
 
@@ -154,7 +154,7 @@ def test_adapter_scale_reaches_decoding(loaded):
     base, _ = traced(model, replace(params, logprobs=1))
     zero, _ = traced(model, replace(params, adapter_scale=0.0, logprobs=1), adapter="summarize")
     assert zero == base
-    with pytest.raises(ValueError, match="adapter_scale must be between 0.0 and 2.0"):
+    with refused("out_of_range", name="adapter_scale", low=0.0, high=2.0, value="2.5"):
         checked_params(SamplingParams(), adapter_scale=2.5)
 
 

@@ -12,7 +12,7 @@ from model import load_pretrained
 from engine.residual import recording_outputs
 from serve.inspection import MAX_TOKENS, inspect_prompt
 
-from .conftest import copy_gpt2_tokenizer
+from .conftest import copy_gpt2_tokenizer, refused
 
 PROMPT = "The little fox looked at the moon and said"
 
@@ -99,9 +99,9 @@ def test_bad_requests_say_what_is_wrong(ours):
     model, tokenizer = ours
     with pytest.raises(ValueError, match="layers 1-3 and heads 1-4"):
         inspect_prompt(model, tokenizer, PROMPT, layer=3)
-    with pytest.raises(ValueError, match="empty"):
+    with refused("prompt_empty_tokens"):
         inspect_prompt(model, tokenizer, "")
-    with pytest.raises(ValueError, match=f"at most {MAX_TOKENS}"):
+    with refused("live_view_tokens", most=MAX_TOKENS):
         inspect_prompt(model, tokenizer, "word " * (MAX_TOKENS + 1))
 
 

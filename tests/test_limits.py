@@ -7,6 +7,9 @@ import pytest
 
 from engine.generate import SamplingParams
 from serve.limits import LIMITS, checked_params
+from tasks.messages import Refusal
+
+from .conftest import refused
 
 
 BAD_VALUES = [(name, value) for name, (low, high) in LIMITS.items()
@@ -15,16 +18,18 @@ BAD_VALUES = [(name, value) for name, (low, high) in LIMITS.items()
 
 @pytest.mark.parametrize("name,value", BAD_VALUES, ids=[f"{n}={v!r}" for n, v in BAD_VALUES])
 def test_each_bound_is_rejected(name, value):
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(Refusal) as refusal:
         checked_params(SamplingParams(), **{name: value})
+    message = refusal.value.message
+    assert message.field("name", "temperature") == name  # (temperature_low names none: it is temperature's own)
 
 
 def test_integer_settings_reject_fractions_and_stop_strings_are_checked():
-    with pytest.raises(ValueError, match="top_k must be an integer"):
+    with refused("not_integer", name="top_k", value="2.5"):
         checked_params(SamplingParams(), top_k=2.5)
-    with pytest.raises(ValueError, match="stop must be"):
+    with refused("stop_strings", count=8, length=100):
         checked_params(SamplingParams(), stop=("",))
-    with pytest.raises(ValueError, match="stop must be"):
+    with refused("stop_strings"):
         checked_params(SamplingParams(), stop=tuple("abcdefghij"))
     assert SamplingParams(stop="\n").stop == ("\n",)
     assert checked_params(SamplingParams(), top_k=3.0, seed=None).top_k == 3

@@ -9,49 +9,72 @@ import httpx
 import pytest
 
 from engine import kernels
-from engine.generate import Result, SamplingParams, check_prompt_fits
+from engine.generate import ContextLengthError, Result, SamplingParams
 from model import GPT2, GPT2Config
-from model.adapters import check_adapter
 from serve import backend
 from serve.apis import example_pairs, history_pairs
 from serve.inspection import inspect_prompt
 from serve.limits import checked_params
-from serve.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, localized, translate_one
-from serve.model_host import ModelHost, ModelLoadError
+from serve.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, Message, Refusal, english, message_of, render
+from serve.model_host import ModelHost, path_message
 from serve.outcome import GREEDY_SAME, SAME_SEED, STOP_REASON_WORDS, Outcome, status_line
-from serve.running import (OTHER_SIDE_NOTE, RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text, compared_state, sampling_params,
-                        setting_params)
+from serve.running import (RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text,
+                           compared_state, sampling_params, setting_params)
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
-from tasks.base import FIRST_STEP_CUT
 from ui import chat, tab
 from ui.messages import language, word
 
 pytestmark = pytest.mark.slow  # the page's messages too, with Gradio
 
 ENGLISH_WORD = re.compile(r"[A-Za-z]{3,}")
-SAMPLE_VALUES = {"name": "prompt", "what": "the text to translate", "unit": "characters", "reason": "max_new_tokens reached",
+SAMPLE_VALUES = {"name": "prompt", "what": "the text to translate", "reason": "max_new_tokens reached",
                  "task": "generate", "adapter": "chat", "adapters": "none", "languages": "English, French, German",
                  "source": "English", "target": "French", "kind": "RuntimeError", "capability": "AVX512",
-                 "names": "bundled", "line": "'x'", "settings": "temperature 0.7, top_k 40",
-                 "error": "seed must be an integer, got 1.5"}
+                 "names": "bundled", "line": "'x'", "value": "1.5", "url": "http://10.0.0.2:8000",
+                 "settings": (("temperature", 0.7), ("top_k", 40)), "language": "English", "text": "Hello.",
+                 "token": "' the'", "side": Message.keyed("adapter_on"), "note": Message.keyed("no_examples"),
+                 "error": Message.keyed("not_integer", name="seed", value="1.5")}
 
 
-def sample(template: str) -> str:
-    fields = re.findall(r"\{(\w+)\}", template)
-    return template.format(**{field: SAMPLE_VALUES.get(field, "12") for field in fields})
+def sample(key: str) -> Message:
+    """The message `key` with a value of the right kind in each field (a number where its template
+    formats one)."""
+    fields = re.findall(r"\{(\w+)(:[^}]*)?\}", TEMPLATES[key][0])
+    return Message.keyed(key, **{name: 12 if spec or name not in SAMPLE_VALUES else SAMPLE_VALUES[name]
+                                 for name, spec in fields})
 
 
 @pytest.mark.parametrize("key", TEMPLATES)
 def test_every_message_reads_in_english_and_in_chinese(key):
-    english, chinese = TEMPLATES[key]
-    message = sample(english)
-    assert localized(message, "en") == message
-    translated = localized(message, "zh")
+    english_template, _ = TEMPLATES[key]
+    message = sample(key)
+    said_in_english = render(message, "en")
+    assert english(message) == said_in_english and "{" not in said_in_english
+    if key == "text":  # an error's own words: the same in every language
+        assert render(message, "zh") == said_in_english
+        return
+    translated = render(message, "zh")
     assert re.search(r"[\u4e00-\u9fff]", translated), translated
     # names that stay as they are in Chinese: the library, the API's values, the CPU's, the protocol
-    own_words = set(ENGLISH_WORD.findall(re.sub(r"\{\w+\}", "", english))) - {"PyTorch", "true", "false", "CPU", "AVX", "HTTP"}
+    own_words = set(ENGLISH_WORD.findall(re.sub(r"\{[^}]*\}", "", english_template))) - {
+        "PyTorch", "true", "false", "CPU", "AVX", "HTTP"}
     left = own_words & set(ENGLISH_WORD.findall(translated))
     assert not left, (translated, left)
+
+
+def test_a_few_messages_read_as_they_always_have():
+    """The rendered text itself, in both languages, for a few templates: numbers formatted as the
+    code used to write them, names said as the page labels them."""
+    too_long = Message.keyed("too_long_shorten", what="the text to translate", tokens=1_200, room=256, most=300)
+    assert english(too_long) == ("the text to translate: 1,200 tokens, but only 256 fit in the context next to "
+                                 "max_new_tokens; shorten it, or set max_new_tokens to 300 or less")
+    assert render(too_long, "zh") == ("要翻译的文本：需要 1,200 个词元，但留出最大新词元数后，上下文只容得下 256 个；"
+                                      "请缩短它，或把最大新词元数设为 300 或更少")
+    seed = Message.keyed("random_seed", error=Message.keyed("out_of_range", name="seed", low=0, high=4_294_967_295,
+                                                            value="-5"))
+    assert english(seed) == "seed must be between 0 and 4,294,967,295, got -5; -1 draws a random seed"
+    assert render(seed, "zh") == "随机种子必须在 0 到 4,294,967,295 之间，收到的是 -5；设为 -1 则随机抽取种子"
+    assert english(Message.keyed("adapter_on_scaled", scale=0.5)) == "adapter on at strength 0.5"
 
 
 def test_the_language_is_the_browsers_first_choice():
@@ -65,10 +88,10 @@ def test_the_language_is_the_browsers_first_choice():
     assert word("error", "zh") == "错误" and word("error", "en") == "Error"
 
 
-def refusal(call) -> str:
-    with pytest.raises((ValueError, ModelLoadError)) as caught:
+def refusal(call) -> Message:
+    with pytest.raises(Refusal) as caught:
         call()
-    return str(caught.value)
+    return caught.value.message
 
 
 def api_defaults(task: str) -> dict:
@@ -76,26 +99,27 @@ def api_defaults(task: str) -> dict:
     return {p.name: p.default for p in setting_params(TASKS[task])}
 
 
-def made_messages() -> list[str]:
+def made_messages() -> list[Message]:
     """Messages the code makes, one of each kind a user can meet."""
     tiny = GPT2(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
     from model.tokenizer import load_tokenizer
     from model.checkpoint import BUNDLED_DIR
     tokenizer = load_tokenizer(BUNDLED_DIR)
     long = "word " * 3000
+    host = ModelHost(["bundled"], device="cpu")
+    translate_note = TASKS["translate"].prompt(TranslateInputs("Hello.", examples=[]), tokenizer, 512, 16, False).notes[0]
 
     def prompt(task, inputs, max_new_tokens=16, context=512):
         return lambda: TASKS[task].prompt(inputs, tokenizer, context, max_new_tokens, False)
 
-    messages = [
+    return [
         refusal(lambda: checked_params(SamplingParams(), temperature=9)),
         refusal(lambda: checked_params(SamplingParams(), temperature=0.001)),
         refusal(lambda: checked_params(SamplingParams(), top_k=1.5)),
         refusal(lambda: checked_params(SamplingParams(), top_p="high")),
         refusal(lambda: checked_params(SamplingParams(), stop=("",))),
-        refusal(lambda: check_prompt_fits(tiny, 0)),
-        refusal(lambda: check_prompt_fits(tiny, 16)),
-        refusal(lambda: check_adapter(tiny, "chat")),
+        message_of(ContextLengthError(16, 16)),
+        refusal(lambda: host.look_inside("Hi", 1, 1, "chat")),
         refusal(prompt("generate", GenerateInputs(""))),
         refusal(prompt("translate", TranslateInputs(text="word " * 400), max_new_tokens=300)),
         refusal(prompt("dialogue", DialogueInputs(message=long), max_new_tokens=1)),
@@ -112,40 +136,40 @@ def made_messages() -> list[str]:
         refusal(lambda: history_pairs([["only one"]])),
         refusal(lambda: example_pairs("no equals sign")),
         refusal(lambda: inspect_prompt(tiny, tokenizer, "word " * 40, 0, 0)),  # the live view's limit
-        refusal(lambda: ModelHost(["bundled"], device="cpu").switch("elsewhere")),
+        refusal(lambda: host.switch("elsewhere")),
         TASKS["summarize"].prompt(SummarizeInputs(long), tokenizer, 512, 16, False).notes[0],
-        TASKS["translate"].prompt(TranslateInputs("Hello.", examples=[]), tokenizer, 512, 16, False).notes[0],
+        translate_note,
         TASKS["translate"].prompt(TranslateInputs("Hello. Bye."), tokenizer, 512, 16, False).notes[0],
         *TASKS["generate"].prompt(GenerateInputs(long), tokenizer, 512, 16, False).notes,  # what was cut, and why
         TASKS["dialogue"].prompt(DialogueInputs(message="Hi", history=[("a " * 200, "b " * 200)] * 3), tokenizer,
                                  512, 16, False).notes[0],
-        kernels.decode_path(),
+        path_message(kernels.current_path()),
+        *(path_message(kernels.DecodePath(why, "AVX")) for why in kernels.WHY_NOT),
         tab.notebook_tail("x" * 30, 20)[1],
-        *(TASKS["translate"].two_steps(TranslateInputs("Bonjour.", "French", "German"), True)[2].format(
+        *(TASKS["translate"].two_steps(TranslateInputs("Bonjour.", "French", "German"), True)[2].with_fields(
             text=text, prompt=90, generated=7) for text in ("Hello.", "(nothing)")),
-        FIRST_STEP_CUT.format(kept=250, tokens=1_200),
-        *(OTHER_SIDE_NOTE.format(side=adapter_state(on, 1), note=TASKS["translate"].prompt(
-            TranslateInputs("Hello.", examples=[]), tokenizer, 512, 16, False).notes[0]) for on in (False, True)),
-        *(status_line(Outcome.done(Result("", 7, 4, 16, 633.3, reason), None, [], []), "en")
-          for reason in STOP_REASON_WORDS),
+        Message.keyed("first_step_cut", kept=250, tokens=1_200),
+        *(Message.keyed(side, note=translate_note) for side in ("off_side_note", "on_side_note")),
         *(adapter_state(on, scale) for on, scale in ((False, 1.0), (True, 1.0), (True, 0.5))),
         *(compared_state(scale, on) for scale in (1.0, 0.5) for on in (False, True)),
         SAME_SEED, GREEDY_SAME,
-        status_line(Outcome.done(Result("", 7, 4, 16, 0.0, "max_tokens"), None, [], []), "en"),  # no speed
         # a page in front of a deployment (serve/backend.py)
         backend.down_message("http://10.0.0.2:8000", httpx.ConnectError("refused")),
         backend.down_message("http://10.0.0.2:8000", httpx.HTTPStatusError(
             "", request=httpx.Request("GET", "http://x"), response=httpx.Response(503))),
         backend.cut_message("http://10.0.0.2:8000"), backend.STOPPED_NOTE,
     ]
-    return messages
 
 
 def test_every_message_the_app_makes_has_its_chinese():
     for message in made_messages():
-        assert translate_one(message) != message or message in NAMES_ZH, f"no template for: {message}"
-        translated = localized(message, "zh")
+        assert message.key in TEMPLATES and message.key != "text", f"no template for: {message}"
+        translated = render(message, "zh")
         assert re.search(r"[\u4e00-\u9fff]", translated), (message, translated)
+    for reason in STOP_REASON_WORDS:  # every status line, with a speed and without
+        for speed in (633.3, 0.0):
+            line = status_line(Outcome.done(Result("", 7, 4, 16, speed, reason), None, [], []), "zh")
+            assert re.search(r"[\u4e00-\u9fff]", line) and not re.search("[A-Za-z]{3,}", line), line
 
 
 def test_the_changed_settings_are_named_and_translated_each():
@@ -161,15 +185,16 @@ def test_the_changed_settings_are_named_and_translated_each():
 
 
 def test_a_list_in_a_message_is_translated_item_by_item():
-    refused = next(message for message in made_messages() if "English, French, German" in message)
-    zh = localized(refused, "zh")
+    refused = next(message for message in made_messages() if message.field("languages"))
+    zh = render(refused, "zh")
     assert all(NAMES_ZH[name] in zh for name in ("English", "French", "German")), zh
     assert not re.search("English|French|German", zh), zh
     # a user's text with commas in it is no list: it stays as it is
-    note = localized("translated through English (first step: 90 prompt + 7 generated tokens): Hello, my friend.", "zh")
+    note = render(Message.keyed("translated_through", language="English", prompt=90, generated=7,
+                                text="Hello, my friend."), "zh")
     assert note == f"经由{NAMES_ZH['English']}翻译（第一步：提示词 90 + 生成 7 个词元）：Hello, my friend.", note
     # nor is a token of the model's, even one that spells a name the app uses
-    assert localized("continued from token 3 with output", "zh") == "从第 3 个词元续写，换为 output"
+    assert render(Message.keyed("continued_from", index=3, token="output"), "zh") == "从第 3 个词元续写，换为 output"
 
 
 def test_the_model_line_is_whole_in_each_language():
@@ -180,12 +205,13 @@ def test_the_model_line_is_whole_in_each_language():
 
 
 def test_a_refused_seed_names_the_random_one_the_seed_box_takes():
-    for seed, said in ((-5, "seed must be between 0 and 4,294,967,295, got -5"),
-                       (1.5, "seed must be an integer, got 1.5")):
+    for seed, inner in ((-5, Message.keyed("out_of_range", name="seed", low=0, high=4_294_967_295, value="-5")),
+                        (1.5, Message.keyed("not_integer", name="seed", value="1.5"))):
         message = refusal(lambda: sampling_params(TASKS["generate"], {**api_defaults("generate"), "seed": seed}))
-        assert message == f"{said}; -1 draws a random seed" and RANDOM_SEED == -1  # as TEMPLATES writes it
-        zh = localized(message, "zh")
-        assert zh.startswith(localized(said, "zh")) and zh.endswith("设为 -1 则随机抽取种子"), zh
+        assert message == Message.keyed("random_seed", error=inner) and RANDOM_SEED == -1  # as TEMPLATES writes it
+        assert english(message) == f"{english(inner)}; -1 draws a random seed"
+        zh = render(message, "zh")
+        assert zh.startswith(render(inner, "zh")) and zh.endswith("设为 -1 则随机抽取种子"), zh
     for seed in (-1, None, 0, 7):  # a random seed, and seeds in range, run
         assert sampling_params(TASKS["generate"], {**api_defaults("generate"), "seed": seed}).seed == \
             (None if seed in (-1, None) else seed)
@@ -196,18 +222,19 @@ def test_an_import_that_is_no_conversation_says_why_in_both_languages(tmp_path):
     for name, content in files.items():
         (tmp_path / name).write_bytes(content)
     said = {name: refusal(lambda: chat.read_import(str(tmp_path / name))) for name in files}
-    assert said == {"notes.json": "the file is not an exported conversation (not JSON)",
-                    "list.json": "the file is not an exported conversation (not a JSON object)",
-                    "image.json": "the file is not an exported conversation (not JSON)"}
-    assert refusal(lambda: chat.read_import(str(tmp_path / "gone.json"))) == \
-        "the file could not be read"
-    assert localized(said["notes.json"], "zh") == "该文件不是导出的对话（不是 JSON）"
+    assert said == {"notes.json": Message.keyed("not_a_conversation", kind="not JSON"),
+                    "list.json": Message.keyed("not_a_conversation", kind="not a JSON object"),
+                    "image.json": Message.keyed("not_a_conversation", kind="not JSON")}
+    assert refusal(lambda: chat.read_import(str(tmp_path / "gone.json"))) == Message.keyed("unreadable_file")
+    assert render(said["notes.json"], "zh") == "该文件不是导出的对话（不是 JSON）"
+    assert english(said["list.json"]) == "the file is not an exported conversation (not a JSON object)"
     # a JSON object that is no conversation says what is wrong in it, as the API would, and where
     (tmp_path / "odd.json").write_text('{"persona": 3, "history": "x"}')
     odd = refusal(lambda: chat.read_import(str(tmp_path / "odd.json")))
-    assert odd == "in the file: history must be a list of [user, bot] pairs of text"
-    assert localized(odd, "zh") == "文件中：" + localized("history must be a list of [user, bot] pairs of text", "zh")
-    assert localized(said["list.json"], "zh") == "该文件不是导出的对话（不是 JSON 对象）"
+    assert odd == Message.keyed("in_the_file", error=Message.keyed("history_pairs"))
+    assert english(odd) == "in the file: history must be a list of [user, bot] pairs of text"
+    assert render(odd, "zh") == "文件中：" + render(Message.keyed("history_pairs"), "zh")
+    assert render(said["list.json"], "zh") == "该文件不是导出的对话（不是 JSON 对象）"
 
 
 def test_chinese_text_written_across_lines_shows_no_space_between_its_characters():

@@ -7,6 +7,7 @@ from typing import Callable, Iterator
 import gradio as gr
 
 from serve.host import Host
+from serve.messages import english
 from serve.outcome import english_status
 from serve.running import TaskAPI, public_logprobs
 
@@ -24,7 +25,7 @@ def api_endpoint(api: TaskAPI, host: Host) -> Callable[..., Iterator[tuple[str, 
         bound.apply_defaults()
         for text, outcome, prompt, logprobs in host.run(api, bound.arguments):
             if outcome is not None and not outcome.ran:  # a refusal or a fault is answered as an error
-                raise gr.Error(outcome.message.english, print_exception=False)
+                raise gr.Error(english(outcome.message), print_exception=False)
             yield text, english_status(outcome), prompt, public_logprobs(logprobs)
 
     endpoint.__name__ = endpoint.__qualname__ = api.name

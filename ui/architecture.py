@@ -15,7 +15,7 @@ from matplotlib.figure import Figure  # not pyplot: figures made per request mus
 from matplotlib.patches import Rectangle
 
 from serve.inspection import Inspection, LogitLens
-from serve.messages import PLOT_TEXT, TOP_HEADERS, localized
+from serve.messages import PLOT_TEXT, TOP_HEADERS, said
 from serve.host import Host
 from serve.outcome import Outcome, status_line
 
@@ -191,7 +191,7 @@ def look_inside(host: Host):
             view = host.look_inside(prompt, layer, head, adapter)
         except ValueError as error:  # said in the tab's status line, as the task tabs say a refusal
             # The plots go: left under another prompt, they passed for its.
-            return {**dict.fromkeys(DRAWN), "outcome": Outcome.refused(str(error))}
+            return {**dict.fromkeys(DRAWN), "outcome": Outcome.refused(error)}
         seen = view.seen
         lang = language(request)
         top = pd.DataFrame([[token, f"{100 * p:.3g}%"] for token, p in seen.top_tokens],  # a random model's are tiny
@@ -248,7 +248,7 @@ def captioned_plot(caption: str, elem_id: str, wide: bool = False) -> gr.Plot:
 def lens_choices(loaded, lang: str, reset: bool = True) -> dict:
     """The logit lens's adapter menu for the model being served: none, or one of its adapters;
     back at none where `reset` (another model), else as the person left it (another language)."""
-    choices = [(localized(NO_ADAPTER, lang), NO_ADAPTER), *loaded.adapters]
+    choices = [(said(NO_ADAPTER, lang), NO_ADAPTER), *loaded.adapters]
     return gr.update(choices=choices, value=NO_ADAPTER) if reset else gr.update(choices=choices)
 
 

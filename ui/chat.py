@@ -23,7 +23,7 @@ from typing import Any
 import gradio as gr
 
 from serve import PERSONAS
-from serve.messages import localized
+from serve.messages import Refusal, localized, message_of
 from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome
 from serve.apis import CHAT_API, history_pairs
 from serve.running import RANDOM_SEED, checked_text
@@ -170,7 +170,7 @@ def show_turn(values: dict[str, Any], reply: str) -> list[dict[str, str]]:
 def take_back_last_turn(values: dict[str, Any]) -> dict[str, Any]:
     """Retry: the last user message again, on the history before it."""
     if not values["history"]:
-        raise ValueError("there is no turn to retry")
+        raise Refusal("no_retry")
     *history, (message, _) = values["history"]
     return {**values, "history": history, "message": message}
 
@@ -321,18 +321,18 @@ def read_import(path: str | None) -> dict:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, TypeError):  # gone from the upload folder, or no file given
-        raise ValueError("the file could not be read") from None
+        raise Refusal("unreadable_file") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ValueError("the file is not an exported conversation (not JSON)") from None
+        raise Refusal("not_a_conversation", kind="not JSON") from None
     if not isinstance(data, dict):
-        raise ValueError("the file is not an exported conversation (not a JSON object)")
+        raise Refusal("not_a_conversation", kind="not a JSON object")
     if "history" not in data:  # {"hello": 1} is JSON, but no conversation to replace the one shown
-        raise ValueError("the file is not an exported conversation (no history)")
+        raise Refusal("not_a_conversation", kind="no history")
     try:
         return {"history": [list(pair) for pair in history_pairs(data.get("history", []))],
                 "persona": checked_text("persona", data.get("persona", ""))}
     except ValueError as error:  # said as the API says it, and where: the file, not a box on the page
-        raise ValueError(f"in the file: {error}") from None
+        raise Refusal("in_the_file", error=message_of(error)) from None
 
 
 def chat_store() -> gr.BrowserState:
@@ -434,8 +434,8 @@ def keep_in_browser(tab: Tab, export: dict, changed: list, forgetting: list[dict
             conversation = read_import(path)
         except ValueError as error:  # the conversation shown stays; the line says why, and so does a
             lang = language(request)   # notice, since on a phone the line is a screen from the button
-            gr.Warning(localized(str(error), lang), title=word("warning", lang))
-            return tab.shown(Outcome.refused(str(error)), lang)
+            gr.Warning(localized(error, lang), title=word("warning", lang))
+            return tab.shown(Outcome.refused(error), lang)
         saved = filed(saved or {}, current(*values))
         saved["current"] = {**current(*values), **conversation}
         return replaced_by(saved, shown(saved["current"]))

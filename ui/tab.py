@@ -10,7 +10,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from serve import Task
-from serve.messages import localized
+from serve.messages import Message, render, said
 from serve.host import Host, ServedModel
 from serve.model_host import BUNDLED
 from serve.outcome import FAULT, Outcome, status_line
@@ -180,7 +180,7 @@ class Tab:
                     values, shown_before, continued = insight.continue_from(
                         data[insight.last_run], data[insight.selected], data[insight.alternatives])
             except ValueError as refused:  # the inputs as made ready: the last run and its output stay
-                yield ended(Outcome.refused(str(refused)), lang)
+                yield ended(Outcome.refused(refused), lang)
                 return
             values["seed"] = drawn_seed(values["seed"])  # drawn here, so that the run keeps it to continue from
             ran_with = dict(values)
@@ -255,12 +255,12 @@ class Tab:
 
 def notice(outcome: Outcome, lang: str) -> gr.Error:
     """A fault's notice, beside its status line."""
-    return gr.Error(outcome.message.render(lang), title=word("error", lang), print_exception=False)
+    return gr.Error(render(outcome.message, lang), title=word("error", lang), print_exception=False)
 
 
 def both_prompts(prompts: list[str], lang: str) -> str:
     """What Compare sent, side by side in one box: each side's prompt under its name."""
-    return "\n\n".join(f"[{localized(side, lang)}]\n{prompt}" for side, prompt in zip(("adapter off", "adapter on"),
+    return "\n\n".join(f"[{said(side, lang)}]\n{prompt}" for side, prompt in zip(("adapter off", "adapter on"),
                                                                                         prompts))
 
 
@@ -304,17 +304,13 @@ def without_refusal(tab: Tab):
     return forget
 
 
-# serve.messages: notebook_tail
-NOTEBOOK_TAIL = "sent the prompt's last {kept:,} of {characters:,} characters, the most a run takes"
-
-
-def notebook_tail(text: str, limit: int) -> tuple[str, str | None]:
+def notebook_tail(text: str, limit: int) -> tuple[str, Message | None]:
     """The end of a notebook that Continue has grown past what a run takes, and a note that says
     so (None: it fits). A model sees only the end of a long prompt anyway (the task cuts it to
     the context), and a refusal there would stop a notebook the app itself made too long."""
     if len(text) <= limit:
         return text, None
-    return text[-limit:], NOTEBOOK_TAIL.format(kept=limit, characters=len(text))
+    return text[-limit:], Message.keyed("notebook_tail", kept=limit, characters=len(text))
 
 
 def append_run(text: str, output: str, outcome: Outcome | None) -> str:

@@ -13,7 +13,7 @@ import gradio as gr
 
 from serve.inspection import as_text, readable
 from serve.limits import LIMITS
-from serve.messages import localized
+from serve.messages import Message, Refusal, render, said
 from serve.running import TOP_SHOWN
 
 from .i18n import i18n
@@ -165,34 +165,34 @@ class Insight:
             return gr.skip()
         entry = rows[row]["entries"][index]
         choices = [(f"{listed(alt)} {percent(alt['logprob'])}", alt["id"]) for alt in entry["top"][:TOP_SHOWN]]
-        label = localized(f"alternatives to token {index + 1} ({listed(entry)})", language(request))
+        label = render(Message.keyed("alternatives_to", index=index + 1, token=listed(entry)), language(request))
         return {self.selected: {"row": row, "index": index},
                 self.alternatives: gr.update(choices=choices, value=None, visible=True, label=label)}
 
     @staticmethod
-    def continue_from(last_run: dict, selected: dict, alternative: int | None) -> tuple[dict, list, str]:
+    def continue_from(last_run: dict, selected: dict, alternative: int | None) -> tuple[dict, list, Message]:
         """The values to continue the last run from the selected token with `alternative` in its
         place (that run's inputs, settings and seed, whatever the boxes say now), the entries shown
         before the new tokens, and the status line's note that says what was chosen."""
         rows = (last_run or {}).get("rows", [])
         if not selected or alternative is None or selected.get("row", -1) >= len(rows):
-            raise ValueError("click a token, then one of its alternatives")
+            raise Refusal("pick_alternative")
         row = rows[selected["row"]]
         entries, index = row["entries"], selected["index"]
         chosen = next((alt for alt in entries[index]["top"] if alt["id"] == alternative), None)
         if chosen is None:
-            raise ValueError("click a token, then one of its alternatives")
+            raise Refusal("pick_alternative")
         shown_before = entries[:index] + [{**chosen, "top": entries[index]["top"]}]
         values = {**last_run["values"], "adapter": row["adapter"], "forced": [entry["id"] for entry in shown_before]}
-        return values, shown_before, f"continued from token {index + 1} with {listed(chosen)}"
+        return values, shown_before, Message.keyed("continued_from", index=index + 1, token=listed(chosen))
 
     @staticmethod
     def single(entries: list[dict], adapter: bool, asked: bool, lang: str) -> dict:
         """The view of one run's tokens (`asked`: with Show tokens on)."""
         if not entries:
-            return {"rows": [], "note": localized(NO_TOKENS_KEPT if asked else NO_TOKENS_NOTE, lang)}
-        label = localized("adapter on" if adapter else "output", lang)
-        return {"rows": [row_of(entries, label, 0)], "note": localized(TOKENS_NOTE, lang)}
+            return {"rows": [], "note": render(NO_TOKENS_KEPT if asked else NO_TOKENS_NOTE, lang)}
+        label = said("adapter on" if adapter else "output", lang)
+        return {"rows": [row_of(entries, label, 0)], "note": render(TOKENS_NOTE, lang)}
 
     @staticmethod
     def compared(comparison: dict, lang: str, texts: list[str]) -> dict:
@@ -201,15 +201,15 @@ class Insight:
         off, on = comparison["entries"]
         under_off, under_on = comparison["under_other"]
         at = comparison["diverges_at"]
-        labels = [localized("adapter off", lang), localized("adapter on", lang)]
+        labels = [said("adapter off", lang), said("adapter on", lang)]
         rows = [row_of(off, labels[0], 0, under_off, at, labels[1]), row_of(on, labels[1], 1, under_on, at, labels[0])]
         if at is None:
-            note = "the two are the same"
+            note = Message.keyed("same")
         elif texts[0] == texts[1]:
-            note = f"the texts are the same, but their tokens differ from token {at + 1}"
+            note = Message.keyed("same_text_differ_from", index=at + 1)
         else:
-            note = f"the two differ from token {at + 1}"
-        return {"rows": rows, "note": localized(note, lang)}
+            note = Message.keyed("differ_from", index=at + 1)
+        return {"rows": rows, "note": render(note, lang)}
 
     @staticmethod
     def kept(rows, values: dict, output: str, appended: bool = False) -> dict:
@@ -236,7 +236,6 @@ class Insight:
         return gr.update(choices=[], value=None, visible=False)
 
 
-TOKENS_NOTE = ("green: a likely token, through yellow, to red: an unlikely one; point at a token for its probability "
-               "and alternatives; click (or tap) it to list them and continue from one")
-NO_TOKENS_NOTE = "tick Show tokens before a run to see its tokens here"
-NO_TOKENS_KEPT = "this output has no tokens to show"
+TOKENS_NOTE = Message.keyed("tokens_note")
+NO_TOKENS_NOTE = Message.keyed("no_tokens")
+NO_TOKENS_KEPT = Message.keyed("no_tokens_kept")

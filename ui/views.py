@@ -8,7 +8,7 @@ import gradio as gr
 
 from serve import DEFAULT_EXAMPLES, LANGUAGES, goes_through_english
 from serve.apis import GENERATE_API, SUMMARIZE_API, TRANSLATE_API
-from serve.messages import LABELS_ZH, localized
+from serve.messages import LABELS_ZH, localized, render
 from serve.host import Host
 
 from .i18n import i18n
@@ -255,8 +255,8 @@ def article_length(host: Host) -> Callable[[str, float, bool], str]:
         try:
             parts = host.article_room(article, int(max_new_tokens), adapter)
         except ValueError as error:  # too long to send, say: what a run would answer
-            return localized(str(error), lang)
-        return " · ".join(localized(part, lang) for part in parts)
+            return localized(error, lang)
+        return " · ".join(render(part, lang) for part in parts)
     return length_line
 
 
