@@ -337,10 +337,50 @@ def earlier_training(name: str) -> list[dict]:
     return json.loads(record.read_text())["runs"] if record.is_file() else []
 
 
-def main(argv=None) -> None:
-    from model.checkpoint import load_pretrained, pick_device, save_pretrained
+def training_data(args: argparse.Namespace, tokenizer) -> tuple[dict, dict, dict[str, float]]:
+    """The training and validation token streams by source, and each source's share of the rows:
+    the user's own --text (its last tenth validates), or the --mix of the project's sources."""
+    if args.text:
+        data = token_stream([args.text.read_text(encoding="utf-8")], tokenizer)
+        split = int(len(data) * 0.9)
+        train_data, val_data, weights = {"text": data[:split]}, {"text": data[split:]}, {"text": 1.0}
+    else:
+        weights = {name: share for name, share in dict(args.mix).items() if share > 0}
+        train_data = mix_streams(tokenizer, weights)
+        val_data = {name: data for name, data in pretraining_streams(tokenizer, "val").items() if name in weights}
+    for name, data in train_data.items():
+        held_out = f"  val tokens {len(val_data[name]):,}" if name in val_data else ""
+        print(f"{name}: {weights[name]:.0%} of rows, train tokens {len(data):,}{held_out}")
+        if min(len(data), len(val_data.get(name, data))) < args.block_size + 2:
+            raise SystemExit(f"{name}: too little text for --block-size {args.block_size}")
+    return train_data, val_data, weights
+
+
+def starting_model(args: argparse.Namespace, init, tokenizer, device: torch.device):
+    """The model training starts from, and the saved training state where it resumes (else None):
+    --out's last save with --resume, --init's weights, or a new model of the asked shape."""
+    from model.checkpoint import load_pretrained
     from model.config import GPT2Config
     from model.gpt2 import GPT2
+
+    state_path = args.out / "train_state.pt"
+    if args.resume and state_path.is_file():
+        model, _ = load_pretrained(args.out, device=device)
+        return model, torch.load(state_path, map_location="cpu", weights_only=True)
+    if init is not None:
+        model = GPT2(init.config).to(device)  # the base weights alone, without the adapters' hooks
+        model.load_state_dict(init.state_dict())
+        if model.config.n_positions < args.block_size:
+            raise SystemExit(f"--init {args.init}: context {model.config.n_positions} < --block-size {args.block_size}")
+        return model, None
+    config = GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=args.block_size, n_embd=args.n_embd,
+                        n_layer=args.n_layer, n_head=args.n_head, eos_token_id=tokenizer.eos_id,
+                        norm_position=args.norm_position)
+    return GPT2(config).to(device), None
+
+
+def main(argv=None) -> None:
+    from model.checkpoint import load_pretrained, pick_device, save_pretrained
     from model.tokenizer import SentencePieceTokenizer
 
     args = parse_args(argv)
@@ -357,20 +397,7 @@ def main(argv=None) -> None:
         recorded = args.out / "train_args.json"
         args.block_size = (json.loads(recorded.read_text())["block_size"] if args.resume and recorded.is_file()
                            else init.config.n_positions if init is not None else 256)
-    if args.text:
-        # A user's own text: its last tenth validates.
-        data = token_stream([args.text.read_text(encoding="utf-8")], tokenizer)
-        split = int(len(data) * 0.9)
-        train_data, val_data, weights = {"text": data[:split]}, {"text": data[split:]}, {"text": 1.0}
-    else:
-        weights = {name: share for name, share in dict(args.mix).items() if share > 0}
-        train_data = mix_streams(tokenizer, weights)
-        val_data = {name: data for name, data in pretraining_streams(tokenizer, "val").items() if name in weights}
-    for name, data in train_data.items():
-        held_out = f"  val tokens {len(val_data[name]):,}" if name in val_data else ""
-        print(f"{name}: {weights[name]:.0%} of rows, train tokens {len(data):,}{held_out}")
-        if min(len(data), len(val_data.get(name, data))) < args.block_size + 2:
-            raise SystemExit(f"{name}: too little text for --block-size {args.block_size}")
+    train_data, val_data, weights = training_data(args, tokenizer)
     bf16 = pick_bf16(args.precision, device)
     compiled = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
     print(f"torch.compile {'on' if compiled else 'off'}" + (f" (auto on {device.type})" if args.compile == "auto" else ""))
@@ -379,23 +406,8 @@ def main(argv=None) -> None:
                              grad_clip=args.grad_clip or None, eval_every=args.eval_every,
                              save_every=args.save_every, seed=args.seed)
     state_path = args.out / "train_state.pt"
-    start_step = 0
-    if args.resume and state_path.is_file():
-        model, _ = load_pretrained(args.out, device=device)
-        state = torch.load(state_path, map_location="cpu", weights_only=True)
-        start_step = state["step"]
-    elif init is not None:
-        model = GPT2(init.config).to(device)  # the base weights alone, without the adapters' hooks
-        model.load_state_dict(init.state_dict())
-        if model.config.n_positions < args.block_size:
-            raise SystemExit(f"--init {args.init}: context {model.config.n_positions} < --block-size {args.block_size}")
-        state = None
-    else:
-        config = GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=args.block_size, n_embd=args.n_embd,
-                            n_layer=args.n_layer, n_head=args.n_head, eos_token_id=tokenizer.eos_id,
-                            norm_position=args.norm_position)
-        model = GPT2(config).to(device)
-        state = None
+    model, state = starting_model(args, init, tokenizer, device)
+    start_step = 0 if state is None else state["step"]
     optimizer = make_optimizer(model, settings)
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
