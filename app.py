@@ -3,7 +3,7 @@
     python app.py [--model NAME_OR_PATH ...] [--device auto|cpu|cuda] [--quantize int8]
                   [--host H] [--port P] [--share]
 
-One tab per registered task (tasks.TASKS), built by ui.tab.task_tab from the task's view, plus
+One tab per registered task (tasks.TASKS), built by ui.tab.task_tab from the task's view (ui/tabs/), plus
 the architecture tab; a model panel on top. Each flag can also be set by an environment variable
 (see `parse_args`), which is how a Hugging Face Space configures it.
 """
@@ -29,13 +29,15 @@ from serve.model_host import BUNDLED, ModelHost, ModelLoadError
 from serve.openai_api import openai_routes
 from serve.running import StopSwitches
 from ui.api import api_endpoint
-from ui.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
-from ui.chat import CHAT, CHAT_CSS, EDIT_KEYS_JS, KEEP_MESSAGE_BOX_IN_VIEW_JS
 from ui.i18n import CHINESE, ENGLISH, i18n
 from ui.messages import LANGUAGE_SWITCHED, PAGE_LANGUAGE_JS, language, on_page_language, word
 from ui.tab import (GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, compare_props, serves_bundled,
                     task_tab)
-from ui.views import GENERATE, SUMMARIZE, TRANSLATE, TRANSLATE_CSS
+from ui.tabs.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
+from ui.tabs.chat import CHAT, CHAT_CSS, EDIT_KEYS_JS, KEEP_MESSAGE_BOX_IN_VIEW_JS
+from ui.tabs.generate import GENERATE
+from ui.tabs.summarise import SUMMARIZE
+from ui.tabs.translate import TRANSLATE, TRANSLATE_CSS
 
 PAGE_CSS = TAB_CSS + CHAT_CSS + TRANSLATE_CSS + ARCHITECTURE_CSS
 PAGE_JS = (f"() => {{ ({RUN_SHORTCUT_JS})(); ({EDIT_KEYS_JS})(); ({KEEP_MESSAGE_BOX_IN_VIEW_JS})(); "

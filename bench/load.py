@@ -65,7 +65,7 @@ from app import VIEWS
 from engine.generate import MAX_SEED
 from engine.kernels import BUILDING
 from serve.running import MAX_CHARS, MAX_CHAT_TURNS, MAX_EXAMPLE_PAIRS, MAX_NEW_TOKENS, SAID_AS
-from ui.views import ANT_AND_DOVE, FOX_AND_CROW
+from ui.tabs.summarise import ANT_AND_DOVE, FOX_AND_CROW
 
 REPO = Path(__file__).resolve().parent.parent
 ANSWER_TIMEOUT_S = 300  # a request not answered by then counts as an unexplained failure

@@ -24,7 +24,7 @@ from ui.i18n import CHINESE, ENGLISH
 from serve.model_host import ModelHost
 from serve.running import MAX_UPDATES_PER_SECOND, Pacer
 from ui.api import api_endpoint
-from ui.views import GENERATE
+from ui.tabs.generate import GENERATE
 
 from .conftest import REPO, wait_until
 
@@ -336,7 +336,7 @@ def test_the_reply_switcher_follows_the_last_turn():
     """After Retry, ◀ ▶ switch between the kept replies, each with its outcome; the switcher
     goes once the conversation's last turn is another (sent, undone, cleared, another chat)."""
     from engine.generate import Result
-    from ui.chat import after_retry, forget_replaced, messages_from_pairs, replies_before_retry, switched
+    from ui.tabs.chat import after_retry, forget_replaced, messages_from_pairs, replies_before_retry, switched
     from serve.messages import Refusal
     from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome
     from serve.running import ADAPTER_ON
@@ -387,7 +387,7 @@ def test_a_reload_brings_back_the_replies_and_outcome_only_of_the_conversation_t
     from serve.messages import Message, Refusal
     from serve.outcome import Outcome
     from serve.running import ADAPTER_ON
-    from ui.chat import run_from_record, run_record
+    from ui.tabs.chat import run_from_record, run_record
 
     def outcome(seed):
         return Outcome.done(Result("", seed, 5, 3, 80.0, "stop_string"), ADAPTER_ON, [("top_k", 20.0)],
@@ -406,7 +406,7 @@ def test_a_reload_brings_back_the_replies_and_outcome_only_of_the_conversation_t
 
 
 def test_an_edits_draft_comes_back_once_the_message_box_is_empty_again():
-    from ui.chat import draft_back
+    from ui.tabs.chat import draft_back
 
     assert draft_back("my draft", "") == ("my draft", "")  # the edited message has gone: back, and used up
     # a refused edit stays in the box: the draft waits, to come back after a later send

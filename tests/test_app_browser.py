@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from ui import chat
+from ui.tabs import chat
 from ui.i18n import ENGLISH
 from ui.messages import LANGUAGE_KEY
 from ui.tab import LAST_RUN_CLASS
@@ -512,7 +512,7 @@ def test_translate_swaps_a_repeated_language_and_keeps_the_users_example_pairs(p
     """Picking the target language as the source swaps the pair; the built-in example pairs
     follow the pair, and pairs the user wrote survive a change of language."""
     from tasks import DEFAULT_EXAMPLES
-    from ui.views import example_lines
+    from ui.tabs.translate import example_lines
 
     page.get_by_role("tab", name="Translate").click()
     source, target = page.locator("#translate-source input"), page.locator("#translate-target input")
@@ -568,7 +568,7 @@ def test_translate_swap_turns_the_text_and_its_translation_round(page):
     those round too, either way; the status line of the run whose output moved goes. A text
     edited since the run stays where it is."""
     from tasks import DEFAULT_EXAMPLES
-    from ui.views import example_lines
+    from ui.tabs.translate import example_lines
 
     page.get_by_role("tab", name="Translate").click()
     source, target = page.locator("#translate-source input"), page.locator("#translate-target input")
@@ -1236,7 +1236,7 @@ def test_translate_names_the_target_language_without_pairs_and_decodes_without_l
     in the pairs' format, and the status line says the model may still answer in another language;
     the tab's decoding settings start with the repetition penalty that stops greedy loops."""
     from tasks import DEFAULT_EXAMPLES, TASKS
-    from ui.views import example_lines
+    from ui.tabs.translate import example_lines
 
     page.get_by_role("tab", name="Translate").click()
     page.locator("#translate-adapter input").set_checked(False)

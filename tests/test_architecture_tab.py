@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from playwright.sync_api import expect
 
 from serve.outcome import status_line
-from ui.architecture import in_a_cell, look_inside
+from ui.tabs.architecture import in_a_cell, look_inside
 from serve.model_host import ModelHost
 
 from .conftest import TIMEOUT_MS, make_hf_checkpoint, screenshot
@@ -56,7 +56,7 @@ def test_japanese_tokens_are_drawn_in_a_font_that_has_them(host):
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from ui.architecture import plot_fonts
+    from ui.tabs.architecture import plot_fonts
 
     assert plot_fonts()[0] == "DejaVu Sans" and len(plot_fonts()) > 1  # and a CJK font after it
     seen = look_inside(host)("日本語のテキスト", 2, 1)
@@ -110,7 +110,7 @@ def test_the_lens_title_fits_its_figure_for_a_one_token_prompt(adapter):
 
     from model.checkpoint import load_pretrained
     from serve.inspection import logit_lens
-    from ui.architecture import lens_figure
+    from ui.tabs.architecture import lens_figure
     model, tokenizer = load_pretrained(None)  # the bundled model: it has the adapter
     lens = lens_figure(logit_lens(model, tokenizer, "Hi", adapter), adapter)
     renderer = FigureCanvasAgg(lens).get_renderer()
@@ -234,7 +234,7 @@ def test_the_logit_lens_stays_readable_on_a_phone(browser, studio_url, width):
 
 def test_a_long_prompt_wraps_the_lens_onto_even_rows_no_wider_than_one():
     from serve.inspection import LogitLens
-    from ui.architecture import LENS_COLUMNS, lens_figure
+    from ui.tabs.architecture import LENS_COLUMNS, lens_figure
 
     def grids(positions: int):
         tokens = [f"t{i}" for i in range(positions)]

@@ -147,7 +147,7 @@ def test_the_adapters_that_start_on_are_those_its_evaluation_found_better(bundle
 
 def test_the_translate_examples_are_drawn_from_validation_never_trained_on(task_splits):
     from train.data import translation_examples
-    from ui.views import TRANSLATE_EXAMPLES
+    from ui.tabs.translate import TRANSLATE_EXAMPLES
 
     splits = task_splits["translate"]
     assert TRANSLATE_EXAMPLES == translation_examples(splits["val"])
@@ -160,7 +160,7 @@ def test_the_summarise_conversation_example_is_summarised_by_what_the_user_asked
     about a restaurant or a table."""
     from model.adapters import adapters_on_by_default
     from tasks import SummarizeInputs
-    from ui.views import DINNER_BOOKING
+    from ui.tabs.summarise import DINNER_BOOKING
 
     model, tokenizer = bundled
     task = TASKS["summarize"]

@@ -32,7 +32,7 @@ from engine.generate import MAX_SEED, SamplingParams, generate
 from engine.scheduler import Scheduler
 from model.tokenizer import load_tokenizer
 from tasks import LANGUAGES
-from ui import chat
+from ui.tabs import chat
 from serve.model_host import ModelHost
 from serve.running import MAX_CHARS, MAX_NEW_TOKENS
 

@@ -171,7 +171,7 @@ def host(adapter_checkpoint):
 
 
 def compared(host, **settings):
-    from ui.views import SUMMARIZE
+    from ui.tabs.summarise import SUMMARIZE
 
     updates = list(host.run_compare(SUMMARIZE.api, compare_values(SUMMARIZE.api, **settings)))
     return updates[-1]
@@ -199,7 +199,7 @@ def test_a_comparison_says_the_off_sides_own_notes_as_its_own(host):
     example pairs): the line gives the shown side's English (adapter on), and the other side's,
     marked as such."""
     from serve.outcome import english_status
-    from ui.views import TRANSLATE
+    from ui.tabs.translate import TRANSLATE
 
     values = compare_values(TRANSLATE.api, text="Le chat dort.", source="French", target="German", max_new_tokens=8,
                             adapter=True)
@@ -298,7 +298,7 @@ def test_continuing_from_a_chosen_token_keeps_the_runs_length_and_counts(loaded)
 
 def test_swap_turns_a_run_round_but_not_an_edit():
     from ui.tokens import Insight
-    from ui.views import turned_boxes
+    from ui.tabs.translate import turned_boxes
 
     last_run = Insight.kept([], {"text": "Le chat dort.", "source": "French", "target": "English"}, "The cat sleeps.")
     assert turned_boxes("French", "English", "Le chat dort.", "The cat sleeps.", last_run) == \
@@ -311,7 +311,7 @@ def test_swap_turns_a_run_round_but_not_an_edit():
 
 
 def test_the_users_example_pairs_turn_round_with_the_direction_only():
-    from ui.views import choose_pair
+    from ui.tabs.translate import choose_pair
 
     own = "dog = chien\nthe cat=le chat\nnot a pair"
     examples = choose_pair("source", "French", "English", ("English", "French"), own)["examples"]
@@ -323,7 +323,7 @@ def test_the_users_example_pairs_turn_round_with_the_direction_only():
 
 
 def test_picking_the_other_sides_language_swaps_the_two():
-    from ui.views import choose_pair
+    from ui.tabs.translate import choose_pair
 
     picked = choose_pair("target", "English", "English", ("English", "French"), "")
     assert picked["source"] == "French" and picked["last"] == ("French", "English")

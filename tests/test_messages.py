@@ -21,7 +21,8 @@ from serve.outcome import GREEDY_SAME, SAME_SEED, STOP_REASON_WORDS, Outcome, st
 from serve.running import (RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text,
                            compared_state, sampling_params, setting_params)
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
-from ui import chat, tab
+from ui import tab
+from ui.tabs import chat
 from ui.messages import language, word
 
 pytestmark = pytest.mark.slow  # the page's messages too, with Gradio

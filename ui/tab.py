@@ -47,7 +47,7 @@ SETTINGS_WITH_INFO = {"temperature", "top_k", "top_p", "min_p", "typical_p", "re
 RUN_SHORTCUT_JS = """() => {
   document.addEventListener("keydown", (event) => {
     // Not while an input method composes (Safari ends it with keyCode 229), nor a key held down,
-    // nor in Chat's box for editing a message, where Enter saves the edit (ui/chat.py, EDIT_KEYS_JS).
+    // nor in Chat's box for editing a message, where Enter saves the edit (ui/tabs/chat.py, EDIT_KEYS_JS).
     if (event.key !== "Enter" || !(event.ctrlKey || event.metaKey) || event.isComposing || event.keyCode === 229
         || event.repeat || !event.target.closest || event.target.closest("#dialogue-chatbot")) return;
     const panel = event.target.closest('[id^="tab-"]');
@@ -58,6 +58,12 @@ RUN_SHORTCUT_JS = """() => {
     }
   });
 }"""
+
+
+def output_box(label: str, lines: int, task_name: str) -> gr.Textbox:
+    """A task's output, laid out by the tab under its run buttons (render=False here)."""
+    return gr.Textbox(label=i18n(label), lines=lines, interactive=False, buttons=["copy"],
+                      elem_id=f"{task_name}-output", render=False)
 
 
 @dataclass(frozen=True)

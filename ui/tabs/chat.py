@@ -28,10 +28,10 @@ from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome
 from serve.apis import CHAT_API, history_pairs
 from serve.running import RANDOM_SEED, checked_text
 
-from .i18n import i18n
-from .messages import language, word
-from .tab import NOTHING, Tab, TaskView, Widgets, adapter_props
-from .tokens import Insight
+from ..i18n import i18n
+from ..messages import language, word
+from ..tab import NOTHING, Tab, TaskView, Widgets, adapter_props
+from ..tokens import Insight
 
 # The conversation's height is capped on the messages' own scrolling box, not on the Chatbot's
 # (its max_height): Gradio follows the newest reply by scrolling that inner box, which scrolls only

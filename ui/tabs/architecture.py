@@ -19,9 +19,9 @@ from serve.messages import PLOT_TEXT, TOP_HEADERS, said
 from serve.host import Host
 from serve.outcome import Outcome, status_line
 
-from .i18n import ENGLISH, i18n
-from .messages import language, on_page_language
-from .pick_slider import PickSlider
+from ..i18n import ENGLISH, i18n
+from ..messages import language, on_page_language
+from ..pick_slider import PickSlider
 
 
 def slider_top(count: int) -> int:
@@ -30,7 +30,7 @@ def slider_top(count: int) -> int:
     return max(count, 2)
 
 
-IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
+IMAGES = Path(__file__).resolve().parents[2] / "docs" / "img"
 
 # The seed article's pseudocode, corrected: GPT-2 ends with ln_f, and a Pre-LN residual addition
 # normalises nothing.
