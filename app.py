@@ -30,7 +30,7 @@ from serve.openai_api import openai_routes
 from serve.running import StopSwitches
 from ui.api import api_endpoint
 from ui.i18n import CHINESE, ENGLISH, i18n
-from ui.messages import LANGUAGE_SWITCHED, PAGE_LANGUAGE_JS, language, on_page_language, word
+from ui.messages import LANGUAGE_SWITCHED, PAGE_LANGUAGE_JS, Page, language, word
 from ui.tab import (GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, compare_props, serves_bundled,
                     task_tab)
 from ui.tabs.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
@@ -57,7 +57,7 @@ def build_app(host: Host, concurrency: int = DEFAULT_CONCURRENCY, queue_size: in
     stop_switches = StopSwitches()
     with gr.Blocks(title="Pre-LN GPT-2 Studio", delete_cache=(3600, 3600)) as demo:
         # Pressed by the page when its language is switched in Settings (ui/messages.py).
-        language_switched = gr.Button(visible="hidden", elem_id=LANGUAGE_SWITCHED)
+        page = Page(demo, gr.Button(visible="hidden", elem_id=LANGUAGE_SWITCHED))
         gr.Markdown(i18n("title"))
         gr.Markdown(i18n("subtitle"))
         model_info = gr.Markdown(host.current.describe(), elem_id="model-info")
@@ -70,8 +70,8 @@ def build_app(host: Host, concurrency: int = DEFAULT_CONCURRENCY, queue_size: in
         # whose only children must be tabs.
         page_states = {name: VIEWS[name].page_state() for name in TASKS if VIEWS[name].page_state}
         with gr.Tabs(overflow_behavior="wrap"):
-            tabs = [task_tab(VIEWS[name], host, stop_switches, page_states.get(name)) for name in TASKS]
-            lens_adapter, architecture_buttons = architecture_tab(host)
+            tabs = [task_tab(VIEWS[name], page, host, stop_switches, page_states.get(name)) for name in TASKS]
+            lens_adapter, architecture_buttons = architecture_tab(page, host)
 
         for tab in tabs:
             gr.api(api_endpoint(tab.view.api, host), api_name=tab.view.api.name, concurrency_id=GENERATION)
@@ -84,10 +84,10 @@ def build_app(host: Host, concurrency: int = DEFAULT_CONCURRENCY, queue_size: in
         # While the decode kernels build, the model line is refreshed until it says which path stays;
         # and written again in the language picked in Settings.
         refresh = gr.Timer(5, active=host.settling())
-        for event in (refresh.tick, language_switched.click):
+        for event in (refresh.tick, page.language_switched.click):
             event(refresh_model_line(host), None, [model_info, refresh], queue=False, api_visibility="private")
         tab_blocks = [block for block in demo.blocks.values() if isinstance(block, gr.Tab)]
-        on_page_language(tab_names(tab_blocks), tab_blocks)
+        page.on_language(tab_names(tab_blocks), tab_blocks)
     # Every button each tab lays out, by the tab's elem_id: the page holds no other (tests/test_page.py).
     demo.buttons_by_tab = {**{f"tab-{tab.view.task.name}": [button.elem_id for button in tab.buttons] for tab in tabs},
                            "tab-architecture": [button.elem_id for button in architecture_buttons]}

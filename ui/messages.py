@@ -3,6 +3,8 @@ or the language picked in the page's Settings (PAGE_LANGUAGE_JS). The messages t
 English and Chinese, are serve/messages.py's."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 
 WORDS_ZH = {"error": "错误", "warning": "警告"}
@@ -18,7 +20,7 @@ LANGUAGE_SWITCHED = "page-language-switched"  # the hidden button the page press
 #   sent with the page's language instead;
 # - what the server wrote as the page opened (the model line, the examples' labels, the tabs'
 #   names) stayed as it was: the page presses a hidden button (LANGUAGE_SWITCHED), which writes
-#   them again (on_page_language);
+#   them again (Page.on_language);
 # - Gradio starts in the browser's language and keeps no choice across a reload: the choice is
 #   kept in the browser, asked of the server from the page's first request, and set again in
 #   Gradio as the page opens, through the function Settings calls (changeLocale, in the module of
@@ -49,14 +51,18 @@ PAGE_LANGUAGE_JS = f"""() => {{
 }}"""
 
 
-def on_page_language(fn, outputs) -> None:
-    """Run `fn` (given the request, whose language() it may write in) as the page opens, and again
-    whenever the page's language is switched in Settings; call inside the page's gr.Blocks, after
-    its LANGUAGE_SWITCHED button."""
-    root = gr.context.Context.root_block
-    switched = [block.click for block in root.blocks.values() if getattr(block, "elem_id", None) == LANGUAGE_SWITCHED]
-    assert switched, f"on_page_language: the page has no {LANGUAGE_SWITCHED} button yet"
-    gr.on([root.load, *switched], fn, None, outputs, queue=False, api_visibility="private")
+@dataclass(frozen=True)
+class Page:
+    """The page's own events that its parts join: its load, and its language switched in Settings
+    (the LANGUAGE_SWITCHED button, laid out first)."""
+    blocks: gr.Blocks
+    language_switched: gr.Button
+
+    def on_language(self, fn, outputs) -> None:
+        """Run `fn` (given the request, whose language() it may write in) as the page opens, and
+        again whenever the page's language is switched in Settings."""
+        gr.on([self.blocks.load, self.language_switched.click], fn, None, outputs, queue=False,
+              api_visibility="private")
 
 
 def language(request: gr.Request | None) -> str:

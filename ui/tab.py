@@ -18,7 +18,7 @@ from serve.running import (MAX_CHARS, RANDOM_SEED, SETTING_RANGES, SETTINGS, Sto
                            drawn_seed)
 
 from .i18n import i18n
-from .messages import language, on_page_language, word
+from .messages import Page, language, word
 from .tokens import TOP_SHOWN, Insight
 
 # A refused run leaves the last result where it was (a typo costs no output), faded, since it no
@@ -107,27 +107,37 @@ class TaskView:
 @dataclass
 class Tab:
     view: TaskView
+    page: Page
     host: Host
     stop_switches: StopSwitches
     widgets: Widgets
     settings: dict[str, gr.Component]
     adapter: gr.Checkbox
-    run_buttons: tuple[gr.Button, ...]  # Run, and Continue where the view has it: held while a run goes
+    run_button: gr.Button
+    continue_button: gr.Button | None  # where the view has a notebook
     stop_button: gr.Button
     status: gr.Markdown  # the outcome's line (serve/outcome.status_line)
     outcome: gr.State  # the last run's Outcome, or None before any
     prompt_sent: gr.Textbox
     insight: "Insight"
+    examples: gr.Examples
+    pending: gr.State | None  # a run's text waiting to join the notebook (pending_of), where there is one
     page_state: gr.Component | None = None  # the view's state kept at the page's top level (Chat's)
     bundled_note: gr.Markdown | None = None  # TaskView.bundled_note's line
-    run_events: list = field(default_factory=list)
-    continuing_runs: list = field(default_factory=list)  # those of run_events that continue from a chosen token
+    # The events that run the task, by name: "run" (the run button, Enter), "from_token" (an
+    # alternative picked in the token view), and the view's own ("continue", Chat's "retry", "edit").
+    runs: dict[str, list] = field(default_factory=dict)
 
     @property
     def named_inputs(self) -> dict[str, gr.Component]:
         """Every component a run reads, by API parameter name."""
         return {**self.widgets.inputs, **self.settings, "adapter": self.adapter,
                 "adapter_scale": self.insight.adapter_scale}
+
+    @property
+    def run_buttons(self) -> tuple[gr.Button, ...]:
+        """Run, and Continue where the view has it: held while a run goes."""
+        return (self.run_button,) if self.continue_button is None else (self.run_button, self.continue_button)
 
     @property
     def buttons(self) -> list[gr.Button]:
@@ -154,109 +164,140 @@ class Tab:
             change["elem_classes"] = [LAST_RUN_CLASS] if faded else []
         return {self.widgets.output: gr.update(**change)} if change else {}
 
-    def add_run(self, triggers: list, prepare: Callable[[dict[str, Any]], dict[str, Any]] = lambda values: values,
-                continuing: bool = False, appends: bool = False):
+    @property
+    def all_runs(self) -> list:
+        """Every event that runs the task, whatever its name: Stop cancels them all."""
+        return [event for events in self.runs.values() for event in events]
+
+    def ended(self, outcome: Outcome, lang: str) -> dict:
+        """A run that did not run (refused, or failed): its line, and the run buttons back; what the
+        user typed and the last result stay (a typo costs no output), the result faded."""
+        return {**self.shown(outcome, lang), **self.held(False), **self.faded(True)}
+
+    def add_run(self, name: str, triggers: list,
+                prepare: Callable[[dict[str, Any]], dict[str, Any]] = lambda values: values,
+                continuing: bool = False, appends: bool = False) -> list:
         """Run the task when any of `triggers` fires (or, for an event's dependency, once it has
-        run), on the tab's values made ready by `prepare`
-        (Chat's retry, for one, first takes back the last turn). `continuing`: from the token
-        chosen in the token view, with the alternative chosen there (Insight), on the inputs and
-        settings of the run it comes from. `appends`: the run's text joins the notebook (Continue)."""
-        view, named_inputs, insight = self.view, self.named_inputs, self.insight
-        output = self.widgets.output
-        outputs = {output, self.status, self.outcome, self.prompt_sent, insight.view, *insight.compare_texts,
-                   insight.alternatives, insight.last_run, *self.widgets.cleared, *self.run_buttons, self.stop_button}
-        reads = {*named_inputs.values(), insight.show_tokens, insight.compare, insight.last_run, insight.selected,
-                 insight.alternatives}
+        run), on the tab's values made ready by `prepare` (Chat's retry, for one, first takes back
+        the last turn); the events are kept as runs[`name`], and returned. `continuing`: from the
+        token chosen in the token view, with the alternative chosen there (Insight), on the inputs
+        and settings of the run it comes from. `appends`: the run's text joins the notebook (Continue)."""
+        insight = self.insight
         # The tab's run buttons wait while a run goes, as a chat app's Send does: a Continue
         # pressed meanwhile would join a text to the prompt that the running one joins too.
-        cleared = {box: "" for box in self.widgets.cleared}
+        outputs = {self.widgets.output, self.status, self.outcome, self.prompt_sent, insight.view,
+                   *insight.compare_texts, insight.alternatives, insight.last_run, *self.widgets.cleared,
+                   *self.run_buttons, self.stop_button}
+        reads = {*self.named_inputs.values(), insight.show_tokens, insight.compare, insight.last_run,
+                 insight.selected, insight.alternatives}
+        handler = dict(fn=self.run_handler(prepare, continuing, appends), inputs=reads, outputs=outputs,
+                       show_progress="minimal", api_visibility="private", concurrency_id=GENERATION)
+        listeners = [trigger for trigger in triggers if not isinstance(trigger, gr.events.Dependency)]
+        events = [gr.on(listeners, **handler)] if listeners else []
+        # A handler that readies the tab first (Chat's edit): the run goes after it.
+        events += [before.then(**handler) for before in triggers if isinstance(before, gr.events.Dependency)]
+        self.runs[name] = events
+        return events
 
-        def ended(outcome: Outcome, lang: str) -> dict:
-            """A run that did not run (refused, or failed): its line, and the run buttons back; what
-            the user typed and the last result stay (a typo costs no output), the result faded."""
-            return {**self.shown(outcome, lang), **self.held(False), **self.faded(True)}
-
+    def run_handler(self, prepare: Callable[[dict[str, Any]], dict[str, Any]], continuing: bool, appends: bool):
+        """The run's handler (add_run): the run made ready, then streamed into the tab."""
         def run_in_tab(data: dict[gr.Component, Any], request: gr.Request):
             lang = language(request)
             try:
-                values = prepare(view.from_ui({name: data[component] for name, component in named_inputs.items()}))
-                shown_before: list[dict] = []
-                continued = None
-                if continuing:
-                    values, shown_before, continued = insight.continue_from(
-                        data[insight.last_run], data[insight.selected], data[insight.alternatives])
+                run = self.ready_run(data, prepare, continuing, appends)
             except ValueError as refused:  # the inputs as made ready: the last run and its output stay
-                yield ended(Outcome.refused(refused), lang)
+                yield self.ended(Outcome.refused(refused), lang)
                 return
-            values["seed"] = drawn_seed(values["seed"])  # drawn here, so that the run keeps it to continue from
-            ran_with = dict(values)
-            cut = None
-            if view.notebook and (appends or continuing):  # a text the app itself has grown
-                values[view.notebook], cut = notebook_tail(values[view.notebook], MAX_CHARS[view.notebook])
-            asked_tokens = data[insight.show_tokens] or continuing
-            if asked_tokens:
-                values["logprobs"] = TOP_SHOWN
-            comparing = data[insight.compare] and not continuing
             # The last run's status line goes at once: under a new run it would pass for this one's.
             yield {self.status: GENERATING, **self.held(True), **self.faded(False)}
             try:
-                with self.stop_switches.running(request.session_hash, view.task.name) as cancel:
-                    if comparing:
-                        for texts, outcome, comparison in self.host.run_compare(view.api, values, cancel):
-                            if outcome is None:
-                                yield dict(zip(insight.compare_texts, texts))
-                            elif not outcome.ran:
-                                yield ended(outcome, lang)
-                                if outcome.kind == FAULT:
-                                    raise notice(outcome, lang)
-                            else:
-                                shown = texts[1] if values["adapter"] else texts[0]  # as the adapter switch says
-                                yield {output: view.present(values, shown), **self.shown(outcome, lang),
-                                       self.prompt_sent: both_prompts(comparison["prompts"], lang),
-                                       insight.view: insight.compared(comparison, lang, texts),
-                                       **dict(zip(insight.compare_texts, texts)),
-                                       insight.alternatives: insight.hidden_alternatives(),
-                                       insight.last_run: insight.kept(zip(comparison["entries"], (False, True)),
-                                                                      ran_with, shown),
-                                       **cleared, **self.held(False)}
-                        return
-                    for text, outcome, prompt, logprobs in self.host.run(view.api, values, cancel):
-                        if outcome is None:
-                            yield {output: view.present(values, text), **cleared}
-                        elif not outcome.ran:
-                            yield ended(outcome, lang)
-                            if outcome.kind == FAULT:
-                                raise notice(outcome, lang)
-                        else:
-                            for note in (continued, cut):
-                                if note:
-                                    outcome = outcome.noted(note)
-                            entries = shown_before + logprobs
-                            yield {output: view.present(values, text), **self.shown(outcome, lang),
-                                   self.prompt_sent: prompt,
-                                   insight.view: insight.single(entries, values["adapter"], asked_tokens, lang),
-                                   insight.alternatives: insight.hidden_alternatives(),
-                                   insight.last_run: insight.kept([(entries, values["adapter"])], ran_with, text,
-                                                                  appends),
-                                   **cleared, **self.held(False)}
+                with self.stop_switches.running(request.session_hash, self.view.task.name) as cancel:
+                    yield from (self.compared(run, cancel, lang) if run.comparing else self.single(run, cancel, lang))
             except gr.Error:
                 raise
             except Exception as error:  # one outside the generation itself: said as a fault
-                outcome = Outcome.fault(f"the {view.task.name} tab", error)
-                yield ended(outcome, lang)
+                outcome = Outcome.fault(f"the {self.view.task.name} tab", error)
+                yield self.ended(outcome, lang)
                 raise notice(outcome, lang) from None
+        return run_in_tab
 
-        listeners = [trigger for trigger in triggers if not isinstance(trigger, gr.events.Dependency)]
-        handler = dict(fn=run_in_tab, inputs=reads, outputs=outputs, show_progress="minimal",
-                       api_visibility="private", concurrency_id=GENERATION)
-        added = len(self.run_events)
-        if listeners:
-            self.run_events.append(gr.on(listeners, **handler))
-        for before in triggers:  # a handler that readies the tab first (Chat's edit): run after it
-            if isinstance(before, gr.events.Dependency):
-                self.run_events.append(before.then(**handler))
+    def ready_run(self, data: dict[gr.Component, Any], prepare: Callable[[dict[str, Any]], dict[str, Any]],
+                  continuing: bool, appends: bool) -> "ReadyRun":
+        """The run's values from the tab's inputs (ValueError: refused before it starts)."""
+        view, insight = self.view, self.insight
+        values = prepare(view.from_ui({name: data[component] for name, component in self.named_inputs.items()}))
+        shown_before, notes = [], []
         if continuing:
-            self.continuing_runs += self.run_events[added:]
+            values, shown_before, continued = insight.continue_from(
+                data[insight.last_run], data[insight.selected], data[insight.alternatives])
+            notes.append(continued)
+        values["seed"] = drawn_seed(values["seed"])  # drawn here, so that the run keeps it to continue from
+        ran_with = dict(values)
+        if view.notebook and (appends or continuing):  # a text the app itself has grown
+            values[view.notebook], cut = notebook_tail(values[view.notebook], MAX_CHARS[view.notebook])
+            notes += [cut] if cut else []
+        asked_tokens = bool(data[insight.show_tokens] or continuing)
+        if asked_tokens:
+            values["logprobs"] = TOP_SHOWN
+        return ReadyRun(values, ran_with, shown_before, notes, asked_tokens,
+                        bool(data[insight.compare]) and not continuing, appends)
+
+    def single(self, run: "ReadyRun", cancel, lang: str):
+        """One run's updates as its text streams, and its outcome, tokens and prompt at its end."""
+        view, insight, output = self.view, self.insight, self.widgets.output
+        cleared = {box: "" for box in self.widgets.cleared}
+        for text, outcome, prompt, logprobs in self.host.run(view.api, run.values, cancel):
+            if outcome is None:
+                yield {output: view.present(run.values, text), **cleared}
+            elif not outcome.ran:
+                yield from self.refused_or_failed(outcome, lang)
+            else:
+                for note in run.notes:
+                    outcome = outcome.noted(note)
+                entries = run.shown_before + logprobs
+                adapter = run.values["adapter"]
+                yield {output: view.present(run.values, text), **self.shown(outcome, lang), self.prompt_sent: prompt,
+                       insight.view: insight.single(entries, adapter, run.asked_tokens, lang),
+                       insight.alternatives: insight.hidden_alternatives(),
+                       insight.last_run: insight.kept([(entries, adapter)], run.ran_with, text, run.appends),
+                       **cleared, **self.held(False)}
+
+    def compared(self, run: "ReadyRun", cancel, lang: str):
+        """A comparison's updates: both sides' texts as they stream, then the side the adapter switch
+        says in the output box, both prompts, and both rows of tokens."""
+        view, insight = self.view, self.insight
+        for texts, outcome, comparison in self.host.run_compare(view.api, run.values, cancel):
+            if outcome is None:
+                yield dict(zip(insight.compare_texts, texts))
+            elif not outcome.ran:
+                yield from self.refused_or_failed(outcome, lang)
+            else:
+                shown = texts[1] if run.values["adapter"] else texts[0]
+                yield {self.widgets.output: view.present(run.values, shown), **self.shown(outcome, lang),
+                       self.prompt_sent: both_prompts(comparison["prompts"], lang),
+                       insight.view: insight.compared(comparison, lang, texts),
+                       **dict(zip(insight.compare_texts, texts)),
+                       insight.alternatives: insight.hidden_alternatives(),
+                       insight.last_run: insight.kept(zip(comparison["entries"], (False, True)), run.ran_with, shown),
+                       **{box: "" for box in self.widgets.cleared}, **self.held(False)}
+
+    def refused_or_failed(self, outcome: Outcome, lang: str):
+        """A run that ended without running: said in the tab, then, for a fault, as a notice too."""
+        yield self.ended(outcome, lang)
+        if outcome.kind == FAULT:
+            raise notice(outcome, lang)
+
+
+@dataclass(frozen=True)
+class ReadyRun:
+    """A run made ready from the tab's inputs (Tab.ready_run)."""
+    values: dict[str, Any]  # as sent to the host
+    ran_with: dict[str, Any]  # as the run keeps them to be continued from (the notebook uncut)
+    shown_before: list[dict]  # a continued run's tokens before the new ones
+    notes: list[str]  # for the status line: the token continued from, a notebook cut to fit
+    asked_tokens: bool
+    comparing: bool
+    appends: bool
 
 
 def notice(outcome: Outcome, lang: str) -> gr.Error:
@@ -371,7 +412,7 @@ def settings_widgets(task: Task) -> dict[str, gr.Component]:
     return widgets
 
 
-def labelled_examples(view: TaskView, widgets: Widgets) -> gr.Examples:
+def labelled_examples(view: TaskView, widgets: Widgets, page: Page) -> gr.Examples:
     """The view's examples, under labels in the page's language."""
     labels = view.example_labels or {}
     examples = gr.Examples(view.examples, [widgets.inputs[name] for name in view.example_inputs],
@@ -380,86 +421,107 @@ def labelled_examples(view: TaskView, widgets: Widgets) -> gr.Examples:
     if "zh" in labels:
         def in_language(request: gr.Request):
             return gr.Dataset(sample_labels=labels.get(language(request), labels["en"]))
-        on_page_language(in_language, examples.dataset)
+        page.on_language(in_language, examples.dataset)
     return examples
 
 
-def task_tab(view: TaskView, host: Host, stop_switches: StopSwitches,
+def task_tab(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches,
              page_state: gr.Component | None = None) -> Tab:
-    """Lay out and wire one task's tab; call inside a gr.Blocks. `page_state`: the view's state
-    made at the page's top level (TaskView.page_state)."""
-    task = view.task
-    with gr.Tab(i18n(view.label), id=task.name, elem_id=f"tab-{task.name}"):
-        gr.Markdown(i18n(view.intro), elem_id=f"{task.name}-intro")
-        bundled_note = (gr.Markdown(i18n(view.bundled_note), visible=serves_bundled(host.current),
-                                    elem_id=f"{task.name}-bundled-note") if view.bundled_note else None)
-        widgets = view.build()
-        with gr.Row():  # BUTTON_MIN_WIDTH: one row on a phone too (Gradio's 160 px stacked them)
-            run_button = gr.Button(i18n(view.run_label), variant="primary", min_width=BUTTON_MIN_WIDTH,
-                                   elem_id=f"{task.name}-run")
-            continue_button = (gr.Button(i18n("continue"), variant="secondary", min_width=BUTTON_MIN_WIDTH,
-                                         elem_id=f"{task.name}-continue") if view.notebook else None)
-            stop_button = gr.Button(i18n("stop"), variant="secondary", min_width=BUTTON_MIN_WIDTH,
-                                    elem_id=f"{task.name}-stop")  # Tab.held
-        if not widgets.output.is_rendered:  # input, run, output: the button in reach on a phone's first screen
-            widgets.output.render()
-        status, outcome = gr.Markdown(elem_id=f"{task.name}-status"), gr.State(None)
-        adapter_now = adapter_props(task, host.current)
-        adapter = gr.Checkbox(label=i18n("adapter"), **adapter_now, visible=task.adapter is not None,
-                              elem_id=f"{task.name}-adapter")
-        insight = Insight.build(task.name, has_adapter=task.adapter is not None, adapter_on=adapter_now["value"])
-        with gr.Accordion(i18n("settings"), open=False):
-            settings = settings_widgets(task)
-        with gr.Accordion(i18n("prompt_sent"), open=False):
-            prompt_sent = gr.Textbox(label=i18n("prompt_sent"), show_label=False, lines=4, max_lines=12,
-                                     interactive=False, buttons=["copy"], elem_id=f"{task.name}-prompt-sent")
-        examples = labelled_examples(view, widgets)
-        # Wired inside the tab: what the wiring creates (the states of a view's extras) must be the
-        # tab's, not a child of gr.Tabs, where Gradio would count it as a tab and show the wrong labels.
-        run_buttons = (run_button,) if continue_button is None else (run_button, continue_button)
-        tab = Tab(view, host, stop_switches, widgets, settings, adapter, run_buttons, stop_button, status, outcome,
-                  prompt_sent, insight, page_state, bundled_note)
-        # A refusal spoke of the input an example has just replaced; a run's line stays (its seed).
-        examples.load_input_event.then(without_refusal(tab), outcome, {status, outcome, widgets.output},
-                                       queue=False, api_visibility="private")
-        tab.add_run([run_button.click] + [box.submit for box in widgets.submit])
-        if continue_button is None:
-            tab.add_run([insight.alternatives.input], continuing=True)
-        else:
-            # Notebook: the run's text joins the input itself, which stays editable, so one can write,
-            # continue, correct, continue; a refused run (no seed line) leaves it as it was. A
-            # Generate run's text, shown but not yet in the input, joins it before Continue goes on,
-            # if the input is still the one it continues (not an example picked since, say).
-            # Continuing from a chosen token starts again from the input that run was given: a
-            # Continue run's text is taken back out of the input first, and the new text waits to
-            # join it as a Generate run's does.
-            notebook, unjoined = widgets.inputs[view.notebook], gr.State(None)  # (input, its run's text)
-            private = dict(queue=False, api_visibility="private")
-            waiting = dict(fn=partial(pending_of, view.notebook), inputs=[insight.last_run, outcome], outputs=unjoined,
-                           **private)
-            tab.run_events[0].then(**waiting)
-            rewound = insight.alternatives.input(partial(rewind, view.notebook), [notebook, insight.last_run],
-                                                 notebook, **private)
-            tab.add_run([rewound], continuing=True)
-            tab.run_events[-1].then(**waiting)
-            joined = continue_button.click(join_pending, [notebook, unjoined], [notebook, unjoined], **private)
-            tab.add_run([joined], appends=True)
-            tab.run_events[-1].then(append_run, [notebook, widgets.output, outcome], notebook, **private)
-        insight.wire(host)
-        # The strength acts only on an adapter that runs: switched on, or the on side of a comparison.
-        gr.on([adapter.change, insight.compare.change], strength_live, [adapter, insight.compare],
-              insight.adapter_scale, queue=False, api_visibility="private")
+    """Lay out and wire one task's tab; call inside the page's gr.Blocks. `page_state`: the view's
+    state made at the page's top level (TaskView.page_state)."""
+    with gr.Tab(i18n(view.label), id=view.task.name, elem_id=f"tab-{view.task.name}"):
+        tab = laid_out(view, page, host, stop_switches, page_state)
+        wire_runs(tab)
         if view.extras is not None:
             view.extras(tab)
-
-    def stop(request: gr.Request):
-        stop_switches.stop(request.session_hash, task.name, STOP_WAIT_S)
-
-    # Stop first asks the run to end, so that it shows its partial text and a status saying
-    # "Stop pressed"; only then does Gradio cancel the run's event, which ends a run still waiting
-    # in the queue or one that did not end in time. A run cancelled so never says it has ended:
-    # the run buttons come back with Stop.
-    stop_button.click(stop, queue=False, api_visibility="private").then(
-        lambda: tab.held(False), None, {*tab.run_buttons, stop_button}, cancels=tab.run_events, queue=False,
-        api_visibility="private")
+    wire_stop(tab)
     return tab
+
+
+def laid_out(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches,
+             page_state: gr.Component | None) -> Tab:
+    """The tab's components, top to bottom, and its states."""
+    task = view.task
+    gr.Markdown(i18n(view.intro), elem_id=f"{task.name}-intro")
+    bundled_note = (gr.Markdown(i18n(view.bundled_note), visible=serves_bundled(host.current),
+                                elem_id=f"{task.name}-bundled-note") if view.bundled_note else None)
+    widgets = view.build()
+    run_button, continue_button, stop_button = run_row(view)
+    if not widgets.output.is_rendered:  # input, run, output: the button in reach on a phone's first screen
+        widgets.output.render()
+    status, outcome = gr.Markdown(elem_id=f"{task.name}-status"), gr.State(None)
+    adapter_now = adapter_props(task, host.current)
+    adapter = gr.Checkbox(label=i18n("adapter"), **adapter_now, visible=task.adapter is not None,
+                          elem_id=f"{task.name}-adapter")
+    insight = Insight.build(task.name, has_adapter=task.adapter is not None, adapter_on=adapter_now["value"])
+    with gr.Accordion(i18n("settings"), open=False):
+        settings = settings_widgets(task)
+    with gr.Accordion(i18n("prompt_sent"), open=False):
+        prompt_sent = gr.Textbox(label=i18n("prompt_sent"), show_label=False, lines=4, max_lines=12,
+                                 interactive=False, buttons=["copy"], elem_id=f"{task.name}-prompt-sent")
+    examples = labelled_examples(view, widgets, page)
+    pending = gr.State(None) if view.notebook else None  # (input, its run's text): pending_of
+    return Tab(view, page, host, stop_switches, widgets, settings, adapter, run_button, continue_button, stop_button,
+               status, outcome, prompt_sent, insight, examples, pending, page_state, bundled_note)
+
+
+def run_row(view: TaskView) -> tuple[gr.Button, gr.Button | None, gr.Button]:
+    """The run button, Continue where the view has a notebook, and Stop (Tab.held)."""
+    name = view.task.name
+    with gr.Row():  # BUTTON_MIN_WIDTH: one row on a phone too (Gradio's 160 px stacked them)
+        run_button = gr.Button(i18n(view.run_label), variant="primary", min_width=BUTTON_MIN_WIDTH,
+                               elem_id=f"{name}-run")
+        continue_button = (gr.Button(i18n("continue"), variant="secondary", min_width=BUTTON_MIN_WIDTH,
+                                     elem_id=f"{name}-continue") if view.notebook else None)
+        stop_button = gr.Button(i18n("stop"), variant="secondary", min_width=BUTTON_MIN_WIDTH, elem_id=f"{name}-stop")
+    return run_button, continue_button, stop_button
+
+
+def wire_runs(tab: Tab) -> None:
+    """The runs every task tab has, and what goes with them."""
+    private = dict(queue=False, api_visibility="private")
+    # A refusal spoke of the input an example has just replaced; a run's line stays (its seed).
+    tab.examples.load_input_event.then(without_refusal(tab), tab.outcome,
+                                       {tab.status, tab.outcome, tab.widgets.output}, **private)
+    tab.add_run("run", [tab.run_button.click] + [box.submit for box in tab.widgets.submit])
+    if tab.continue_button is None:
+        tab.add_run("from_token", [tab.insight.alternatives.input], continuing=True)
+    else:
+        wire_notebook(tab)
+    tab.insight.wire(tab.host)
+    # The strength acts only on an adapter that runs: switched on, or the on side of a comparison.
+    gr.on([tab.adapter.change, tab.insight.compare.change], strength_live, [tab.adapter, tab.insight.compare],
+          tab.insight.adapter_scale, **private)
+
+
+def wire_notebook(tab: Tab) -> None:
+    """Notebook: the run's text joins the input itself, which stays editable, so one can write,
+    continue, correct, continue; a refused run (no seed line) leaves it as it was. A Generate
+    run's text, shown but not yet in the input, joins it before Continue goes on, if the input is
+    still the one it continues (not an example picked since, say). Continuing from a chosen token
+    starts again from the input that run was given: a Continue run's text is taken back out of
+    the input first, and the new text waits to join it as a Generate run's does."""
+    name, insight = tab.view.notebook, tab.insight
+    notebook = tab.widgets.inputs[name]
+    private = dict(queue=False, api_visibility="private")
+    waiting = dict(fn=partial(pending_of, name), inputs=[insight.last_run, tab.outcome], outputs=tab.pending,
+                   **private)
+    rewound = insight.alternatives.input(partial(rewind, name), [notebook, insight.last_run], notebook, **private)
+    joined = tab.continue_button.click(join_pending, [notebook, tab.pending], [notebook, tab.pending], **private)
+    for run in [*tab.runs["run"], *tab.add_run("from_token", [rewound], continuing=True)]:
+        run.then(**waiting)
+    for run in tab.add_run("continue", [joined], appends=True):
+        run.then(append_run, [notebook, tab.widgets.output, tab.outcome], notebook, **private)
+
+
+def wire_stop(tab: Tab) -> None:
+    """Stop first asks the run to end, so that it shows its partial text and a status saying
+    "Stop pressed"; only then does Gradio cancel the run's event, which ends a run still waiting
+    in the queue or one that did not end in time. A run cancelled so never says it has ended:
+    the run buttons come back with Stop."""
+    def stop(request: gr.Request):
+        tab.stop_switches.stop(request.session_hash, tab.view.task.name, STOP_WAIT_S)
+
+    tab.stop_button.click(stop, queue=False, api_visibility="private").then(
+        lambda: tab.held(False), None, {*tab.run_buttons, tab.stop_button}, cancels=tab.all_runs, queue=False,
+        api_visibility="private")

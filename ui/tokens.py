@@ -110,6 +110,15 @@ def row_of(entries: list[dict], label: str, row: int, other: list[float] | None 
     return {"label": label, "row": row, "tokens": tokens}
 
 
+def clicked_token(event: gr.EventData) -> tuple[int | None, int | None]:
+    """The (row, index) that the view's click names (JS: its trigger's data), as the event's
+    attributes; (None, None) where it names none."""
+    try:
+        return event.row, event.index
+    except (AttributeError, TypeError):  # no data, or not a token's
+        return None, None
+
+
 @dataclass
 class Insight:
     """The parts of a task tab that show why the model said what it said: the adapter's strength,
@@ -157,8 +166,7 @@ class Insight:
     def offer_alternatives(self, last_run: dict, event: gr.EventData, request: gr.Request = None) -> dict:
         """The clicked token's alternatives, to continue from, under a label that names the token
         (the list shows below the text, far from it on a phone)."""
-        found = getattr(event, "_data", None) or {}
-        row, index = found.get("row"), found.get("index")
+        row, index = clicked_token(event)
         rows = (last_run or {}).get("rows", [])
         if not isinstance(row, int) or not isinstance(index, int) or not 0 <= row < len(rows) \
                 or not 0 <= index < len(rows[row]["entries"]):

@@ -20,7 +20,7 @@ from serve.host import Host
 from serve.outcome import Outcome, status_line
 
 from ..i18n import ENGLISH, i18n
-from ..messages import language, on_page_language
+from ..messages import Page, language
 from ..pick_slider import PickSlider
 
 
@@ -252,7 +252,7 @@ def lens_choices(loaded, lang: str, reset: bool = True) -> dict:
     return gr.update(choices=choices, value=NO_ADAPTER) if reset else gr.update(choices=choices)
 
 
-def architecture_tab(host: Host) -> tuple[gr.Dropdown, list[gr.Button]]:
+def architecture_tab(page: Page, host: Host) -> tuple[gr.Dropdown, list[gr.Button]]:
     """Build the tab; call inside gr.Tabs(). Returns the lens's adapter menu, which follows the
     model being served (lens_choices), and the tab's buttons."""
     config = host.current.config
@@ -289,7 +289,7 @@ def architecture_tab(host: Host) -> tuple[gr.Dropdown, list[gr.Button]]:
 
         def lens_in_language(request: gr.Request) -> dict:
             return lens_choices(host.current, language(request), reset=False)
-        on_page_language(lens_in_language, lens_adapter)
+        page.on_language(lens_in_language, lens_adapter)
         lens = captioned_plot("logit_lens", "architecture-lens", wide=True)
         look = look_inside(host)
         outcome = gr.State(None)  # the last look's: None, or why it was refused

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +156,10 @@ def chat_widgets() -> Widgets:
     return Widgets({"message": message, "history": chatbot, "persona": persona}, output=chatbot,
                    submit=(message,), cleared=(message,),
                    more={"export": export, "new": new_chat, "import": upload, "earlier": earlier,
-                         "switcher": switcher, "previous": previous_reply, "next": next_reply, "which": which_reply})
+                         "switcher": switcher, "previous": previous_reply, "next": next_reply, "which": which_reply,
+                         # after a retry, the replies to the last turn (replies_before_retry); the message box's
+                         # text an edit took aside (branch_at_edit)
+                         "replies": gr.State({}), "draft": gr.State("")})
 
 
 def from_ui(values: dict[str, Any]) -> dict[str, Any]:
@@ -369,42 +373,48 @@ def run_from_record(conversation: dict) -> tuple[Outcome | None, dict]:
         return None, {}
 
 
-def keep_in_browser(tab: Tab, export: dict, changed: list, forgetting: list[dict], replies: gr.State) -> None:
+@dataclass(frozen=True)
+class KeptInBrowser:
     """The conversation, persona, adapter switch and settings kept in the browser (see the module
-    docstring), with the outcome of the reply shown and the `replies` kept to switch between
-    (run_record): saved after each change (`changed`: the events that change the conversation,
-    besides the edits of its boxes), restored on load, filed by New chat, reopened from the
-    list, imported from an exported file; each of those makes the export button's file too, and
-    forgets what spoke of the conversation it replaces (`forgetting`: the events' arguments)."""
-    chatbot, persona = tab.widgets.inputs["history"], tab.widgets.inputs["persona"]
-    more, names = tab.widgets.more, list(tab.settings)
-    store = tab.page_state
-    root = gr.context.Context.root_block
-    kept = [chatbot, persona, tab.adapter, *tab.settings.values()]
-    defaults = {name: getattr(tab.view.task.defaults, name, None) for name in names} | {"seed": RANDOM_SEED}
+    docstring), with the outcome of the reply shown and the replies kept to switch between
+    (run_record): saved after each change, restored on load, filed by New chat, reopened from the
+    list, imported from an exported file."""
+    tab: Tab
 
-    def current(messages, persona_text, adapter, *values) -> dict:
+    @property
+    def kept(self) -> list[gr.Component]:
+        return [self.tab.widgets.output, self.tab.widgets.inputs["persona"], self.tab.adapter,
+                *self.tab.settings.values()]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.tab.settings)
+
+    def current(self, messages, persona_text, adapter, *values) -> dict:
         return {"history": pairs_from_messages(messages or []), "persona": persona_text or "",
-                "adapter": bool(adapter), "settings": dict(zip(names, values))}
+                "adapter": bool(adapter), "settings": dict(zip(self.names, values))}
 
-    def shown(conversation: dict | None) -> dict:
+    def shown(self, conversation: dict | None) -> dict:
         """The components' values for a kept conversation; what it does not keep takes the tab's
         defaults (the adapter as the model serving now starts it)."""
-        conversation = conversation or {}
+        tab, conversation = self.tab, conversation or {}
+        defaults = {name: getattr(tab.view.task.defaults, name, None) for name in self.names} | {"seed": RANDOM_SEED}
         settings = {**defaults, **conversation.get("settings", {})}
         adapter = conversation.get("adapter", adapter_props(tab.view.task, tab.host.current)["value"])
-        return dict(zip(kept, [messages_from_pairs(conversation.get("history", [])), conversation.get("persona", ""),
-                               adapter, *(settings[name] for name in names)]))
+        return dict(zip(self.kept, [messages_from_pairs(conversation.get("history", [])),
+                                    conversation.get("persona", ""), adapter, *(settings[name] for name in self.names)]))
 
-    def replaced_by(saved: dict, values: dict) -> dict:
+    def replaced_by(self, saved: dict, values: dict) -> dict:
         """Another conversation shown: kept, listed, and the last run's line and prompt gone."""
-        return {**values, store: saved, more["earlier"]: earlier_choices(saved), **tab.shown(None, "en"),
-                tab.prompt_sent: ""}
+        tab = self.tab
+        return {**values, tab.page_state: saved, tab.widgets.more["earlier"]: earlier_choices(saved),
+                **tab.shown(None, "en"), tab.prompt_sent: ""}
 
-    def save(saved: dict, outcome: Outcome | None, kept_replies: dict, *values) -> dict:
-        return {**saved, "current": {**current(*values), **run_record(outcome, kept_replies)}}
+    def save(self, saved: dict, outcome: Outcome | None, kept_replies: dict, *values) -> dict:
+        return {**saved, "current": {**self.current(*values), **run_record(outcome, kept_replies)}}
 
-    def restore(saved: dict, request: gr.Request) -> dict:
+    def restore(self, saved: dict, request: gr.Request) -> dict:
+        more = self.tab.widgets.more
         conversation = (saved or {}).get("current")
         listed = {more["earlier"]: earlier_choices(saved or {})}
         if not conversation:
@@ -412,87 +422,122 @@ def keep_in_browser(tab: Tab, export: dict, changed: list, forgetting: list[dict
         outcome, kept_replies = run_from_record(conversation)
         switcher = {more["switcher"]: gr.update(visible=True), more["which"]: which_reply(kept_replies)} \
             if kept_replies else {}
-        return {**shown(conversation), **listed, **tab.shown(outcome, language(request)), replies: kept_replies,
-                **switcher}
+        return {**self.shown(conversation), **listed, **self.tab.shown(outcome, language(request)),
+                more["replies"]: kept_replies, **switcher}
 
-    def new_chat(saved: dict, *values) -> dict:
-        saved = filed(saved or {}, current(*values))
-        saved["current"] = {**current(*values), "history": []}  # the persona and settings go on
-        return replaced_by(saved, {chatbot: []})
+    def new_chat(self, saved: dict, *values) -> dict:
+        saved = filed(saved or {}, self.current(*values))
+        saved["current"] = {**self.current(*values), "history": []}  # the persona and settings go on
+        return self.replaced_by(saved, {self.tab.widgets.output: []})
 
-    def reopen(index, saved: dict, *values) -> dict:
+    def reopen(self, index, saved: dict, *values) -> dict:
         earlier = (saved or {}).get("earlier", [])
         if not isinstance(index, int) or not 0 <= index < len(earlier):
             return NOTHING
         chosen = earlier[index]
-        saved = filed({"earlier": earlier[:index] + earlier[index + 1:]}, current(*values))
+        saved = filed({"earlier": earlier[:index] + earlier[index + 1:]}, self.current(*values))
         saved["current"] = chosen
-        return replaced_by(saved, shown(chosen))
+        return self.replaced_by(saved, self.shown(chosen))
 
-    def imported(request: gr.Request, path, saved: dict, *values) -> dict:  # Gradio puts the request first
+    def imported(self, request: gr.Request, path, saved: dict, *values) -> dict:  # Gradio puts the request first
         try:
             conversation = read_import(path)
         except ValueError as error:  # the conversation shown stays; the line says why, and so does a
             lang = language(request)   # notice, since on a phone the line is a screen from the button
             gr.Warning(localized(error, lang), title=word("warning", lang))
-            return tab.shown(Outcome.refused(error), lang)
-        saved = filed(saved or {}, current(*values))
-        saved["current"] = {**current(*values), **conversation}
-        return replaced_by(saved, shown(saved["current"]))
+            return self.tab.shown(Outcome.refused(error), lang)
+        saved = filed(saved or {}, self.current(*values))
+        saved["current"] = {**self.current(*values), **conversation}
+        return self.replaced_by(saved, self.shown(saved["current"]))
 
-    restored = {*kept, more["earlier"], tab.status, tab.outcome, replies, more["switcher"], more["which"]}
-    root.load(restore, store, restored, queue=False, api_visibility="private").then(**export)
-    saving = dict(fn=save, inputs=[store, tab.outcome, replies, *kept], outputs=store, queue=False,
-                  api_visibility="private")
-    for change in changed:
-        change.then(**saving)
-    gr.on([persona.blur, persona.submit, tab.adapter.input, chatbot.undo, chatbot.clear,
-           *(slider.release if hasattr(slider, "release") else slider.blur for slider in tab.settings.values())],
-          **saving)
-    replacing = {*kept, store, more["earlier"], tab.status, tab.outcome, tab.prompt_sent}
-    for replaced in (
-            more["new"].click(new_chat, [store, *kept], replacing, queue=False, api_visibility="private"),
-            more["earlier"].input(reopen, [more["earlier"], store, *kept], replacing, queue=False,
-                                  api_visibility="private"),
-            # Queued, as a notice (gr.Warning) needs: a refused file says so beside the button too.
-            more["import"].upload(imported, [more["import"], store, *kept], replacing, api_visibility="private")):
-        replaced.then(**export)
-        for forget in forgetting:
-            replaced.then(**forget)
+    def wire(self, export: dict, changed: list, forgetting: list[dict]) -> None:
+        """Saved after each change (`changed`: the events that change the conversation, besides
+        the edits of its boxes) and restored on load; each of the events that shows another
+        conversation makes the export button's file too, and forgets what spoke of the one it
+        replaces (`forgetting`: the events' arguments)."""
+        tab, kept, store, more = self.tab, self.kept, self.tab.page_state, self.tab.widgets.more
+        private = dict(queue=False, api_visibility="private")
+        restored = {*kept, more["earlier"], tab.status, tab.outcome, more["replies"], more["switcher"], more["which"]}
+        tab.page.blocks.load(self.restore, store, restored, **private).then(**export)
+        saving = dict(fn=self.save, inputs=[store, tab.outcome, more["replies"], *kept], outputs=store, **private)
+        for change in changed:
+            change.then(**saving)
+        persona = tab.widgets.inputs["persona"]
+        gr.on([persona.blur, persona.submit, tab.adapter.input, tab.widgets.output.undo, tab.widgets.output.clear,
+               *(slider.release if hasattr(slider, "release") else slider.blur for slider in tab.settings.values())],
+              **saving)
+        replacing = {*kept, store, more["earlier"], tab.status, tab.outcome, tab.prompt_sent}
+        for replaced in (
+                more["new"].click(self.new_chat, [store, *kept], replacing, **private),
+                more["earlier"].input(self.reopen, [more["earlier"], store, *kept], replacing, **private),
+                # Queued, as a notice (gr.Warning) needs: a refused file says so beside the button too.
+                more["import"].upload(self.imported, [more["import"], store, *kept], replacing,
+                                      api_visibility="private")):
+            replaced.then(**export)
+            for forget in forgetting:
+                replaced.then(**forget)
+
+
+PRIVATE = dict(queue=False, api_visibility="private")  # the page's own events, none of them a run
 
 
 def chat_extras(tab: Tab) -> None:
-    chatbot, message, persona = (tab.widgets.inputs[name] for name in ("history", "message", "persona"))
-    more = tab.widgets.more
-    switcher = more["switcher"]
-    sending = [event for event in tab.run_events if event not in tab.continuing_runs]  # Send and Enter
-    replies = gr.State({})
-    # A retry, or a reply continued from a chosen token (forget_replaced kept the reply it
-    # replaces), keeps the reply it replaces to switch back to.
-    chatbot.retry(replies_before_retry, [chatbot, replies, tab.outcome], replies, queue=False,
-                  api_visibility="private")
-    tab.add_run([chatbot.retry], prepare=take_back_last_turn)
+    """Chat's own events: retry and the replies kept to switch between, an edited message, undo
+    and clear, the export, and the copy kept in the browser."""
+    chatbot, persona, more = tab.widgets.output, tab.widgets.inputs["persona"], tab.widgets.more
+    forget_replies = dict(fn=forget_replaced, inputs=[chatbot, more["replies"], tab.outcome],
+                          outputs=[more["replies"], more["switcher"]], **PRIVATE)
+    # The token view, Compare's texts and a clicked token's alternatives speak of the reply last
+    # drawn: they go when it goes (undo, clear, another conversation) or another reply is shown.
+    forget_shown_run = dict(fn=Insight.forgotten, inputs=None, outputs=tab.insight.of_the_shown_run, **PRIVATE)
+    settled = wire_retry(tab)
+    switches = wire_reply_switcher(tab)
+    wire_edit(tab)
+    undone, cleared = wire_undo_and_clear(tab)
+    for switched_reply in switches:
+        switched_reply.then(**forget_shown_run)
+    for new_turn in [*tab.runs["run"], *tab.runs["edit"], undone, cleared]:  # a message sent or edited, or taken back
+        settled.append(new_turn.then(**forget_replies))
+    for other in (undone, cleared):
+        other.then(**forget_shown_run)
+    # Exported when a run, an undo, a clear or a switch to another kept reply has finished, not on
+    # every change of the chatbot: a streaming reply changes it with every chunk. (Stop lets the
+    # run end by itself, so its partial reply is exported too; a run cancelled while queued had
+    # changed nothing.)
+    export = dict(fn=export_conversation, inputs=[chatbot, persona], outputs=more["export"], **PRIVATE)
+    for finished in [*tab.all_runs, undone, cleared, *switches]:
+        finished.then(**export)
+    gr.on([persona.blur, persona.submit], **export)  # once the persona is typed, not per keystroke
+    KeptInBrowser(tab).wire(export, [*tab.all_runs, *switches, *settled], [forget_replies, forget_shown_run])
+
+
+def wire_retry(tab: Tab) -> list:
+    """Retry, and a reply continued from a chosen token (forget_replaced kept the reply it
+    replaces), keep the reply they replace to switch back to; the events that change the reply's
+    outcome or the kept replies, which the browser keeps once they have."""
+    chatbot, more = tab.widgets.output, tab.widgets.more
+    replies, switcher, which = more["replies"], more["switcher"], more["which"]
+    chatbot.retry(replies_before_retry, [chatbot, replies, tab.outcome], replies, **PRIVATE)
+    tab.add_run("retry", [chatbot.retry], prepare=take_back_last_turn)
 
     def retried(messages: list[dict], kept: dict, outcome: Outcome | None, last_run: dict, request: gr.Request):
         kept, outcome = after_retry(messages, kept, outcome, last_run)
         if not kept:
-            return {replies: {}, switcher: gr.update(visible=False), more["which"]: ""}
+            return {replies: {}, switcher: gr.update(visible=False), which: ""}
         if outcome is None:
             return NOTHING
-        return {replies: kept, switcher: gr.update(visible=True), more["which"]: which_reply(kept),
+        return {replies: kept, switcher: gr.update(visible=True), which: which_reply(kept),
                 **tab.shown(outcome, language(request))}
 
-    # What changes the reply's outcome or the kept replies: the browser keeps it once it has.
-    settled = [replaced.then(retried, [chatbot, replies, tab.outcome, tab.insight.last_run],
-                             {replies, switcher, more["which"], tab.status, tab.outcome}, queue=False,
-                             api_visibility="private")
-               for replaced in (tab.run_events[-1], *tab.continuing_runs)]
-    forget_replies = dict(fn=forget_replaced, inputs=[chatbot, replies, tab.outcome],
-                          outputs=[replies, more["switcher"]], queue=False, api_visibility="private")
-    # The token view, Compare's texts and a clicked token's alternatives speak of the reply last
-    # drawn: they go when it goes (undo, clear, another conversation) or another reply is shown.
-    forget_shown_run = dict(fn=Insight.forgotten, inputs=None, outputs=tab.insight.of_the_shown_run, queue=False,
-                            api_visibility="private")
+    return [replaced.then(retried, [chatbot, replies, tab.outcome, tab.insight.last_run],
+                          {replies, switcher, which, tab.status, tab.outcome}, **PRIVATE)
+            for replaced in (*tab.runs["retry"], *tab.runs["from_token"])]
+
+
+def wire_reply_switcher(tab: Tab) -> list:
+    """◀ and ▶ between the replies kept after a retry: their events."""
+    chatbot, more = tab.widgets.output, tab.widgets.more
+    replies, which = more["replies"], more["which"]
 
     def switch(step: int):
         def to_reply(messages: list[dict], kept: dict, request: gr.Request):
@@ -500,42 +545,32 @@ def chat_extras(tab: Tab) -> None:
             if found is None:
                 return NOTHING
             messages, kept, outcome = found
-            return {chatbot: messages, replies: kept, more["which"]: which_reply(kept),
-                    **tab.shown(outcome, language(request))}
+            return {chatbot: messages, replies: kept, which: which_reply(kept), **tab.shown(outcome, language(request))}
         return to_reply
 
-    switches = [button.click(switch(step), [chatbot, replies], {chatbot, replies, more["which"], tab.status,
-                                                                 tab.outcome}, queue=False, api_visibility="private")
-                for step, button in ((-1, more["previous"]), (1, more["next"]))]
-    for switched_reply in switches:
-        switched_reply.then(**forget_shown_run)
-    draft = gr.State("")
-    edited = chatbot.edit(branch_at_edit, [chatbot, message, draft], [chatbot, message, draft], queue=False,
-                          api_visibility="private")
-    tab.add_run([edited])
-    for new_turn in [*sending, tab.run_events[-1]]:  # a message sent, or an edited one
-        settled.append(new_turn.then(**forget_replies))
-        new_turn.then(draft_back, [draft, message], [message, draft], queue=False, api_visibility="private")
-    # The status line and the prompt sent go with the reply they spoke of, as on a clear or in
-    # another conversation.
+    return [button.click(switch(step), [chatbot, replies], {chatbot, replies, which, tab.status, tab.outcome},
+                         **PRIVATE)
+            for step, button in ((-1, more["previous"]), (1, more["next"]))]
+
+
+def wire_edit(tab: Tab) -> None:
+    """An edited user message is sent again (branch_at_edit), the message box's draft kept aside
+    and put back once a message has left the box (draft_back)."""
+    chatbot, message, draft = tab.widgets.output, tab.widgets.inputs["message"], tab.widgets.more["draft"]
+    edited = chatbot.edit(branch_at_edit, [chatbot, message, draft], [chatbot, message, draft], **PRIVATE)
+    for new_turn in [*tab.runs["run"], *tab.add_run("edit", [edited])]:  # a message sent, or an edited one
+        new_turn.then(draft_back, [draft, message], [message, draft], **PRIVATE)
+
+
+def wire_undo_and_clear(tab: Tab) -> tuple:
+    """Undo and clear: the status line and the prompt sent go with the reply they spoke of, as in
+    another conversation. Their events."""
+    chatbot, message = tab.widgets.output, tab.widgets.inputs["message"]
     gone = {**tab.shown(None, "en"), tab.prompt_sent: ""}
     undone = chatbot.undo(lambda messages: {**dict(zip((chatbot, message), undo(messages))), **gone}, chatbot,
-                          {chatbot, message, *gone}, queue=False, api_visibility="private")
-    cleared = chatbot.clear(lambda: {chatbot: [], **gone}, None, {chatbot, *gone}, queue=False,
-                            api_visibility="private")
-    for other in (undone, cleared):
-        settled.append(other.then(**forget_replies))
-        other.then(**forget_shown_run)
-    # Exported when a run, an undo, a clear or a switch to another kept reply has finished, not on
-    # every change of the chatbot: a streaming reply changes it with every chunk. (Stop lets the
-    # run end by itself, so its partial reply is exported too; a run cancelled while queued had
-    # changed nothing.)
-    export = dict(fn=export_conversation, inputs=[chatbot, persona], outputs=tab.widgets.more["export"],
-                  queue=False, api_visibility="private")
-    for finished in [*tab.run_events, undone, cleared, *switches]:
-        finished.then(**export)
-    gr.on([persona.blur, persona.submit], **export)  # once the persona is typed, not per keystroke
-    keep_in_browser(tab, export, [*tab.run_events, *switches, *settled], [forget_replies, forget_shown_run], replies)
+                          {chatbot, message, *gone}, **PRIVATE)
+    cleared = chatbot.clear(lambda: {chatbot: [], **gone}, None, {chatbot, *gone}, **PRIVATE)
+    return undone, cleared
 
 
 CHAT = TaskView(

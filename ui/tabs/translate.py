@@ -49,7 +49,8 @@ def translate_widgets() -> Widgets:
                           max_lines=EXAMPLE_MAX_LINES,
                           label=i18n("example_pairs"), info=i18n("example_pairs_info"), elem_id="translate-examples")
     inputs = {"text": source_text, "source": source, "target": target, "examples": examples}
-    return Widgets(inputs, output_box("translation", 2, "translate"), more={"swap": swap})
+    last_pair = gr.State((source.value, target.value))  # the pair before a dropdown's change: choose_pair
+    return Widgets(inputs, output_box("translation", 2, "translate"), more={"swap": swap, "last_pair": last_pair})
 
 
 BUILT_IN_EXAMPLES = {example_lines(pairs) for pairs in DEFAULT_EXAMPLES.values()}
@@ -134,7 +135,7 @@ def pairs_sent(adapter_on: bool, comparing: bool, source: str = "", target: str 
 def translate_extras(tab: Tab) -> None:
     inputs = tab.widgets.inputs
     source, target, examples = inputs["source"], inputs["target"], inputs["examples"]
-    last_pair = gr.State((source.value, target.value))
+    last_pair = tab.widgets.more["last_pair"]
     # The pairs are sent only with the adapter off (or on the off side of a comparison): locked
     # otherwise, and the hint says why, so that editing them does not look as if it changed anything.
     starting = pairs_sent(tab.adapter.value, False)
