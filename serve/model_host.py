@@ -16,6 +16,7 @@ or is cancelled, or whose client leaves, frees its decoding row and is logged in
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from contextlib import closing
@@ -153,14 +154,17 @@ class ModelHost:
         log.info("model %s decodes on %s", name, loaded.decode_path)
         return loaded
 
-    def run(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None = None) -> Iterator[RunUpdate]:
+    def run(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None = None,
+            per_token: bool = False) -> Iterator[RunUpdate]:
         """Stream (text so far, outcome, prompt sent, logprobs) for one request, as often as a Pacer of
-        MAX_UPDATES_PER_SECOND lets it; the outcome (None until then), prompt and logprobs (with the
-        logprobs setting: each generated token's, see engine.generate.Result) come with the last
-        update, which always goes, and each update holds all the text so far. Bad input ends it with a
-        refused outcome, a failure with a fault's, after the text made before it."""
+        MAX_UPDATES_PER_SECOND lets it (per_token: at every token that changes the task's text, as
+        /v1 streams); the outcome (None until then), prompt and logprobs (with the logprobs setting:
+        each generated token's, see engine.generate.Result) come with the last update, which always
+        goes, and each update holds all the text so far. Bad input ends it with a refused outcome, a
+        failure with a fault's, after the text made before it."""
         loaded = self.current  # once: a model switch does not reach a running request
-        sent, held_back, pacer = 0, None, Pacer(MAX_UPDATES_PER_SECOND)
+        sent, held_back = 0, None
+        pacer = Pacer(math.inf if per_token else MAX_UPDATES_PER_SECOND)
         try:
             params = sampling_params(api.task, values)
             inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})

@@ -11,7 +11,8 @@ Requests run through the host's run (serve/model_host.py), under the same limits
 the page and the Gradio API; a refusal is a 400 in OpenAI's error shape naming the field (`param`), an unknown
 model a 404. The seed each choice ran with comes back in `system_fingerprint` (`seed-N`; the
 choices of n > 1 run with N, N+1, ...), so a run can be repeated. Streaming (server-sent events,
-ending `data: [DONE]`) stops the generation and frees its decoding row when the client goes.
+a chunk per decoded token, ending `data: [DONE]`) stops the generation and frees its decoding row
+when the client goes.
 """
 from __future__ import annotations
 
@@ -434,19 +435,22 @@ def checked_outcome(update):
 
 
 def start_runs(api: TaskAPI, host: ModelHost, values: list[dict]):
-    """The runs of a streamed request, and the first update of the first (a refusal comes before
-    any byte is sent, as a 400)."""
-    runs = [host.run(api, run_values) for run_values in values]
+    """The runs of a streamed request, each updating at every token as OpenAI's streams do (not at
+    the page's pace), and the first update of the first (a refusal comes before any byte is sent,
+    as a 400)."""
+    runs = [host.run(api, run_values, per_token=True) for run_values in values]
     first = checked_outcome(next(runs[0]))
     return first, runs
 
 
 async def streamed(request: Request, first, runs: list[Iterator], endpoint: Endpoint, meta: dict, top: int,
                    echoed: str, with_usage: bool = False):
-    """Server-sent events: each choice's new text as it comes (choices one after another, each
-    after `echoed`, the prompt where it is echoed), its finish_reason last, then, with_usage, a chunk
-    of no choices with the usage, then [DONE]; a client that leaves ends every run, freeing its
-    decoding row."""
+    """Server-sent events: each choice's text, one chunk per decoded token that changes it (a token
+    whose text is held back, as the start of a possible stop string or a reply's trailing space,
+    goes in the chunk of the next token that shows), then a chunk with its finish_reason (and
+    logprobs) and any text held back to the end (choices one after another, each after `echoed`,
+    the prompt where it is echoed); then, with_usage, a chunk of no choices with the usage, then
+    [DONE]. A client that leaves ends every run, freeing its decoding row."""
     outcomes = []
     try:
         for index, events in enumerate(runs):

@@ -45,9 +45,9 @@ SETTING_RANGES = {**LIMITS, "max_new_tokens": (1, MAX_NEW_TOKENS)}  # what the a
 
 
 class Pacer:
-    """When an update may go: the first at once, then at most `per_second` a second. Text held
-    back goes with the next update, when the next text arrives (a token after a stall: another
-    request's prompt going in, say) or the run ends."""
+    """When an update may go: the first at once, then at most `per_second` a second (math.inf:
+    every one). Text held back goes with the next update, when the next text arrives (a token
+    after a stall: another request's prompt going in, say) or the run ends."""
 
     def __init__(self, per_second: float):
         self.interval, self.last = 1 / per_second, -math.inf

@@ -11,7 +11,7 @@ import openai
 import pytest
 from gradio_client import Client
 
-from serve.model_host import ModelHost
+from serve.model_host import BUNDLED, ModelHost
 from tasks import first_sentences
 
 from .conftest import studio_app, wait_until
@@ -39,6 +39,13 @@ def client(served) -> openai.OpenAI:
 def model(served) -> str:
     host, _ = served
     return host.current.name
+
+
+@pytest.fixture(scope="module")
+def bundled_client() -> openai.OpenAI:
+    """/v1 of the bundled model: a trained one, whose text is whole words and whose adapters do their tasks."""
+    with studio_app(ModelHost([BUNDLED], device="cpu")) as (_, url):
+        yield openai.OpenAI(base_url=f"{url.rstrip('/')}/v1", api_key="unused", max_retries=0)
 
 
 def test_the_models_are_the_one_served_and_one_per_adapter(client, model):
@@ -114,6 +121,18 @@ def test_a_streamed_completion_is_the_same_text_in_pieces_then_its_usage(client,
     assert "".join(piece.choices[0].text for piece in pieces) == whole.choices[0].text
     assert pieces[-1].choices[0].finish_reason == whole.choices[0].finish_reason
     assert all(piece.choices[0].finish_reason is None for piece in pieces[:-1])
+
+
+def test_a_stream_sends_each_token_as_it_is_decoded(bundled_client):
+    """A chunk per token, as OpenAI's and llama.cpp's servers send them (not the page's 12 updates a
+    second), then the finish_reason in a chunk of its own and the usage. On the bundled model, whose
+    tokens are whole characters: a piece of one would wait for the rest."""
+    *pieces, finish, counts = bundled_client.completions.create(
+        model=BUNDLED, prompt=PROMPT, stream=True, stream_options={"include_usage": True}, logprobs=0,
+        **{**SETTINGS, "max_tokens": 40})
+    assert len(pieces) == counts.usage.completion_tokens > 20
+    assert [piece.choices[0].text for piece in pieces] == finish.choices[0].logprobs.tokens
+    assert finish.choices[0].text == "" and finish.choices[0].finish_reason in ("stop", "length")
 
 
 def test_chat_is_the_chat_tabs_reply_streamed_or_not(client, served, model):
