@@ -2,10 +2,15 @@
 LangChain, editors, evaluation harnesses) can use the app unchanged.
 
 - GET /v1/models: the model being served, and one id per task adapter (`bundled:translate`):
-  a completion under that id runs with that adapter switched on; GET /v1/models/{id}: one of them.
-- POST /v1/completions: the prompt continued, as the Generate tab continues it.
+  a request under that id runs with that adapter switched on, and its task's decoding defaults
+  where the request leaves a setting unset; GET /v1/models/{id}: one of them. Every id answers
+  on both endpoints below.
+- POST /v1/completions: the prompt continued, as the Generate tab continues it (under an adapter's
+  id, as written: the adapter's prompt format is the client's to write).
 - POST /v1/chat/completions: the messages as the Chat tab's transcript (a system message is the
-  persona), the reply cut where the Chat tab cuts it; `bundled:dialogue` switches its adapter on.
+  persona), the reply cut where the Chat tab cuts it; under `bundled:translate` or
+  `bundled:summarize`, the last user message is the text that task's tab translates or
+  summarises, and the reply is what the tab shows.
 
 Requests run through the host's run (serve/model_host.py), under the same limits and checks as
 the page and the Gradio API; a refusal is a 400 in OpenAI's error shape naming the field (`param`), an unknown
@@ -29,7 +34,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.generate import prompt_trace, token_logprobs
 from engine.scheduler import in_thread_of_its_own
-from tasks import TASKS, DialogueInputs, GenerateInputs, Task
+from tasks import LANGUAGES, TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, Task, TranslateInputs
 from tasks.base import ADAPTER_END, room_to_generate
 
 from .limits import LIMITS, MAX_STOP_LENGTH, MAX_STOP_STRINGS, check_setting, check_temperature
@@ -52,16 +57,25 @@ INTEGER = {"top_k", "max_new_tokens", "no_repeat_ngram_size"}
 
 @dataclass(frozen=True)
 class Endpoint:
-    """What OpenAI names differently in /v1/completions and /v1/chat/completions."""
+    """What OpenAI names differently in /v1/completions and /v1/chat/completions, and the task each
+    runs under the bare model id."""
     chat: bool
     id_prefix: str  # an answer's id is PREFIX-hex
     answer_object: str  # the `object` of a whole answer
     chunk_object: str  # the `object` of a stream's chunk
+    task: Task
+    max_tokens: int  # the default of max_tokens under the bare model id
 
 
-COMPLETIONS = Endpoint(chat=False, id_prefix="cmpl", answer_object="text_completion", chunk_object="text_completion")
+COMPLETIONS = Endpoint(chat=False, id_prefix="cmpl", answer_object="text_completion", chunk_object="text_completion",
+                       task=TASKS["generate"], max_tokens=16)  # OpenAI's default
+# OpenAI's chat has no default limit but the context; a reply here ends with its line, and the
+# Chat tab's cap, chosen on the validation replies, stops one that rambles on.
 CHAT_COMPLETIONS = Endpoint(chat=True, id_prefix="chatcmpl", answer_object="chat.completion",
-                            chunk_object="chat.completion.chunk")
+                            chunk_object="chat.completion.chunk", task=TASKS["dialogue"],
+                            max_tokens=TASKS["dialogue"].defaults.max_new_tokens)
+# Each task's adapter is named after it: the task that `model:adapter` runs.
+ADAPTER_TASKS = {task.adapter: task for task in TASKS.values() if task.adapter is not None}
 
 
 class BadRequest(ValueError):
@@ -155,7 +169,7 @@ def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 7
 
     async def completions(request: Request):
         body = await json_body(request)
-        task, adapter = task_for(host, body, TASKS["generate"])
+        task, adapter = task_for(host, body, COMPLETIONS)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
@@ -167,11 +181,9 @@ def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 7
 
     async def chat_completions(request: Request):
         body = await json_body(request)
-        # OpenAI's chat has no default limit but the context; a reply here ends with its line, and
-        # the Chat tab's cap, chosen on the validation replies, stops one that rambles on.
-        task, adapter = task_for(host, body, TASKS["dialogue"], max_tokens=TASKS["dialogue"].defaults.max_new_tokens)
-        inputs = dialogue_inputs(body.get("messages"))
-        api = TaskAPI(task, "v1/chat/completions", (Param("inputs", DialogueInputs),),
+        task, adapter = task_for(host, body, CHAT_COMPLETIONS)
+        inputs = chat_inputs(task, body)
+        api = TaskAPI(task, "v1/chat/completions", (Param("inputs", task.inputs),),
                       make_inputs=lambda inputs: inputs, description="")
         return await respond(request, host, body, api, {"inputs": inputs}, adapter, CHAT_COMPLETIONS)
 
@@ -220,10 +232,13 @@ async def json_body(request: Request) -> dict:
     return body
 
 
-def task_for(host: ModelHost, body: dict, task: Task, max_tokens: int = 16) -> tuple[Task, bool]:
-    """The task a request runs (its decoding defaults OpenAI's, with `max_tokens`), and whether its
-    adapter is on: `name:adapter` switches that adapter on; the chat's own adapter, or any adapter
-    for a completion."""
+def task_for(host: ModelHost, body: dict, endpoint: Endpoint) -> tuple[Task, bool]:
+    """The task a request runs, with the decoding defaults it takes where the request leaves a
+    setting unset, and whether its adapter is on. The bare model id runs the endpoint's task with
+    OpenAI's defaults. `name:adapter` switches that adapter on with its task's defaults (the tab's:
+    Translate's repetition penalty, which stops its loops); a chat runs that task on the last user
+    message (chat_inputs), a completion continues its prompt as written, in the adapter's format
+    where the client writes it (docs/api.md)."""
     model = body.get("model")
     if model is None:
         raise BadRequest(f"model is required: one of {', '.join(model_ids(host))}", param="model")
@@ -233,14 +248,15 @@ def task_for(host: ModelHost, body: dict, task: Task, max_tokens: int = 16) -> t
     if model not in model_ids(host):
         raise not_served(host, model)
     adapter = model.split(":", 1)[1] if ":" in model else None
-    if adapter is not None and task.adapter not in (None, adapter):
-        raise BadRequest(f"{model} is the {adapter} task's adapter: chat runs with the dialogue adapter "
-                         f"({host.current.name}:dialogue) or none", param="model")
-    # OpenAI's defaults, and the extra settings off, as the docs say, rather than the tab's. The
-    # task's own stops count in the engine's limit, and so does the end an adapter adds (run_task).
+    adapters_task = ADAPTER_TASKS.get(adapter)  # None for the bare id, or an adapter of no task here
+    task = adapters_task if endpoint.chat and adapters_task else endpoint.task
+    if adapters_task:
+        settings = {name: getattr(adapters_task.defaults, name) for name, _ in SETTINGS.values()}
+    else:  # OpenAI's defaults, and the extra settings off, as the docs say, rather than the tab's
+        settings = {**{name: default for name, default in SETTINGS.values()}, "max_new_tokens": endpoint.max_tokens}
+    # The task's own stops count in the engine's limit, and so does the end an adapter adds (run_task).
     own = task.defaults.stop + ((ADAPTER_END,) if adapter else ())
-    openai_defaults = {**{name: default for name, default in SETTINGS.values()}, "max_new_tokens": max_tokens}
-    defaults = replace(task.defaults, **openai_defaults, stop=stop_strings(body.get("stop"), own))
+    defaults = replace(task.defaults, **settings, stop=stop_strings(body.get("stop"), own))
     return replace(task, defaults=defaults, adapter=adapter or task.adapter), adapter is not None
 
 
@@ -265,10 +281,47 @@ def stop_strings(stop: Any, own: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(own + tuple(stops)))
 
 
+def chat_inputs(task: Task, body: dict):
+    """What a chat asks of its task: for dialogue, the conversation (dialogue_inputs); for the
+    others (an adapter's id), the last user message is the text to summarise, or to translate from
+    `source` to `target` (extra fields, named as /translate names them; English to French by
+    default, since a chat client sends only the text)."""
+    if task.inputs is DialogueInputs:
+        return dialogue_inputs(body.get("messages"))
+    text = conversation(body.get("messages"))[1][-1][0]
+    if task.inputs is SummarizeInputs:
+        return SummarizeInputs(checked_field("article", text, "messages"))
+    source, target = body.get("source", "English"), body.get("target", "French")
+    for field, language in (("source", source), ("target", target)):
+        if language not in LANGUAGES:
+            raise BadRequest(f"{field} must be one of {', '.join(LANGUAGES)}", param=field)
+    return TranslateInputs(checked_field("text", text, "messages"), source, target)
+
+
+def checked_field(name: str, value: str, param: str) -> str:
+    """checked_text's refusal as a 400 naming the request's field `param`."""
+    try:
+        return checked_text(name, value)
+    except ValueError as error:
+        raise BadRequest.refusing(error, param) from None
+
+
 def dialogue_inputs(messages: Any) -> DialogueInputs:
     """OpenAI's messages as the Chat tab's conversation: system messages make the persona, the
-    user and assistant turns before the last user message its history; user messages in a row
-    are one turn."""
+    user and assistant turns before the last user message its history."""
+    persona, turns = conversation(messages)
+    try:
+        check_count("turns in history", len(turns) - 1, MAX_CHAT_TURNS)
+        history = [(user, bot) for user, bot in turns[:-1]]
+        check_size("history", sum(len(user) + len(bot) for user, bot in history), MAX_CHARS["history"])
+        return DialogueInputs(checked_text("message", turns[-1][0]), history, checked_text("persona", " ".join(persona)))
+    except ValueError as error:
+        raise BadRequest.refusing(error, "messages") from None
+
+
+def conversation(messages: Any) -> tuple[list[str], list[list[str]]]:
+    """OpenAI's messages as the system messages' texts and the [user, assistant] turns, the last
+    the user's alone; user messages in a row are one turn."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of {role, content}", param="messages")
     persona, turns = [], []
@@ -291,13 +344,7 @@ def dialogue_inputs(messages: Any) -> DialogueInputs:
             turns.append(["", content])
     if not turns or turns[-1][1]:
         raise BadRequest("the last message must be the user's", param="messages")
-    try:
-        check_count("turns in history", len(turns) - 1, MAX_CHAT_TURNS)
-        history = [(user, bot) for user, bot in turns[:-1]]
-        check_size("history", sum(len(user) + len(bot) for user, bot in history), MAX_CHARS["history"])
-        return DialogueInputs(checked_text("message", turns[-1][0]), history, checked_text("persona", " ".join(persona)))
-    except ValueError as error:
-        raise BadRequest.refusing(error, "messages") from None
+    return persona, turns
 
 
 def request_values(body: dict) -> dict[str, Any]:

@@ -5,6 +5,7 @@ are 400s naming the field; a key, where set, is needed; a closed stream frees it
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import httpx
 import openai
@@ -12,7 +13,7 @@ import pytest
 from gradio_client import Client
 
 from serve.model_host import BUNDLED, ModelHost
-from tasks import first_sentences
+from tasks import TASKS, first_sentences
 
 from .conftest import studio_app, wait_until
 
@@ -42,10 +43,22 @@ def model(served) -> str:
 
 
 @pytest.fixture(scope="module")
-def bundled_client() -> openai.OpenAI:
-    """/v1 of the bundled model: a trained one, whose text is whole words and whose adapters do their tasks."""
+def bundled_url() -> str:
+    """The app serving the bundled model: a trained one, whose text is whole words and whose adapters
+    do their tasks."""
     with studio_app(ModelHost([BUNDLED], device="cpu")) as (_, url):
-        yield openai.OpenAI(base_url=f"{url.rstrip('/')}/v1", api_key="unused", max_retries=0)
+        yield url
+
+
+@pytest.fixture(scope="module")
+def bundled_client(bundled_url) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{bundled_url.rstrip('/')}/v1", api_key="unused", max_retries=0)
+
+
+def loops(text: str) -> bool:
+    """Whether some three words in a row come three times: "train de train de train de"."""
+    words = text.split()
+    return any(count >= 3 for count in Counter(zip(words, words[1:], words[2:])).values())
 
 
 def test_the_models_are_the_one_served_and_one_per_adapter(client, model):
@@ -159,7 +172,6 @@ def test_an_adapters_model_id_runs_as_the_tab_runs_that_adapter(client, served, 
     _, url = served
     translation, _, prompt, _ = Client(url, verbose=False).predict(
         "The dog is happy.", "English", "French", None, seed=3, adapter=True, api_name="/translate")
-    from tasks import TASKS
     defaults = TASKS["translate"].defaults
     done = client.completions.create(model=f"{model}:translate", prompt=prompt, temperature=0, seed=3,
                                      max_tokens=defaults.max_new_tokens,
@@ -169,6 +181,50 @@ def test_an_adapters_model_id_runs_as_the_tab_runs_that_adapter(client, served, 
                                       max_tokens=defaults.max_new_tokens,
                                       extra_body={"repetition_penalty": defaults.repetition_penalty})
     assert plain.choices[0].text != done.choices[0].text  # the adapter is what made it
+
+
+def test_every_listed_model_id_answers_on_both_endpoints(client, model):
+    question = [{"role": "user", "content": "Where is the train station?"}]
+    for model_id in [m.id for m in client.models.list().data]:
+        done = client.completions.create(model=model_id, prompt=PROMPT, max_tokens=4, seed=1)
+        assert done.model == model_id and done.choices[0].text is not None
+        chat = client.chat.completions.create(model=model_id, messages=question, max_tokens=4, seed=1)
+        assert chat.model == model_id and chat.choices[0].message.content is not None
+
+
+def test_a_chat_with_a_task_adapters_id_is_that_tabs_run_on_the_last_user_message(bundled_client, bundled_url):
+    """`bundled:translate` translates the last user message (English to French by default), with the
+    Translate tab's repetition penalty, which stops the loop it fell into without it; and
+    `bundled:summarize` summarises it with the Summarise tab's sampling, seed for seed."""
+    question = "Where is the train station?"
+    gradio = Client(bundled_url, verbose=False)
+    tab, *_ = gradio.predict(question, "English", "French", None, adapter=True, api_name="/translate")
+    chat = bundled_client.chat.completions.create(model=f"{BUNDLED}:translate", messages=[
+        {"role": "system", "content": "You translate."}, {"role": "user", "content": question}])
+    assert chat.choices[0].message.content == tab and tab.startswith("Où est") and not loops(tab)
+    assert chat.choices[0].finish_reason == "stop"
+    german, *_ = gradio.predict(question, "English", "German", None, adapter=True, api_name="/translate")
+    assert bundled_client.chat.completions.create(model=f"{BUNDLED}:translate", extra_body={"target": "German"},
+                                                  messages=[{"role": "user", "content": question}]
+                                                  ).choices[0].message.content == german
+    article = ("Lily found a little dog in the park. It was cold and hungry. She took it home, gave it warm milk "
+               "and a blanket, and her mother said the dog could stay.")
+    summary, *_ = gradio.predict(article, seed=5, adapter=True, api_name="/summarize")
+    assert bundled_client.chat.completions.create(model=f"{BUNDLED}:summarize", seed=5, messages=[
+        {"role": "user", "content": article}]).choices[0].message.content == summary
+
+
+def test_a_completion_with_a_task_adapters_id_takes_its_tabs_decoding_defaults(bundled_client):
+    """The prompt as written, in the adapter's format here; the settings the request leaves unset are
+    the Translate tab's, whose repetition penalty keeps greedy decoding out of a loop."""
+    def translation(**settings) -> str:
+        return bundled_client.completions.create(model=f"{BUNDLED}:translate", extra_body=settings,
+                                                 prompt="English: Where is the train station?\nFrench:").choices[0].text
+    defaults = TASKS["translate"].defaults
+    text = translation()
+    assert text == translation(temperature=0, repetition_penalty=defaults.repetition_penalty,
+                               max_tokens=defaults.max_new_tokens)
+    assert text.startswith(" Où est") and not loops(text) and loops(translation(repetition_penalty=1.0))
 
 
 @pytest.mark.parametrize("request_, param", [
@@ -286,6 +342,10 @@ def test_bad_chat_messages_and_an_unknown_model_are_refused(client, model):
     assert refused.value.body["param"] == "messages"
     with pytest.raises(openai.BadRequestError):  # the last message must be the user's
         client.chat.completions.create(model=model, messages=[{"role": "assistant", "content": "Hi"}])
+    with pytest.raises(openai.BadRequestError) as language:
+        client.chat.completions.create(model=f"{model}:translate", messages=[{"role": "user", "content": "Hi"}],
+                                       extra_body={"target": "Klingon"})
+    assert language.value.body["param"] == "target"
     with pytest.raises(openai.NotFoundError) as unknown:
         client.completions.create(model="gpt-4", prompt=PROMPT)
     assert unknown.value.body["param"] == "model" and model in unknown.value.body["message"]
