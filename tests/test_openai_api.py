@@ -1,7 +1,9 @@
 """OpenAI's /v1 API on the app's own server (serve/openai_api.py), driven by the real `openai`
 client: completions and chat, streamed and not, with logprobs; a seed gives the same text twice and
-the same text as the Gradio API; an adapter's model id runs as the tab's adapter does; bad fields
-are 400s naming the field; a key, where set, is needed; a closed stream frees its decoding row."""
+the same text as the Gradio API; a stream sends a chunk per token; every model id answers on both
+endpoints, an adapter's as its tab runs with the adapter on, with the tab's decoding defaults; bad
+fields are 400s naming the field; a key, where set, is needed; a closed stream frees its decoding
+row."""
 from __future__ import annotations
 
 import json
