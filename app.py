@@ -110,8 +110,13 @@ def launch(demo: gr.Blocks, models: Sequence[str] = (), routes: Sequence[APIRout
     blocked = [str(APP_DIR), HF_HUB_CACHE, *(str(path.resolve()) for path in local if path.is_dir()),
                *(path.strip() for path in os.environ.get("GRADIO_BLOCKED_PATHS", "").split(",") if path.strip())]
     blocking = not options.pop("prevent_thread_lock", False)
+    quiet = options.pop("quiet", False)  # Gradio's own lines name its launch()'s arguments, not this app's flags
     served = demo.launch(i18n=i18n, css=PAGE_CSS, js=PAGE_JS, blocked_paths=blocked, max_file_size=MAX_UPLOAD,
-                         prevent_thread_lock=True, **options)
+                         prevent_thread_lock=True, quiet=True, **options)
+    if not quiet:
+        print(f"* Running on local URL:  {served[1]}")
+        if not demo.share and "SPACE_ID" not in os.environ:
+            print("* To create a public link too, start the app with --share (or STUDIO_SHARE=1).")
     for router in routes:  # Gradio makes its FastAPI app as it launches: the routes join it then
         demo.app.include_router(router)
     if blocking:

@@ -53,6 +53,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "empty": ("{name} is empty", "{name}为空"),
     "no_letters": ("the text to translate has no letters: there are no words in it to translate",
                    "要翻译的文本中没有文字：其中没有可翻译的词"),
+    "no_letters_article": ("the article has no letters: there are no words in it to summarise",
+                           "文章中没有文字：其中没有可概括的词"),
     "no_task_adapter": ("the {task} task has no adapter", "任务 {task} 没有适配器"),
     "no_model_adapter": ("this model has no '{adapter}' adapter (it has: {adapters})",
                          "此模型没有「{adapter}」适配器（已有：{adapters}）"),

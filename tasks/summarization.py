@@ -9,8 +9,8 @@ from engine.generate import SamplingParams
 from model.tokenizer import Tokenizer
 
 from .base import (Prompt, PromptTooLong, Task, adapter_completion, cut_between_characters, first_sentences,
-                   require_text)
-from .messages import Message
+                   has_letters, require_text)
+from .messages import Message, Refusal
 
 TLDR = "\nTL;DR:"
 
@@ -22,6 +22,10 @@ class SummarizeInputs:
 
 def build_prompt(inputs: SummarizeInputs, tokenizer: Tokenizer, max_prompt_tokens: int, adapter_on: bool) -> Prompt:
     require_text(inputs.article, "article")
+    # Symbols or emoji alone have nothing to summarise, yet the model would write a summary of
+    # something else: said instead.
+    if not has_letters(inputs.article):
+        raise Refusal("no_letters_article")
     article_ids, suffix_ids = tokenizer.encode(inputs.article.strip()), tokenizer.encode(TLDR)
     # Without TL;DR: the model does not know to summarise, so a long article gives way, from its end.
     room = max_prompt_tokens - len(suffix_ids)

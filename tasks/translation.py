@@ -59,9 +59,10 @@ def languages_line(source: str, target: str) -> str:
     return f"{NATIVE_NAMES[source]} = {NATIVE_NAMES[target]}\n"
 
 
-def prompt_parts(inputs: TranslateInputs, adapter_on: bool) -> tuple[str, list[str], str]:
+def prompt_parts(inputs: TranslateInputs, adapter_on: bool, sentences: int | None = None) -> tuple[str, list[str], str]:
     """The line that names the two languages (where the pairs may not show them: no pairs or the
-    user's own; otherwise empty), the example lines, and the final line that asks for the translation."""
+    user's own; otherwise empty), the example lines, and the final line that asks for the
+    translation of the text: of its first `sentences` (None: all of it, as a training pair)."""
     require_text(inputs.text, "text to translate")
     # Symbols alone ("@@@ ###") have no words to translate, yet the model would answer with a
     # confident sentence: said instead.
@@ -69,7 +70,7 @@ def prompt_parts(inputs: TranslateInputs, adapter_on: bool) -> tuple[str, list[s
         raise Refusal("no_letters")
     if (inputs.source, inputs.target) not in DEFAULT_EXAMPLES:
         raise Refusal("languages", source=inputs.source, target=inputs.target, languages=", ".join(LANGUAGES))
-    text = one_line(inputs.text)
+    text = one_line(inputs.text) if sentences is None else first_sentences(sentences)(one_line(inputs.text))
     if adapter_on:
         return "", [], f"{inputs.source}: {text}\n{inputs.target}:"
     own = own_examples(inputs)
@@ -80,13 +81,14 @@ def prompt_parts(inputs: TranslateInputs, adapter_on: bool) -> tuple[str, list[s
 
 # The line that names the languages makes the target likely, not sure.
 NO_EXAMPLES = Message.keyed("no_examples")
-# The translation is cut at its first sentence (TRANSLATE's postprocess), as the model learnt it:
-# said, so that a paragraph's missing rest is not a surprise.
+# The model reads the first sentence only, and its translation is cut at its first sentence
+# (TRANSLATE's postprocess), as it learnt them: said, so that a paragraph's missing rest is not a
+# surprise. (Sent whole, the model could translate another sentence than the first.)
 FIRST_SENTENCE_ONLY = Message.keyed("first_sentence_only")
 
 
 def build_prompt(inputs: TranslateInputs, tokenizer: Tokenizer, max_prompt_tokens: int, adapter_on: bool) -> Prompt:
-    first, examples, query = prompt_parts(inputs, adapter_on)
+    first, examples, query = prompt_parts(inputs, adapter_on, sentences=1)
     prompt, dropped = fit_newest(tokenizer, max_prompt_tokens, first, examples, query, required="the text to translate")
     if dropped:
         prompt.notes.append(Message.keyed("dropped_examples", count=dropped, total=len(examples)))

@@ -248,6 +248,21 @@ def test_a_cancelled_request_leaves_the_app_serving(client, caplog):
 
 # --- start-up -----------------------------------------------------------------------------------
 
+def test_the_start_up_lines_name_the_apps_own_flag_for_a_public_link(plain_host, capsys, monkeypatch):
+    """Gradio's own line says "set `share=True` in `launch()`", which a user of app.py cannot do:
+    the app says its --share instead, and where it serves."""
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    demo = app.build_app(plain_host)
+    port = free_port()
+    try:
+        app.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True)
+        said = capsys.readouterr().out
+    finally:
+        demo.close()
+    assert f"Running on local URL:  http://127.0.0.1:{port}" in said
+    assert "--share" in said and "share=True" not in said and "launch()" not in said, said
+
+
 def test_flags_come_from_the_command_line_or_the_environment(monkeypatch):
     for name in ("STUDIO_MODEL", "STUDIO_DEVICE", "STUDIO_HOST", "STUDIO_PORT", "GRADIO_SERVER_PORT", "STUDIO_SHARE",
                  "SPACE_ID"):

@@ -376,6 +376,24 @@ def test_bad_input_shows_why_and_the_tab_keeps_working(page):
     expect(page.locator("#dialogue-chatbot")).not_to_have_class(re.compile(LAST_RUN_CLASS))  # a conversation stays
 
 
+def test_translate_sends_only_the_sentence_it_says_it_translates_and_summarise_refuses_emoji(page):
+    """The status line says only the first sentence is translated: the model reads only that one
+    (given both, it translated the second). An article of emoji alone is refused, as Translate
+    refuses a text with no letters, rather than summarised into something else."""
+    page.get_by_role("tab", name="Translate").click()
+    page.locator("#translate-text textarea").fill("I am hungry. Where is the bakery?")
+    press(page, "translate", "run", seed=3)
+    expect(page.locator("#translate-status")).to_contain_text("only the first sentence is translated")
+    page.locator("#tab-translate").get_by_text("Prompt sent to the model").click()
+    sent = page.locator("#translate-prompt-sent textarea").input_value()
+    assert sent.endswith("\nI am hungry. =") and "bakery" not in sent, sent
+    page.get_by_role("tab", name="Summarise").click()
+    page.locator("#summarize-article textarea").fill("🙂🙂🙂")
+    page.locator("#summarize-run").click()
+    expect(page.locator("#summarize-status")).to_contain_text(
+        "the article has no letters: there are no words in it to summarise")
+
+
 def test_adapter_controls_show_only_on_tabs_whose_task_has_an_adapter(page):
     # The insight's title promises an adapter comparison only where there is one.
     expect(page.locator("#generate-insight")).to_contain_text("Why this output: tokens and their alternatives")

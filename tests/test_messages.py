@@ -129,6 +129,7 @@ def made_messages() -> list[Message]:
         refusal(prompt("translate", TranslateInputs(text="@@@ ###"))),
         refusal(prompt("translate", TranslateInputs(text="Hi", source="English", target="English"))),
         refusal(prompt("summarize", SummarizeInputs(article=""))),
+        refusal(prompt("summarize", SummarizeInputs(article="🙂🙂"))),
         refusal(lambda: checked_text("prompt", 3)),
         *(refusal(lambda: sampling_params(TASKS["generate"], {**api_defaults("generate"), "seed": seed})) for seed in (-5, 1.5)),
         refusal(lambda: check_size("history", 99, 10)),

@@ -99,14 +99,21 @@ def test_translate_says_when_no_example_pairs_are_sent(tokenizer):
 
 
 @pytest.mark.parametrize("adapter_on", [False, True])
-def test_translate_says_when_only_the_first_sentence_is_translated(tokenizer, adapter_on):
-    def notes(text: str) -> list[str]:
-        return build("translate", TranslateInputs(text, "English", "French"), tokenizer, adapter_on=adapter_on).notes
+def test_translate_sends_and_says_only_the_first_sentence(tokenizer, adapter_on):
+    def prompt(text: str) -> Prompt:
+        return build("translate", TranslateInputs(text, "English", "French"), tokenizer, adapter_on=adapter_on)
 
-    assert notes("I have a dog. It is black.\nWe walk.") == [FIRST_SENTENCE_ONLY]
-    assert notes("Where is it? Here!") == [FIRST_SENTENCE_ONLY]
+    assert prompt("I have a dog. It is black.\nWe walk.").notes == [FIRST_SENTENCE_ONLY]
+    assert prompt("Where is it? Here!").notes == [FIRST_SENTENCE_ONLY]
     for one_sentence in ("I have a dog.", "Dr. Smith has a dog.", "I have a dog"):
-        assert notes(one_sentence) == []
+        assert prompt(one_sentence).notes == []
+    # The model reads only the sentence the note says it translates: sent whole, it translated
+    # "I am hungry. Where is the bakery?" as "Où est la bakery ?", the second one.
+    sent = prompt("I am hungry. Where is the bakery?").text
+    assert "I am hungry." in sent and "bakery" not in sent
+    # a training pair keeps its whole text
+    pair = TASKS["translate"].format_example(TranslateInputs("I am hungry. Where is it?"), "J'ai faim. Où est-il ?")
+    assert "Where is it?" in pair[0]
 
 
 @pytest.mark.parametrize("examples", [[], [("dog", "Hund")], [["dog", "Hund"], ["cat", "Katze"]]])
@@ -284,13 +291,18 @@ def test_empty_input_is_refused(tokenizer, name, inputs, field):
         build(name, inputs, tokenizer)
 
 
-def test_text_with_no_letters_is_not_translated(tokenizer):
+def test_text_with_no_letters_is_neither_translated_nor_summarised(tokenizer):
     """The model would turn symbols into a confident sentence; a letter in any script is a word."""
     for symbols in ("@@@ ###", "42 !?", "🙂"):
         with refused("no_letters"):
             build("translate", TranslateInputs(symbols), tokenizer)
     for words in ("Où?", "你好", "a"):
         assert build("translate", TranslateInputs(words), tokenizer).ids
+    # nor is a summary of none: the model would summarise something else
+    for symbols in ("🙂🙂🙂", "@@@ ###"):
+        with refused("no_letters_article"):
+            build("summarize", SummarizeInputs(symbols), tokenizer)
+    assert build("summarize", SummarizeInputs("你好。"), tokenizer).ids
 
 
 def test_unsupported_language_pair_is_refused(tokenizer):
