@@ -363,9 +363,14 @@ def test_bad_input_shows_why_and_the_tab_keeps_working(page):
     expect(output).to_have_class(re.compile(LAST_RUN_CLASS))
     expect(output.locator("textarea")).to_have_value(kept)
     assert float(output.locator("textarea").evaluate("t => getComputedStyle(t).opacity")) < 1
+    page.locator("#generate-insight").get_by_text("Why this output").click()
+    tokens = page.locator("#generate-tokens")  # and so do its tokens under Why this output
+    expect(tokens).to_have_class(re.compile(LAST_RUN_CLASS))
+    assert float(tokens.locator(".tok").first.evaluate("t => getComputedStyle(t).opacity")) < 1
     page.locator("#generate-prompt textarea").fill("Hello")
     page.locator("#generate-run").click()
     expect(output).not_to_have_class(re.compile(LAST_RUN_CLASS))
+    expect(tokens).not_to_have_class(re.compile(LAST_RUN_CLASS))
     wait_for_run(page, "generate", 41)
     # The chat's empty message: one message in the status line, nothing in Gradio's error state.
     page.get_by_role("tab", name="Chat").click()
@@ -766,6 +771,8 @@ def test_tokens_show_their_probability_and_alternatives_and_continue_from_one(pa
     # the list names the token it is for (on a phone it shows well below the text)
     clicked = tokens.nth(2).inner_text().replace(" ", "␣").replace("↵\n", "↵")
     expect(page.locator("#generate-alternatives")).to_contain_text(f"alternatives to token 3 ({clicked})")
+    drawn = [label for label in alternatives.all_inner_texts() if label.endswith("✓")]
+    assert len(drawn) == 1 and drawn[0].startswith(f"{clicked} "), drawn  # the token the run drew is marked
     expect(page.locator("#generate-tokens .tok.selected")).to_have_count(1)  # the clicked one is outlined
     assert page.locator("#generate-tokens .tok.selected").get_attribute("data-i") == "2"
     kept = as_output(tokens.all_inner_texts()[:2])

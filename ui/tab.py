@@ -30,7 +30,7 @@ LAST_RUN_CLASS = "from-last-run"
 TAB_CSS = f"""
 button.label-wrap {{ text-align: left; align-items: center; gap: 0.75em; }}
 button.label-wrap > .icon {{ flex: none; }}
-.{LAST_RUN_CLASS} textarea {{ opacity: 0.45; }}
+.{LAST_RUN_CLASS} textarea, .{LAST_RUN_CLASS} .tok {{ opacity: 0.45; }}
 """
 # What a handler that changes nothing returns: Gradio takes an empty {component: value} dict for
 # one value, and a lone skip leaves every output as it is.
@@ -158,11 +158,13 @@ class Tab:
         return {self.outcome: outcome, self.status: status_line(outcome, lang)}
 
     def faded(self, faded: bool, **change) -> dict:
-        """The output box faded (LAST_RUN_CLASS) or not, with any other `change` to it; a conversation
-        (Chat) never is: it is not one run's answer."""
-        if not isinstance(self.widgets.output, gr.Chatbot):
-            change["elem_classes"] = [LAST_RUN_CLASS] if faded else []
-        return {self.widgets.output: gr.update(**change)} if change else {}
+        """The output box and its tokens (Why this output) faded (LAST_RUN_CLASS) or not, with any
+        other `change` to the box; a conversation (Chat) never is: it is not one run's answer."""
+        if isinstance(self.widgets.output, gr.Chatbot):
+            return {self.widgets.output: gr.update(**change)} if change else {}
+        classes = [LAST_RUN_CLASS] if faded else []
+        return {self.widgets.output: gr.update(**change, elem_classes=classes),
+                self.insight.view: gr.update(elem_classes=classes)}
 
     @property
     def all_runs(self) -> list:
@@ -482,7 +484,7 @@ def wire_runs(tab: Tab) -> None:
     private = dict(queue=False, api_visibility="private")
     # A refusal spoke of the input an example has just replaced; a run's line stays (its seed).
     tab.examples.load_input_event.then(without_refusal(tab), tab.outcome,
-                                       {tab.status, tab.outcome, tab.widgets.output}, **private)
+                                       {tab.status, tab.outcome, tab.widgets.output, tab.insight.view}, **private)
     tab.add_run("run", [tab.run_button.click] + [box.submit for box in tab.widgets.submit])
     if tab.continue_button is None:
         tab.add_run("from_token", [tab.insight.alternatives.input], continuing=True)

@@ -172,7 +172,9 @@ class Insight:
                 or not 0 <= index < len(rows[row]["entries"]):
             return gr.skip()
         entry = rows[row]["entries"][index]
-        choices = [(f"{listed(alt)} {percent(alt['logprob'])}", alt["id"]) for alt in entry["top"][:TOP_SHOWN]]
+        def choice(alt: dict) -> str:  # the one the run drew is marked: the others are what it could have been
+            return f"{listed(alt)} {percent(alt['logprob'])}" + (DRAWN_MARK if alt["id"] == entry["id"] else "")
+        choices = [(choice(alt), alt["id"]) for alt in entry["top"][:TOP_SHOWN]]
         label = render(Message.keyed("alternatives_to", index=index + 1, token=listed(entry)), language(request))
         return {self.selected: {"row": row, "index": index},
                 self.alternatives: gr.update(choices=choices, value=None, visible=True, label=label)}
@@ -244,6 +246,7 @@ class Insight:
         return gr.update(choices=[], value=None, visible=False)
 
 
+DRAWN_MARK = " ✓"  # after the alternative a run drew
 TOKENS_NOTE = Message.keyed("tokens_note")
 NO_TOKENS_NOTE = Message.keyed("no_tokens")
 NO_TOKENS_KEPT = Message.keyed("no_tokens_kept")
