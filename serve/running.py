@@ -164,6 +164,18 @@ def compared_state(adapter_scale: float, shown_on: bool) -> Message:
 ADAPTER_OFF, ADAPTER_ON = Message.keyed("adapter_off"), Message.keyed("adapter_on")
 
 
+def asked_again(outcome: Outcome, task: Task) -> dict[str, Any]:
+    """The settings, seed and adapter switch that ran `outcome`'s run, as a request gives them: the
+    task's defaults with the settings it changed, and the adapter as its state says (adapter_state;
+    a comparison's, the side shown). Sent again with the same inputs, they draw the same text."""
+    state = outcome.adapter
+    side = None if state is None else state.field("side", state)  # a comparison's: the side it showed
+    adapter = {} if state is None else {  # None: the task has no adapter to switch on
+        "adapter": side == ADAPTER_ON or side.key == "adapter_on_scaled", "adapter_scale": state.field("scale", 1.0)}
+    return {**{name: getattr(task.defaults, name) for name, _ in SETTINGS}, **dict(outcome.changed),
+            "seed": outcome.seed, **adapter}
+
+
 @dataclass(frozen=True)
 class TaskAPI:
     """What a task takes through the API: its own parameters, and how they become its inputs."""

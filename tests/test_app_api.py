@@ -347,77 +347,129 @@ def test_translate_greys_out_its_example_pairs_where_its_adapter_starts_on(app_m
     assert examples_box(str(model))["interactive"] is False
 
 
+def ran(conversation, message, text, outcome, temperature=0.8, top_k=40) -> dict:
+    """The last run as Insight.kept keeps it: the message it answered after the conversation's
+    turns (a retry: the turns before the last), its settings and text."""
+    history = [pair for pair in conversation.pairs if pair[0] != message]
+    return {"values": {"message": message, "history": history, "persona": conversation.persona,
+                       "temperature": temperature, "top_k": top_k, "seed": outcome.seed}, "output": text}
+
+
 def test_the_reply_switcher_follows_the_last_turn():
-    """After Retry, ◀ ▶ switch between the kept replies, each with its outcome; the switcher
-    goes once the conversation's last turn is another (sent, undone, cleared, another chat)."""
+    """After Retry, ◀ ▶ switch between the kept replies, each with its outcome; the record keeps a
+    reply once, and a new turn's reply is the only one of its turn."""
     from engine.generate import Result
-    from ui.tabs.chat import after_retry, forget_replaced, messages_from_pairs, replies_before_retry, switched
     from serve.messages import Refusal
     from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome
     from serve.running import ADAPTER_ON
-
-    first = messages_from_pairs([["Hi", "Hello!"]])
-
-    def ran(temperature, top_k):  # the last run's settings, as Insight.kept keeps them
-        return {"values": {"temperature": temperature, "top_k": top_k, "seed": 1}}
+    from ui.conversation import Conversation
+    from ui.tabs.chat import answered, messages_from_pairs
 
     def outcome(seed, speed, changed=()):
         return Outcome.done(Result("", seed, 5, 3, speed, "stop_string"), ADAPTER_ON, list(changed), [])
 
-    kept = replies_before_retry(first, {}, outcome(1, 80.0))
-    second = messages_from_pairs([["Hi", "Good day."]])
-    replies, shown = after_retry(second, kept, outcome(2, 90.0), ran(0.8, 40))
-    assert replies["at"] == 1 and len(replies["replies"]) == 2 and shown == outcome(2, 90.0)
+    first, shown = answered(Conversation("Bot is kind."), outcome(1, 80.0), ran(Conversation(), "Hi", "Hello!",
+                                                                                outcome(1, 80.0)))
+    assert first.pairs == [["Hi", "Hello!"]] and shown == outcome(1, 80.0)
+    second, shown = answered(first, outcome(2, 90.0), ran(first, "Hi", "Good day.", outcome(2, 90.0)))
+    last = second.turns[-1]
+    assert (last.shown, len(last.replies), shown) == (1, 2, outcome(2, 90.0))
+    assert second.pairs == [["Hi", "Good day."]]
+    assert answered(second, outcome(2, 90.0), ran(first, "Hi", "Good day.", outcome(2, 90.0))) is None  # kept once
     # The same reply from the same run (the speed aside) says why: a fixed seed, or greedy
     # decoding; a refusal, or a reply from other settings, does not.
-    same = [after_retry(first, kept, outcome(1, 70.0), ran(*settings))[1].notes[-1]
+    same = [answered(first, outcome(1, 70.0), ran(first, "Hi", "Hello!", outcome(1, 70.0), *settings))[1].notes[-1]
             for settings in ((0.8, 40), (0, 40), (0.8, 1))]
     assert same == [SAME_SEED, GREEDY_SAME, GREEDY_SAME]
     other = outcome(1, 70.0, [("top_p", 0.9)])
-    assert after_retry(first, kept, other, ran(0.8, 40))[1] == other
+    assert answered(first, other, ran(first, "Hi", "Hello!", other))[1] == other
     refused = Outcome.refused(Refusal("too_big", name="persona", size=1_001, limit=1_000))  # no new reply: none kept
-    before = replies_before_retry(first, {}, outcome(1, 80.0))
-    assert after_retry(first, before, refused, ran(0.8, 40)) == (before, None)
+    assert answered(first, refused, ran(first, "Hi", "Hello!", outcome(1, 80.0))) is None
     # after ◀ to the first reply, a retry replaces that one: the same reply again is noted
-    _, back, _ = switched(second, replies, -1)
-    replies_third, third = after_retry(first, replies_before_retry(first, back, outcome(1, 80.0)), outcome(1, 60.0),
-                                       ran(0.8, 40))
-    assert len(replies_third["replies"]) == 3 and third.notes[-1] == SAME_SEED
-    shown, replies, was = switched(second, replies, -1)
-    assert (shown, replies["at"], was) == (first, 0, outcome(1, 80.0))
-    assert forget_replaced(shown, replies, was) == (gr.skip(), gr.skip())  # still this turn: kept
-    # Another last turn: its reply is the one kept, for a reply continued from a chosen token to join.
-    assert forget_replaced([], replies, None)[0] == {}
-    for other in (messages_from_pairs([["Hi", "Hello!"], ["Bye", "Bye!"]]), messages_from_pairs([["Yo", "Hey"]])):
-        forgotten, hidden = forget_replaced(other, replies, outcome(3, 50.0))
-        last = len(other) // 2 - 1
-        assert forgotten == {"turn": last, "replies": [(other[-1]["content"], outcome(3, 50.0))], "at": 0}
-        assert hidden["visible"] is False
+    back = second.switched(-1)
+    assert (back.pairs, back.turns[-1].reply.outcome) == ([["Hi", "Hello!"]], outcome(1, 80.0))
+    third, noted = answered(back, outcome(1, 60.0), ran(back, "Hi", "Hello!", outcome(1, 60.0)))
+    assert len(third.turns[-1].replies) == 3 and noted.notes[-1] == SAME_SEED
+    assert messages_from_pairs(back.pairs) == [{"role": "user", "content": "Hi"},
+                                               {"role": "assistant", "content": "Hello!"}]
+    assert first.switched(1) is None  # one reply: none to switch to
+    # A new turn: its reply alone, the earlier turn's replies kept in the record.
+    fourth, _ = answered(second, outcome(3, 50.0), ran(second, "Bye", "Bye!", outcome(3, 50.0)))
+    assert [len(turn.replies) for turn in fourth.turns] == [2, 1] and fourth.switched(1) is None
 
 
-def test_a_reload_brings_back_the_replies_and_outcome_only_of_the_conversation_they_belong_to():
-    """run_record goes through the browser as JSON: read back, it gives the same outcomes; a
-    record whose replies belong to another last turn, or that this app cannot read, gives none."""
+def test_a_reload_brings_back_the_conversation_with_each_replys_outcome():
+    """The record goes through the browser as JSON: read back, it is the same, each reply with its
+    outcome; what an older version kept ({"persona", "history"}) is read without runs, and a
+    record this app cannot read gives an empty conversation."""
     from engine.generate import Result
-    from serve.messages import Message, Refusal
+    from serve.messages import Message
     from serve.outcome import Outcome
     from serve.running import ADAPTER_ON
-    from ui.tabs.chat import run_from_record, run_record
+    from ui.conversation import Conversation, Reply, Turn
+    from ui.tabs.chat import conversation_title, stored_conversation
 
     def outcome(seed):
         return Outcome.done(Result("", seed, 5, 3, 80.0, "stop_string"), ADAPTER_ON, [("top_k", 20.0)],
                             [Message.keyed("dropped_turn", count=1)])
-    replies = {"turn": 1, "replies": [("Hello!", outcome(1)), ("Good day.", outcome(2))], "at": 1}
-    history = [["Hi", "Yo"], ["Hi again", "Good day."]]
-    record = json.loads(json.dumps(run_record(outcome(2), replies)))  # as the browser keeps it
-    assert run_from_record({"history": history, **record}) == (outcome(2), replies)
-    # one reply (no retry): nothing to switch to; a refusal is no run to reproduce
-    assert run_record(outcome(2), {**replies, "replies": replies["replies"][1:], "at": 0})["replies"] == {}
-    assert run_record(Outcome.refused(Refusal("empty", name="message")), {})["outcome"] is None
-    # the replies of another last turn, or of another reply shown there, are not brought back
-    assert run_from_record({"history": history[:1], **record}) == (outcome(2), {})
-    assert run_from_record({"history": [history[0], ["Hi again", "Hm."]], **record})[1] == {}
-    assert run_from_record({"history": history, "outcome": {"seed": 1}, "replies": {}}) == (None, {})
+    conversation = Conversation("Bot is kind.", (
+        Turn("Hi", (Reply("Yo", outcome(3)),)),
+        Turn("Hi again", (Reply("Hello!", outcome(1)), Reply("Good day.", outcome(2))), shown=1)))
+    kept = json.loads(json.dumps({"conversation": conversation.as_json(), "adapter": True, "settings": {}}))
+    assert stored_conversation(kept) == conversation
+    assert kept["conversation"]["history"] == [["Hi", "Yo"], ["Hi again", "Good day."]]  # as /chat takes it
+    assert conversation_title(kept) == "Hi (2)"
+    older = {"history": [["Hi", "Yo"]], "persona": "Bot is kind.", "outcome": {"seed": 1}, "replies": {}}
+    assert stored_conversation(older) == Conversation.from_pairs("Bot is kind.", [["Hi", "Yo"]])
+    unreadable = {"conversation": {"persona": "", "turns": [{"user": "Hi", "replies": [], "shown": 0}]}}
+    assert stored_conversation(unreadable) == Conversation() and stored_conversation({}) == Conversation()
+    # an outcome this app cannot say (another version's) leaves its reply without one
+    odd = json.loads(json.dumps(conversation.as_json()))
+    odd["turns"][0]["replies"][0]["outcome"]["adapter"] = {"key": "no such key", "fields": []}
+    assert Conversation.from_json(odd).turns[0].replies[0] == Reply("Yo")
+
+
+def test_an_older_export_imports_as_a_conversation_without_runs(tmp_path):
+    """An export from before the replies kept their runs ({"persona", "history"}) still imports:
+    one reply a turn, none with an outcome; exported again, it gives the same history."""
+    from ui.conversation import Conversation, Reply, Turn
+    from ui.tabs.chat import read_import
+
+    older = tmp_path / "conversation.json"
+    older.write_text(json.dumps({"persona": "Bot is a sailor.", "history": [["Hello", "Ahoy!"], ["Where to?", ""]]}))
+    conversation = read_import(str(older))
+    assert conversation == Conversation("Bot is a sailor.", (Turn("Hello", (Reply("Ahoy!"),)),
+                                                             Turn("Where to?", (Reply(""),))))
+    assert conversation.as_json()["history"] == [["Hello", "Ahoy!"], ["Where to?", ""]]
+
+
+def test_an_earlier_turn_is_drawn_again_exactly_from_its_record():
+    """A turn run through the host, its reply recorded with its outcome, and a later turn after
+    it: run again from the record (its seed and settings, the turns before it), the first turn's
+    reply is the same."""
+    from serve.apis import CHAT_API
+    from ui.conversation import Conversation, Reply
+
+    host = ModelHost(["bundled"], device="cpu")
+    defaults = {name: param.default for name, param in CHAT_API.signature.parameters.items()}
+
+    def run(values: dict):
+        *_, (text, outcome, _, _) = host.run(CHAT_API, {**defaults, **values})
+        assert outcome.ran, outcome
+        return text, outcome
+
+    asked = dict(message="Hi, I'd like to order a coffee, please.", history=[], persona="Bot is a barista.",
+                 temperature=0.9, top_k=30, max_new_tokens=24, seed=1234, adapter=True, adapter_scale=0.5)
+    text, outcome = run(asked)
+    conversation = Conversation("Bot is a barista.").answered(0, asked["message"], Reply(text, outcome))
+    later, later_outcome = run({**asked, "message": "A latte.", "history": conversation.pairs, "seed": None})
+    conversation = conversation.answered(1, "A latte.", Reply(later, later_outcome))
+    again = conversation.replayed(0, CHAT_API.task)
+    assert again["seed"] == 1234 and again["temperature"] == 0.9 and again["adapter_scale"] == 0.5
+    replayed, replayed_outcome = run(again)
+    assert replayed == text and replayed_outcome.reproduces(outcome)
+    assert run(conversation.replayed(1, CHAT_API.task))[0] == later  # a drawn seed is kept too
+    assert Conversation.from_pairs("", [["Hi", "Yo"]]).replayed(0, CHAT_API.task) is None  # no run kept
 
 
 def test_an_edits_draft_comes_back_once_the_message_box_is_empty_again():

@@ -32,6 +32,7 @@ from engine.generate import MAX_SEED, SamplingParams, generate
 from engine.scheduler import Scheduler
 from model.tokenizer import load_tokenizer
 from tasks import LANGUAGES
+from ui.conversation import Conversation
 from ui.tabs import chat
 from serve.model_host import ModelHost
 from serve.running import MAX_CHARS, MAX_NEW_TOKENS
@@ -376,10 +377,12 @@ def test_chat_exports_are_capped(tmp_path, monkeypatch):
     monkeypatch.setattr(chat, "MAX_EXPORTS", 3)
     paths = []
     for n in range(5):
-        paths.append(Path(chat.export_conversation([{"role": "user", "content": f"turn {n}"}], "")))
+        paths.append(Path(chat.export_conversation(Conversation.from_pairs("", [[f"turn {n}", ""]]))))
         time.sleep(0.02)  # file times are coarse: one tick apart, their order is sure
     assert sorted(tmp_path.iterdir()) == sorted(path.parent for path in paths[-3:])
-    assert json.loads(paths[-1].read_text()) == {"persona": "", "history": [["turn 4", ""]]}
+    assert json.loads(paths[-1].read_text()) == {
+        "persona": "", "history": [["turn 4", ""]],
+        "turns": [{"user": "turn 4", "replies": [{"text": "", "outcome": None}], "shown": 0}]}
 
 
 # --- load ---------------------------------------------------------------------------------------

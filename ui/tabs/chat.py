@@ -1,14 +1,18 @@
 """The Chat tab: a gr.Chatbot conversation with a persona line, retry / undo / clear, and the
 conversation exported as JSON and imported back.
 
-The conversation, the persona, the adapter switch and the decoding settings, with the run of the
-reply shown (its status line, and the replies kept after a retry), are kept in the browser's own
-storage (gr.BrowserState: per browser, never on the server), so they survive a reload; "New chat" files the conversation under "Earlier conversations", from where it can be
-reopened, and starts an empty one with the same persona, adapter and settings (as chat apps keep
-their settings across conversations).
+The conversation is a record (ui/conversation.py: each turn's message, every reply drawn for it
+with the seed and settings of its run, and the one shown), kept in a gr.State, changed by the
+handlers and drawn to the Chatbot by one function (showing); nothing is read back from the
+Chatbot. The record, the adapter switch and the decoding settings are kept in the browser's own
+storage (gr.BrowserState: per browser, never on the server), so they survive a reload; "New chat"
+files the conversation under "Earlier conversations", from where it can be reopened, and starts an
+empty one with the same persona, adapter and settings (as chat apps keep their settings across
+conversations).
 
-The API (/chat) takes the history as [user, bot] pairs, the shape an exported conversation has,
-so a conversation saved from the browser can be sent back through the API as it is.
+The API (/chat) takes the history as [user, bot] pairs, which an exported conversation also
+gives (its "history"), so a conversation saved from the browser can be sent back through the API
+as it is.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +30,10 @@ import gradio as gr
 from serve import PERSONAS
 from serve.messages import Refusal, localized, message_of
 from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome
-from serve.apis import CHAT_API, history_pairs
-from serve.running import RANDOM_SEED, checked_text
+from serve.apis import CHAT_API
+from serve.running import RANDOM_SEED
 
+from ..conversation import Conversation, Reply
 from ..i18n import i18n
 from ..messages import language, word
 from ..tab import NOTHING, Tab, TaskView, Widgets, adapter_props
@@ -105,23 +110,17 @@ def message_text(message: dict) -> str:
     return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
-def pairs_from_messages(messages: list[dict]) -> list[list[str]]:
-    """[user, bot] pairs from the Chatbot's messages; a turn the bot has not answered gets ""."""
-    pairs: list[list[str]] = []
-    for message in messages or []:
-        said = message_text(message)
-        if message["role"] == "user":
-            pairs.append([said, ""])
-        elif pairs and not pairs[-1][1]:
-            pairs[-1][1] = said
-        else:
-            pairs.append(["", said])
-    return pairs
-
-
 def messages_from_pairs(pairs: list[list[str]]) -> list[dict[str, str]]:
+    """The Chatbot's messages for [user, bot] pairs: the one way a conversation is drawn, whole
+    (showing) or with a reply still streaming (show_turn); an empty message is left out."""
     return [{"role": role, "content": said} for pair in pairs
             for role, said in zip(("user", "assistant"), pair) if said]
+
+
+def turn_of_message(conversation: Conversation, index: int) -> int:
+    """The turn of the Chatbot's message at `index`, as messages_from_pairs draws them."""
+    turns = [at for at, pair in enumerate(conversation.pairs) for said in pair if said]
+    return turns[index] if 0 <= index < len(turns) else len(turns)
 
 
 def chat_widgets() -> Widgets:
@@ -153,17 +152,19 @@ def chat_widgets() -> Widgets:
             which_reply = gr.Markdown(scale=0, min_width=60, elem_id="dialogue-which-reply")
             next_reply = gr.Button("▶", size="sm", scale=0, min_width=40, elem_id="dialogue-next-reply")
     message = gr.Textbox(label=i18n("message"), placeholder=i18n("message_placeholder"), elem_id="dialogue-message")
-    return Widgets({"message": message, "history": chatbot, "persona": persona}, output=chatbot,
+    # The conversation's record (ui/conversation.py), the one the Chatbot shows: a run reads its
+    # history from it, not from the Chatbot.
+    conversation = gr.State(Conversation(DEFAULT_PERSONA))
+    return Widgets({"message": message, "history": conversation, "persona": persona}, output=chatbot,
                    submit=(message,), cleared=(message,),
                    more={"export": export, "new": new_chat, "import": upload, "earlier": earlier,
                          "switcher": switcher, "previous": previous_reply, "next": next_reply, "which": which_reply,
-                         # after a retry, the replies to the last turn (replies_before_retry); the message box's
-                         # text an edit took aside (branch_at_edit)
-                         "replies": gr.State({}), "draft": gr.State("")})
+                         "conversation": conversation,
+                         "draft": gr.State("")})  # the message box's text an edit took aside (branch_at_edit)
 
 
 def from_ui(values: dict[str, Any]) -> dict[str, Any]:
-    return {**values, "history": pairs_from_messages(values["history"])}
+    return {**values, "history": values["history"].pairs}
 
 
 def show_turn(values: dict[str, Any], reply: str) -> list[dict[str, str]]:
@@ -179,15 +180,32 @@ def take_back_last_turn(values: dict[str, Any]) -> dict[str, Any]:
     return {**values, "history": history, "message": message}
 
 
-def branch_at_edit(messages: list[dict], box: str, draft: str,
-                   edit: gr.EditData) -> tuple[list[dict[str, str]], str, str]:
-    """An edited user message: the conversation before it, and its new text in the message box, to
-    be sent again (the reply then follows the edited text); what the box held before (or a draft
-    still waiting from an earlier edit), kept to be put back once a message has left the box
+def showing(tab: Tab, conversation: Conversation) -> dict:
+    """The record kept and drawn: the Chatbot's messages, and ◀ n / m ▶ where the last turn has
+    more than one reply (after a retry)."""
+    more = tab.widgets.more
+    last = conversation.turns[-1] if conversation.turns else None
+    several = last is not None and len(last.replies) > 1
+    return {more["conversation"]: conversation, tab.widgets.output: messages_from_pairs(conversation.pairs),
+            more["switcher"]: gr.update(visible=several),
+            more["which"]: f"{last.shown + 1} / {len(last.replies)}" if several else ""}
+
+
+def shown_parts(tab: Tab) -> set:
+    """What `showing` sets."""
+    more = tab.widgets.more
+    return {more["conversation"], tab.widgets.output, more["switcher"], more["which"]}
+
+
+def branch_at_edit(conversation: Conversation, box: str, draft: str,
+                   edit: gr.EditData) -> tuple[Conversation, str, str]:
+    """An edited user message: the conversation before its turn, and its new text in the message
+    box, to be sent again (the reply then follows the edited text); what the box held before (or a
+    draft still waiting from an earlier edit), kept to be put back once a message has left the box
     (draft_back)."""
     index = edit.index if isinstance(edit.index, int) else edit.index[0]
     value = edit.value if isinstance(edit.value, str) else message_text({"content": edit.value})
-    return messages_from_pairs(pairs_from_messages(messages[:index])), value, draft or box
+    return conversation.before(turn_of_message(conversation, index)), value, draft or box
 
 
 def draft_back(draft: str, box: str):
@@ -198,82 +216,44 @@ def draft_back(draft: str, box: str):
     return draft, ""
 
 
-def replies_before_retry(messages: list[dict], replies: dict, outcome: Outcome | None) -> dict:
-    """Retry: the last turn's reply and its outcome, kept (with any kept before for this turn)
-    to switch back to; "at" is the one shown, which the retry replaces."""
-    pairs = pairs_from_messages(messages)
-    if not pairs:
-        return replies
-    turn = len(pairs) - 1
-    if replies.get("turn") == turn:
-        return replies
-    return {"turn": turn, "replies": [(pairs[-1][1], outcome)], "at": 0}
-
-
-def after_retry(messages: list[dict], replies: dict, outcome: Outcome | None, last_run: dict) -> tuple[dict, Outcome]:
-    """The kept replies with the new one joined, and its outcome. A reply that repeats the one it
-    replaced, from the same run (seed, settings, counts), says why in a note: greedy decoding (the
-    run's own settings, `last_run`: Insight.kept), or a fixed seed. ({}, None): the conversation's
-    last turn is no longer the one retried; (replies, None): refused, the reply shown is still the
-    one kept."""
-    pairs = pairs_from_messages(messages)
-    if not pairs or replies.get("turn") != len(pairs) - 1:
-        return {}, None
+def answered(conversation: Conversation, outcome: Outcome | None,
+             last_run: dict) -> tuple[Conversation, Outcome] | None:
+    """The conversation with the reply a run has just drawn (`last_run`, Insight.kept: the message
+    it answered, the history it followed, its text and persona), as a new turn or beside the reply
+    it replaced (a retry), and its outcome. A reply that repeats the one it replaced, from the same
+    run (seed, settings, counts), says why in a note: greedy decoding, or a fixed seed. None where
+    the run drew no reply (refused, failed, or stopped before it ran: `last_run` is an older run's,
+    already recorded)."""
     if outcome is None or not outcome.ran:
-        return replies, None
-    replaced, replaced_outcome = replies["replies"][replies["at"]]
-    if pairs[-1][1] == replaced and outcome.reproduces(replaced_outcome):
-        settings = last_run.get("values", {})
-        outcome = outcome.noted(GREEDY_SAME if settings.get("temperature") == 0 or settings.get("top_k") == 1
-                                else SAME_SEED)
-    kept = [*replies["replies"], (pairs[-1][1], outcome)]
-    return {"turn": replies["turn"], "replies": kept, "at": len(kept) - 1}, outcome
-
-
-def switched(messages: list[dict], replies: dict, step: int) -> tuple[list[dict], dict, Outcome | None] | None:
-    """◀ (step -1) or ▶ (+1): the conversation with the previous or next kept reply, the replies
-    saying which is shown, and the outcome of the run that wrote it (its seed); None where there
-    is none to switch to."""
-    pairs = pairs_from_messages(messages)
-    kept = replies.get("replies", [])
-    if not kept or replies.get("turn") != len(pairs) - 1:
         return None
-    at = (replies["at"] + step) % len(kept)
-    pairs[-1][1], outcome = kept[at]
-    return messages_from_pairs(pairs), {**replies, "at": at}, outcome
+    ran_with, text = last_run.get("values", {}), last_run.get("output", "")
+    at, user = len(ran_with.get("history", [])), ran_with.get("message", "")
+    if at < len(conversation.turns) and conversation.turns[at].user == user:
+        turn = conversation.turns[at]
+        if any(reply.outcome == outcome for reply in turn.replies):
+            return None
+        if turn.reply.text == text and outcome.reproduces(turn.reply.outcome):
+            greedy = ran_with.get("temperature") == 0 or ran_with.get("top_k") == 1
+            outcome = outcome.noted(GREEDY_SAME if greedy else SAME_SEED)
+    conversation = replace(conversation, persona=ran_with.get("persona", conversation.persona))
+    return conversation.answered(at, user, Reply(text, outcome)), outcome
 
 
-def which_reply(replies: dict) -> str:
-    return f"{replies['at'] + 1} / {len(replies['replies'])}"
-
-
-def forget_replaced(messages: list[dict], replies: dict, outcome: Outcome | None):
-    """The kept replies and the switcher stay while the conversation's last turn is still the one
-    they belong to, showing one of them; a new turn, an undo, a clear or another conversation
-    takes them away (a refused import, which changes nothing, does not), keeping the last turn's
-    reply as shown, with its outcome, for a reply continued from a chosen token to join (its
-    run changes the conversation before anything could keep it)."""
-    pairs = pairs_from_messages(messages)
-    kept = replies.get("replies", [])
-    if kept and pairs and replies.get("turn") == len(pairs) - 1 and pairs[-1][1] == kept[replies["at"]][0]:
-        return gr.skip(), gr.skip()
-    return replies_before_retry(messages, {}, outcome), gr.update(visible=False)  # the new last turn's reply
-
-
-def undo(messages: list[dict]) -> tuple[list[dict[str, str]], str]:
+def undo(conversation: Conversation) -> tuple[Conversation, str]:
     """The conversation without its last turn, whose message goes back into the message box."""
-    *history, (message, _) = pairs_from_messages(messages) or [("", "")]
-    return messages_from_pairs(history), message
+    if not conversation.turns:
+        return conversation, ""
+    return conversation.before(len(conversation.turns) - 1), conversation.turns[-1].user
 
 
-def export_conversation(messages: list[dict], persona: str) -> str | None:
-    """The conversation as a JSON file ({"persona", "history": [[user, bot], ...]}), for the
+def export_conversation(conversation: Conversation) -> str | None:
+    """The conversation as a JSON file (Conversation.as_json: the persona, each turn's message and
+    replies with their runs, and which is shown; the shown ones as /chat's history too), for the
     export button; None while there is nothing to export."""
-    history = pairs_from_messages(messages)
-    if not history:
+    if not conversation.turns:
         return None
     # errors="replace": a lone surrogate in the text cannot be written as UTF-8.
-    data = json.dumps({"persona": persona, "history": history}, ensure_ascii=False, indent=2).encode(errors="replace")
+    data = json.dumps(conversation.as_json(), ensure_ascii=False, indent=2).encode(errors="replace")
     # Named by content: the same conversation is one file, however often it is exported.
     directory = EXPORT_DIR / hashlib.sha256(data).hexdigest()[:16]
     directory.mkdir(parents=True, exist_ok=True)
@@ -299,11 +279,22 @@ def prune_exports(newest: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def conversation_title(conversation: dict) -> str:
+
+def stored_conversation(kept: dict) -> Conversation:
+    """The conversation of a kept one (KeptInBrowser.current); one an older version of the app
+    kept (its "persona" and "history" beside the settings) reads as an older export does, and one
+    this app cannot read at all is an empty one."""
+    try:
+        return Conversation.from_json(kept.get("conversation", kept))
+    except (KeyError, TypeError, ValueError):
+        return Conversation()
+
+
+def conversation_title(kept: dict) -> str:
     """How a kept conversation is listed: its first message, and its length."""
-    first = conversation["history"][0][0] if conversation["history"] else ""
-    first = " ".join(first.split())
-    return f"{first[:40]}{'…' if len(first) > 40 else ''} ({len(conversation['history'])})"
+    turns = stored_conversation(kept).turns
+    first = " ".join(turns[0].user.split()) if turns else ""
+    return f"{first[:40]}{'…' if len(first) > 40 else ''} ({len(turns)})"
 
 
 def earlier_choices(store: dict) -> dict:
@@ -314,14 +305,14 @@ def earlier_choices(store: dict) -> dict:
 def filed(store: dict, current: dict | None) -> dict:
     """The store with `current` filed first under the earlier conversations, if it has turns."""
     earlier = list(store.get("earlier", []))
-    if current and current.get("history"):
+    if current and stored_conversation(current).turns:
         earlier = [current, *earlier][:MAX_EARLIER]
     return {"current": None, "earlier": earlier}
 
 
-def read_import(path: str | None) -> dict:
-    """An exported conversation ({"persona", "history": [[user, bot], ...]}), checked as the API
-    checks them."""
+def read_import(path: str | None) -> Conversation:
+    """An exported conversation (Conversation.as_json, or an older export's {"persona", "history":
+    [[user, bot], ...]}), checked as the API checks them."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, TypeError):  # gone from the upload folder, or no file given
@@ -330,11 +321,10 @@ def read_import(path: str | None) -> dict:
         raise Refusal("not_a_conversation", kind="not JSON") from None
     if not isinstance(data, dict):
         raise Refusal("not_a_conversation", kind="not a JSON object")
-    if "history" not in data:  # {"hello": 1} is JSON, but no conversation to replace the one shown
+    if "history" not in data and "turns" not in data:  # {"hello": 1} is JSON, but no conversation
         raise Refusal("not_a_conversation", kind="no history")
     try:
-        return {"history": [list(pair) for pair in history_pairs(data.get("history", []))],
-                "persona": checked_text("persona", data.get("persona", ""))}
+        return Conversation.from_json(data)
     except ValueError as error:  # said as the API says it, and where: the file, not a box on the page
         raise Refusal("in_the_file", error=message_of(error)) from None
 
@@ -345,64 +335,38 @@ def chat_store() -> gr.BrowserState:
     return gr.BrowserState({"current": None, "earlier": []}, storage_key=STORAGE_KEY, secret=STORAGE_SECRET)
 
 
-def run_record(outcome: Outcome | None, replies: dict) -> dict:
-    """What a reload brings back of the reply shown: its run's outcome (the status line, with its
-    seed) and, after a retry, the replies to switch between; as JSON values, for the browser."""
-    def as_json(run: Outcome | None) -> dict | None:
-        return run.as_json() if run is not None and run.ran else None
-    kept = replies.get("replies", [])
-    return {"outcome": as_json(outcome),
-            "replies": {"turn": replies["turn"], "at": replies["at"],
-                        "replies": [[text, as_json(run)] for text, run in kept]} if len(kept) > 1 else {}}
-
-
-def run_from_record(conversation: dict) -> tuple[Outcome | None, dict]:
-    """run_record's outcome and replies back, for the conversation they were kept with; the
-    replies only while they still belong to its last turn. A record the app cannot read (from
-    another version of it) brings back nothing."""
-    pairs = conversation.get("history", [])
-
-    def outcome(data: dict | None) -> Outcome | None:
-        return None if data is None else Outcome.from_json(data)
-    try:
-        shown, kept = outcome(conversation.get("outcome")), conversation.get("replies") or {}
-        if not (kept and pairs and kept["turn"] == len(pairs) - 1 and kept["replies"][kept["at"]][0] == pairs[-1][1]):
-            return shown, {}
-        return shown, {**kept, "replies": [(text, outcome(run)) for text, run in kept["replies"]]}
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None, {}
-
-
 @dataclass(frozen=True)
 class KeptInBrowser:
-    """The conversation, persona, adapter switch and settings kept in the browser (see the module
-    docstring), with the outcome of the reply shown and the replies kept to switch between
-    (run_record): saved after each change, restored on load, filed by New chat, reopened from the
-    list, imported from an exported file."""
+    """The conversation (its record, with the persona), the adapter switch and settings kept in the
+    browser (see the module docstring): saved after each change, restored on load, filed by New
+    chat, reopened from the list, imported from an exported file."""
     tab: Tab
 
     @property
     def kept(self) -> list[gr.Component]:
-        return [self.tab.widgets.output, self.tab.widgets.inputs["persona"], self.tab.adapter,
+        more = self.tab.widgets.more
+        return [more["conversation"], self.tab.widgets.inputs["persona"], self.tab.adapter,
                 *self.tab.settings.values()]
 
     @property
     def names(self) -> list[str]:
         return list(self.tab.settings)
 
-    def current(self, messages, persona_text, adapter, *values) -> dict:
-        return {"history": pairs_from_messages(messages or []), "persona": persona_text or "",
+    def current(self, conversation: Conversation, persona_text, adapter, *values) -> dict:
+        """What the browser keeps of the conversation shown, with the persona as its box says."""
+        return {"conversation": replace(conversation, persona=persona_text or "").as_json(),
                 "adapter": bool(adapter), "settings": dict(zip(self.names, values))}
 
-    def shown(self, conversation: dict | None) -> dict:
+    def shown(self, kept: dict) -> dict:
         """The components' values for a kept conversation; what it does not keep takes the tab's
         defaults (the adapter as the model serving now starts it)."""
-        tab, conversation = self.tab, conversation or {}
+        tab = self.tab
+        conversation = stored_conversation(kept)
         defaults = {name: getattr(tab.view.task.defaults, name, None) for name in self.names} | {"seed": RANDOM_SEED}
-        settings = {**defaults, **conversation.get("settings", {})}
-        adapter = conversation.get("adapter", adapter_props(tab.view.task, tab.host.current)["value"])
-        return dict(zip(self.kept, [messages_from_pairs(conversation.get("history", [])),
-                                    conversation.get("persona", ""), adapter, *(settings[name] for name in self.names)]))
+        settings = {**defaults, **kept.get("settings", {})}
+        adapter = kept.get("adapter", adapter_props(tab.view.task, tab.host.current)["value"])
+        return {**showing(tab, conversation), tab.widgets.inputs["persona"]: conversation.persona,
+                tab.adapter: adapter, **{tab.settings[name]: settings[name] for name in self.names}}
 
     def replaced_by(self, saved: dict, values: dict) -> dict:
         """Another conversation shown: kept, listed, and the last run's line and prompt gone."""
@@ -410,25 +374,25 @@ class KeptInBrowser:
         return {**values, tab.page_state: saved, tab.widgets.more["earlier"]: earlier_choices(saved),
                 **tab.shown(None, "en"), tab.prompt_sent: ""}
 
-    def save(self, saved: dict, outcome: Outcome | None, kept_replies: dict, *values) -> dict:
-        return {**saved, "current": {**self.current(*values), **run_record(outcome, kept_replies)}}
+    def save(self, saved: dict, *values) -> dict:
+        return {**saved, "current": self.current(*values)}
 
     def restore(self, saved: dict, request: gr.Request) -> dict:
-        more = self.tab.widgets.more
+        """The conversation kept, with the status line of its last reply's run."""
         conversation = (saved or {}).get("current")
-        listed = {more["earlier"]: earlier_choices(saved or {})}
+        listed = {self.tab.widgets.more["earlier"]: earlier_choices(saved or {})}
         if not conversation:
             return listed
-        outcome, kept_replies = run_from_record(conversation)
-        switcher = {more["switcher"]: gr.update(visible=True), more["which"]: which_reply(kept_replies)} \
-            if kept_replies else {}
-        return {**self.shown(conversation), **listed, **self.tab.shown(outcome, language(request)),
-                more["replies"]: kept_replies, **switcher}
+        turns = stored_conversation(conversation).turns
+        outcome = turns[-1].reply.outcome if turns else None
+        return {**self.shown(conversation), **listed, **self.tab.shown(outcome, language(request))}
 
     def new_chat(self, saved: dict, *values) -> dict:
-        saved = filed(saved or {}, self.current(*values))
-        saved["current"] = {**self.current(*values), "history": []}  # the persona and settings go on
-        return self.replaced_by(saved, {self.tab.widgets.output: []})
+        current = self.current(*values)
+        saved = filed(saved or {}, current)
+        fresh = Conversation(current["conversation"]["persona"])  # the persona and settings go on
+        saved["current"] = {**current, "conversation": fresh.as_json()}
+        return self.replaced_by(saved, showing(self.tab, fresh))
 
     def reopen(self, index, saved: dict, *values) -> dict:
         earlier = (saved or {}).get("earlier", [])
@@ -447,26 +411,24 @@ class KeptInBrowser:
             gr.Warning(localized(error, lang), title=word("warning", lang))
             return self.tab.shown(Outcome.refused(error), lang)
         saved = filed(saved or {}, self.current(*values))
-        saved["current"] = {**self.current(*values), **conversation}
+        saved["current"] = {**self.current(*values), "conversation": conversation.as_json()}
         return self.replaced_by(saved, self.shown(saved["current"]))
 
-    def wire(self, export: dict, changed: list, forgetting: list[dict]) -> None:
-        """Saved after each change (`changed`: the events that change the conversation, besides
-        the edits of its boxes) and restored on load; each of the events that shows another
-        conversation makes the export button's file too, and forgets what spoke of the one it
-        replaces (`forgetting`: the events' arguments)."""
+    def wire(self, export: dict, changed: list, forget_shown_run: dict) -> None:
+        """Saved after each change (`changed`: the events that change the conversation's record)
+        and restored on load; each of the events that shows another conversation makes the export
+        button's file too, and forgets what spoke of the one it replaces (forget_shown_run)."""
         tab, kept, store, more = self.tab, self.kept, self.tab.page_state, self.tab.widgets.more
         private = dict(queue=False, api_visibility="private")
-        restored = {*kept, more["earlier"], tab.status, tab.outcome, more["replies"], more["switcher"], more["which"]}
+        restored = {*kept, *shown_parts(tab), more["earlier"], tab.status, tab.outcome}
         tab.page.blocks.load(self.restore, store, restored, **private).then(**export)
-        saving = dict(fn=self.save, inputs=[store, tab.outcome, more["replies"], *kept], outputs=store, **private)
+        saving = dict(fn=self.save, inputs=[store, *kept], outputs=store, **private)
         for change in changed:
             change.then(**saving)
-        persona = tab.widgets.inputs["persona"]
-        gr.on([persona.blur, persona.submit, tab.adapter.input, tab.widgets.output.undo, tab.widgets.output.clear,
+        gr.on([tab.adapter.input,
                *(slider.release if hasattr(slider, "release") else slider.blur for slider in tab.settings.values())],
               **saving)
-        replacing = {*kept, store, more["earlier"], tab.status, tab.outcome, tab.prompt_sent}
+        replacing = {*kept, *shown_parts(tab), store, more["earlier"], tab.status, tab.outcome, tab.prompt_sent}
         for replaced in (
                 more["new"].click(self.new_chat, [store, *kept], replacing, **private),
                 more["earlier"].input(self.reopen, [more["earlier"], store, *kept], replacing, **private),
@@ -474,103 +436,105 @@ class KeptInBrowser:
                 more["import"].upload(self.imported, [more["import"], store, *kept], replacing,
                                       api_visibility="private")):
             replaced.then(**export)
-            for forget in forgetting:
-                replaced.then(**forget)
+            replaced.then(**forget_shown_run)
 
 
 PRIVATE = dict(queue=False, api_visibility="private")  # the page's own events, none of them a run
 
 
 def chat_extras(tab: Tab) -> None:
-    """Chat's own events: retry and the replies kept to switch between, an edited message, undo
-    and clear, the export, and the copy kept in the browser."""
-    chatbot, persona, more = tab.widgets.output, tab.widgets.inputs["persona"], tab.widgets.more
-    forget_replies = dict(fn=forget_replaced, inputs=[chatbot, more["replies"], tab.outcome],
-                          outputs=[more["replies"], more["switcher"]], **PRIVATE)
+    """Chat's own events: each run's reply recorded, the replies kept to switch between, an edited
+    message, undo and clear, the persona, the export, and the copy kept in the browser."""
+    conversation = tab.widgets.more["conversation"]
     # The token view, Compare's texts and a clicked token's alternatives speak of the reply last
     # drawn: they go when it goes (undo, clear, another conversation) or another reply is shown.
     forget_shown_run = dict(fn=Insight.forgotten, inputs=None, outputs=tab.insight.of_the_shown_run, **PRIVATE)
-    settled = wire_retry(tab)
-    switches = wire_reply_switcher(tab)
-    wire_edit(tab)
-    undone, cleared = wire_undo_and_clear(tab)
-    for switched_reply in switches:
-        switched_reply.then(**forget_shown_run)
-    for new_turn in [*tab.runs["run"], *tab.runs["edit"], undone, cleared]:  # a message sent or edited, or taken back
-        settled.append(new_turn.then(**forget_replies))
-    for other in (undone, cleared):
+    edited = wire_edit(tab)
+    tab.add_run("retry", [tab.widgets.output.retry], prepare=take_back_last_turn)
+    switches, taken_back = wire_reply_switcher(tab), wire_undo_and_clear(tab)
+    for other in (*switches, *taken_back):
         other.then(**forget_shown_run)
     # Exported when a run, an undo, a clear or a switch to another kept reply has finished, not on
     # every change of the chatbot: a streaming reply changes it with every chunk. (Stop lets the
-    # run end by itself, so its partial reply is exported too; a run cancelled while queued had
-    # changed nothing.)
-    export = dict(fn=export_conversation, inputs=[chatbot, persona], outputs=more["export"], **PRIVATE)
-    for finished in [*tab.all_runs, undone, cleared, *switches]:
-        finished.then(**export)
-    gr.on([persona.blur, persona.submit], **export)  # once the persona is typed, not per keystroke
-    KeptInBrowser(tab).wire(export, [*tab.all_runs, *switches, *settled], [forget_replies, forget_shown_run])
+    # run end by itself, so its partial reply is recorded and exported too; a run cancelled while
+    # queued had changed nothing.)
+    export = dict(fn=export_conversation, inputs=conversation, outputs=tab.widgets.more["export"], **PRIVATE)
+    changed = [*wire_answers(tab), *switches, *taken_back, edited, wire_persona(tab)]
+    for change in changed:
+        change.then(**export)
+    KeptInBrowser(tab).wire(export, changed, forget_shown_run)
 
 
-def wire_retry(tab: Tab) -> list:
-    """Retry, and a reply continued from a chosen token (forget_replaced kept the reply it
-    replaces), keep the reply they replace to switch back to; the events that change the reply's
-    outcome or the kept replies, which the browser keeps once they have."""
-    chatbot, more = tab.widgets.output, tab.widgets.more
-    replies, switcher, which = more["replies"], more["switcher"], more["which"]
-    chatbot.retry(replies_before_retry, [chatbot, replies, tab.outcome], replies, **PRIVATE)
-    tab.add_run("retry", [chatbot.retry], prepare=take_back_last_turn)
-
-    def retried(messages: list[dict], kept: dict, outcome: Outcome | None, last_run: dict, request: gr.Request):
-        kept, outcome = after_retry(messages, kept, outcome, last_run)
-        if not kept:
-            return {replies: {}, switcher: gr.update(visible=False), which: ""}
-        if outcome is None:
+def wire_answers(tab: Tab) -> list:
+    """Each run's reply recorded in the conversation once the run has ended (answered): a new turn
+    (Send, an edited message), or a reply beside the one it replaces (Retry, a reply continued from
+    a chosen token). Their events."""
+    def recorded(conversation: Conversation, outcome: Outcome | None, last_run: dict, request: gr.Request):
+        found = answered(conversation, outcome, last_run)
+        if found is None:
             return NOTHING
-        return {replies: kept, switcher: gr.update(visible=True), which: which_reply(kept),
-                **tab.shown(outcome, language(request))}
+        conversation, outcome = found
+        return {**showing(tab, conversation), **tab.shown(outcome, language(request))}
 
-    return [replaced.then(retried, [chatbot, replies, tab.outcome, tab.insight.last_run],
-                          {replies, switcher, which, tab.status, tab.outcome}, **PRIVATE)
-            for replaced in (*tab.runs["retry"], *tab.runs["from_token"])]
+    return [run.then(recorded, [tab.widgets.more["conversation"], tab.outcome, tab.insight.last_run],
+                     {*shown_parts(tab), tab.status, tab.outcome}, **PRIVATE)
+            for run in tab.all_runs]
 
 
 def wire_reply_switcher(tab: Tab) -> list:
-    """◀ and ▶ between the replies kept after a retry: their events."""
-    chatbot, more = tab.widgets.output, tab.widgets.more
-    replies, which = more["replies"], more["which"]
+    """◀ and ▶ between the replies to the last turn, each with its run's status line: their events."""
+    conversation, more = tab.widgets.more["conversation"], tab.widgets.more
 
     def switch(step: int):
-        def to_reply(messages: list[dict], kept: dict, request: gr.Request):
-            found = switched(messages, kept, step)
-            if found is None:
+        def to_reply(kept: Conversation, request: gr.Request):
+            switched = kept.switched(step)
+            if switched is None:
                 return NOTHING
-            messages, kept, outcome = found
-            return {chatbot: messages, replies: kept, which: which_reply(kept), **tab.shown(outcome, language(request))}
+            return {**showing(tab, switched), **tab.shown(switched.turns[-1].reply.outcome, language(request))}
         return to_reply
 
-    return [button.click(switch(step), [chatbot, replies], {chatbot, replies, which, tab.status, tab.outcome},
-                         **PRIVATE)
+    return [button.click(switch(step), conversation, {*shown_parts(tab), tab.status, tab.outcome}, **PRIVATE)
             for step, button in ((-1, more["previous"]), (1, more["next"]))]
 
 
-def wire_edit(tab: Tab) -> None:
+def wire_edit(tab: Tab):
     """An edited user message is sent again (branch_at_edit), the message box's draft kept aside
-    and put back once a message has left the box (draft_back)."""
-    chatbot, message, draft = tab.widgets.output, tab.widgets.inputs["message"], tab.widgets.more["draft"]
-    edited = chatbot.edit(branch_at_edit, [chatbot, message, draft], [chatbot, message, draft], **PRIVATE)
+    and put back once a message has left the box (draft_back). The edit's event."""
+    chatbot, message, more = tab.widgets.output, tab.widgets.inputs["message"], tab.widgets.more
+    draft = more["draft"]
+
+    def branched(conversation: Conversation, box: str, kept_draft: str, edit: gr.EditData):
+        before, text, kept_draft = branch_at_edit(conversation, box, kept_draft, edit)
+        return {**showing(tab, before), message: text, draft: kept_draft}
+
+    edited = chatbot.edit(branched, [more["conversation"], message, draft], {*shown_parts(tab), message, draft},
+                          **PRIVATE)
     for new_turn in [*tab.runs["run"], *tab.add_run("edit", [edited])]:  # a message sent, or an edited one
         new_turn.then(draft_back, [draft, message], [message, draft], **PRIVATE)
+    return edited
 
 
 def wire_undo_and_clear(tab: Tab) -> tuple:
     """Undo and clear: the status line and the prompt sent go with the reply they spoke of, as in
     another conversation. Their events."""
-    chatbot, message = tab.widgets.output, tab.widgets.inputs["message"]
+    chatbot, message, conversation = tab.widgets.output, tab.widgets.inputs["message"], tab.widgets.more["conversation"]
     gone = {**tab.shown(None, "en"), tab.prompt_sent: ""}
-    undone = chatbot.undo(lambda messages: {**dict(zip((chatbot, message), undo(messages))), **gone}, chatbot,
-                          {chatbot, message, *gone}, **PRIVATE)
-    cleared = chatbot.clear(lambda: {chatbot: [], **gone}, None, {chatbot, *gone}, **PRIVATE)
-    return undone, cleared
+    outputs = {*shown_parts(tab), *gone}
+
+    def undone(kept: Conversation) -> dict:
+        kept, text = undo(kept)
+        return {**showing(tab, kept), message: text, **gone}
+
+    return (chatbot.undo(undone, conversation, {*outputs, message}, **PRIVATE),
+            chatbot.clear(lambda kept: {**showing(tab, Conversation(kept.persona)), **gone}, conversation, outputs,
+                          **PRIVATE))
+
+
+def wire_persona(tab: Tab):
+    """The persona, once typed (not per keystroke), becomes the record's: its event."""
+    persona, conversation = tab.widgets.inputs["persona"], tab.widgets.more["conversation"]
+    return gr.on([persona.blur, persona.submit], lambda kept, text: replace(kept, persona=text),
+                 [conversation, persona], conversation, **PRIVATE)
 
 
 CHAT = TaskView(
