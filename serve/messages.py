@@ -22,7 +22,7 @@ __all__ = ["Message", "Refusal", "TEMPLATES", "render", "english", "localized", 
 TEMPLATES: dict[str, tuple[str, str]] = {
     # a seed the app refuses (serve/running.py); -1: serve.running.RANDOM_SEED (tests/test_messages.py checks it)
     "random_seed": ("{error}; -1 draws a random seed", "{error}；设为 -1 则随机抽取种子"),
-    # an imported conversation the API would refuse (ui/chat.py)
+    # an imported conversation the API would refuse (ui/tabs/chat.py)
     "in_the_file": ("in the file: {error}", "文件中：{error}"),
     # decoding settings (serve/limits.py)
     "temperature_low": ("temperature must be 0 (greedy) or at least {low}, got {value}",
@@ -60,7 +60,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                          "此模型没有「{adapter}」适配器（已有：{adapters}）"),
     "languages": ("cannot translate {source} to {target}: source and target must be two different languages of "
                   "{languages}", "无法从{source}翻译为{target}：源语言和目标语言必须是 {languages} 中两种不同的语言"),
-    # the requests' checks (serve/running.py, serve/apis.py, ui/chat.py)
+    # the requests' checks (serve/running.py, serve/apis.py, ui/tabs/chat.py)
     "not_text": ("{name} must be text, got {kind}", "{name}必须是文本，收到的是 {kind}"),
     "too_big": ("{name} is too long: {size:,} characters; the limit is {limit:,}",
                 "{name}太长：{size:,} 个字符；上限为 {limit:,}"),

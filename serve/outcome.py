@@ -20,7 +20,7 @@ REFUSED_MARK = "⚠️ "  # how the line of a refusal or a fault starts
 # Why a run stopped, as its status line says it to a person (Result.stop_reason keeps the code).
 STOP_REASON_WORDS = {"eos": "end of text", "stop_string": "stop string", "max_tokens": "max_new_tokens reached",
                      "context_full": "context full", "cancelled": "Stop pressed", "task_done": "answer complete"}
-# What a retry of the same request adds to say why its reply is the same (ui/chat.py).
+# What a retry of the same request adds to say why its reply is the same (ui/tabs/chat.py).
 SAME_SEED, GREEDY_SAME = Message.keyed("same_seed"), Message.keyed("greedy_same")
 RETRY_NOTES = {SAME_SEED.key, GREEDY_SAME.key}
 
