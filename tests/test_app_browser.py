@@ -889,6 +889,23 @@ def test_continue_goes_on_past_the_prompts_limit_sending_its_end(page):
     assert f"sent the prompt's last {MAX_CHARS['prompt']:,} of {len(long + generated):,} characters" in line, line
 
 
+def test_continue_keeps_the_newest_lines_of_a_long_prompt_in_view(page):
+    """A notebook grown past its box's height shows its end after Continue, where the new text is,
+    as the box scrolls while a run writes into it; and so does the prompt sent, however long."""
+    prompt = page.locator("#generate-prompt textarea")
+    prompt.fill("Once upon a time")
+    set_setting(page, "generate", "max_new_tokens", 512)
+    press(page, "generate", "run", 2)
+    press(page, "generate", "continue", 3)
+    page.locator("#tab-generate").get_by_text("Prompt sent to the model").click()
+    for box in ("generate-prompt", "generate-prompt-sent"):
+        expect(page.locator(f"#{box} textarea")).to_be_visible()
+        page.wait_for_function("""id => {
+            const t = document.querySelector(`#${id} textarea`);
+            return t.scrollHeight > t.clientHeight && t.scrollTop + t.clientHeight >= t.scrollHeight - 2;
+        }""", arg=box, timeout=5_000)
+
+
 def test_continue_appends_to_the_prompt_and_goes_on_from_the_edited_text(page):
     """Generate's notebook: Continue writes the continuation into the prompt box itself, which
     stays editable; a second Continue goes on from the text as the user corrected it. A Generate

@@ -198,6 +198,8 @@ class Tab:
         events = [gr.on(listeners, **handler)] if listeners else []
         # A handler that readies the tab first (Chat's edit): the run goes after it.
         events += [before.then(**handler) for before in triggers if isinstance(before, gr.events.Dependency)]
+        for event in events:  # Compare's two prompts, or a long notebook's, end below the box's height
+            event.then(None, js=scrolled_to_end(self.prompt_sent.elem_id), **RUNS_IN_THE_BROWSER)
         self.runs[name] = events
         return events
 
@@ -353,6 +355,17 @@ def without_refusal(tab: Tab):
     return forget
 
 
+# A handler of JavaScript alone: nothing goes to the server.
+RUNS_IN_THE_BROWSER = dict(queue=False, api_visibility="private")
+
+
+def scrolled_to_end(elem_id: str) -> str:
+    """JavaScript that shows the end of a text box once Gradio has drawn its new value: Gradio's own
+    autoscroll keeps a box that grew past its height at the top when the value arrives whole."""
+    return (f"() => requestAnimationFrame(() => requestAnimationFrame(() => {{ "
+            f"const box = document.querySelector('#{elem_id} textarea'); if (box) box.scrollTop = box.scrollHeight; }}))")
+
+
 def notebook_tail(text: str, limit: int) -> tuple[str, Message | None]:
     """The end of a notebook that Continue has grown past what a run takes, and a note that says
     so (None: it fits). A model sees only the end of a long prompt anyway (the task cuts it to
@@ -458,9 +471,11 @@ def laid_out(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches
     insight = Insight.build(task.name, has_adapter=task.adapter is not None, adapter_on=adapter_now["value"])
     with gr.Accordion(i18n("settings"), open=False):
         settings = settings_widgets(task)
-    with gr.Accordion(i18n("prompt_sent"), open=False):
+    with gr.Accordion(i18n("prompt_sent"), open=False) as prompt_folded:
         prompt_sent = gr.Textbox(label=i18n("prompt_sent"), show_label=False, lines=4, max_lines=12,
                                  interactive=False, buttons=["copy"], elem_id=f"{task.name}-prompt-sent")
+    # its end, where the prompt asks the model (and Compare's second prompt), in view when unfolded too
+    prompt_folded.expand(None, js=scrolled_to_end(prompt_sent.elem_id), **RUNS_IN_THE_BROWSER)
     examples = labelled_examples(view, widgets, page)
     pending = gr.State(None) if view.notebook else None  # (input, its run's text): pending_of
     return Tab(view, page, host, stop_switches, widgets, settings, adapter, run_button, continue_button, stop_button,
@@ -513,7 +528,8 @@ def wire_notebook(tab: Tab) -> None:
     for run in [*tab.runs["run"], *tab.add_run("from_token", [rewound], continuing=True)]:
         run.then(**waiting)
     for run in tab.add_run("continue", [joined], appends=True):
-        run.then(append_run, [notebook, tab.widgets.output, tab.outcome], notebook, **private)
+        appended = run.then(append_run, [notebook, tab.widgets.output, tab.outcome], notebook, **private)
+        appended.then(None, js=scrolled_to_end(notebook.elem_id), **RUNS_IN_THE_BROWSER)  # where the new text is
 
 
 def wire_stop(tab: Tab) -> None:
