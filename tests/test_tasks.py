@@ -1,5 +1,5 @@
 """Tasks: exact prompt formats, fitting to the context, post-processing, and run_task end to end
-with a tiny random GPT-2 and the real GPT-2 tokenizer."""
+with a tiny random GPT-2 and the bundled model's tokenizer (the one the app starts on)."""
 import threading
 from dataclasses import replace
 
@@ -10,8 +10,9 @@ from model.config import GPT2Config
 from engine.generate import Sampler
 from model import load_pretrained
 from model.gpt2 import GPT2
-from model.tokenizer import GPT2BPETokenizer
-from .conftest import GPT2_BPE, make_lora_adapter, need_data, refused
+from model.checkpoint import BUNDLED_DIR
+from model.tokenizer import load_tokenizer
+from .conftest import make_lora_adapter, refused
 from tasks import (DEFAULT_EXAMPLES, TASKS, DialogueInputs, GenerateInputs, Prompt, SummarizeInputs, TaskDone,
                    TaskUpdate, TranslateInputs, first_sentences, run_task)
 from tasks.base import PromptTooLong
@@ -23,13 +24,13 @@ N_CTX = 128
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return GPT2BPETokenizer.from_files(need_data(GPT2_BPE / "encoder.json"), GPT2_BPE / "vocab.bpe")
+    return load_tokenizer(BUNDLED_DIR)
 
 
 @pytest.fixture(scope="module")
-def model():
+def model(tokenizer):
     torch.manual_seed(0)
-    return GPT2(GPT2Config(vocab_size=50257, n_positions=N_CTX, n_embd=32, n_layer=2, n_head=2)).eval()
+    return GPT2(GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=N_CTX, n_embd=32, n_layer=2, n_head=2)).eval()
 
 
 def build(name, inputs, tokenizer, max_prompt_tokens=1000, adapter_on=False) -> Prompt:
@@ -199,11 +200,13 @@ def test_dialogue_that_cannot_fit_persona_and_message_is_an_error(tokenizer):
 
 def test_translate_drops_examples_before_the_text(tokenizer):
     inputs = TranslateInputs("The dog runs.")
-    prompt = build("translate", inputs, tokenizer, max_prompt_tokens=30)
-    assert len(prompt.ids) <= 30
-    assert prompt.text.endswith("We are reading a book in the garden. = Nous lisons un livre dans le jardin.\n"
-                                "The dog runs. =")
+    last_pair_and_text = "We are reading a book in the garden. = Nous lisons un livre dans le jardin.\nThe dog runs. ="
+    room = len(tokenizer.encode(last_pair_and_text))  # the last pair fits, not the one before it
+    prompt = build("translate", inputs, tokenizer, max_prompt_tokens=room)
+    assert len(prompt.ids) <= room
+    assert prompt.text == last_pair_and_text
     assert prompt.notes and prompt.notes[0].key == "dropped_examples" and prompt.notes[0].field("total") == 4
+    assert prompt.notes[0].field("count") == 3
     with pytest.raises(PromptTooLong) as too_long:
         build("translate", inputs, tokenizer, max_prompt_tokens=3)
     assert too_long.value.what == "the text to translate"
