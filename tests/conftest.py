@@ -1,8 +1,11 @@
 """Shared fixtures: small real checkpoints in Hugging Face layout, built here with transformers."""
 from __future__ import annotations
 
+import functools
+import json
 import re
 import shutil
+import string
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -101,10 +104,86 @@ def copy_of(model):
     return twin
 
 
-def copy_gpt2_tokenizer(directory: Path) -> None:
-    """The real GPT-2 vocabulary, under the names HF checkpoints give it."""
-    shutil.copy(need_data(GPT2_BPE) / "encoder.json", directory / "vocab.json")
-    shutil.copy(GPT2_BPE / "vocab.bpe", directory / "merges.txt")
+# Text to learn the small BPE's first merges from: the words the tests write, so that their prompts
+# take a few tokens each, as in GPT-2, rather than one a byte.
+SMALL_BPE_TEXT = """Once upon a time, there was a little girl named Lily. She liked to play in the park.
+Hello there! Hello world. The cat sat on the mat. The dog runs in the garden. Another request.
+The meaning of life is to read a story. Then the fox saw some grapes, but they were sour.
+User: Hi, who are you? Bot: I am a friendly bot. one two three four five six seven eight nine ten. It is ok,
+word by word.
+I would like a cup of coffee. = Je voudrais une tasse de café. Der Hund läuft. Le chat dort.
+"""
+
+
+@functools.cache
+def small_bpe(vocab_size: int = 50257) -> tuple[dict[str, int], str]:
+    """A GPT-2-style byte-level BPE of `vocab_size` tokens, as (vocab.json's mapping, merges.txt's
+    text), for checkpoints that need GPT-2's files but not GPT-2's own vocabulary (that is the
+    project's data, which a clone from the host has not). As GPT-2's: the 256 byte tokens first,
+    in GPT-2's order, then one token per merge, in merge order (merges learnt from SMALL_BPE_TEXT,
+    then runs of letters to fill the vocabulary), and <|endoftext|> last."""
+    from collections import Counter
+
+    import regex
+
+    from model.tokenizer import END_OF_TEXT, GPT2_PATTERN, bytes_to_unicode
+
+    byte_chars = list(bytes_to_unicode().values())
+    vocab = {char: id for id, char in enumerate(byte_chars)}
+    merges: list[tuple[str, str]] = []
+
+    def merge(a: str, b: str) -> None:
+        vocab[a + b] = len(vocab)
+        merges.append((a, b))
+
+    char_of = bytes_to_unicode()
+    words = Counter(tuple(char_of[byte] for byte in word.encode()) for word in regex.findall(GPT2_PATTERN,
+                                                                                            SMALL_BPE_TEXT))
+    while len(vocab) < vocab_size - 1:
+        pairs = Counter()
+        for word, count in words.items():
+            for pair in zip(word, word[1:]):
+                if pair[0] + pair[1] not in vocab:
+                    pairs[pair] += count
+        if not pairs:  # every word of the text is one token
+            break
+        a, b = min(pairs, key=lambda pair: (-pairs[pair], pair))  # the commonest; ties in a fixed order
+        merge(a, b)
+        merged = {}
+        for word, count in words.items():
+            out, i = [], 0
+            while i < len(word):
+                if word[i:i + 2] == (a, b):
+                    out.append(a + b)
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            merged[tuple(out)] = merged.get(tuple(out), 0) + count
+        words = merged
+    # The rest: runs of ASCII letters, with a space before or not, shortest first. Tokens of text,
+    # as GPT-2's mostly are; a pair of bytes of different characters would be none.
+    letters = [char_of[byte] for byte in string.ascii_letters.encode()]
+    stems = [char_of[ord(" ")], *letters]
+    while len(vocab) < vocab_size - 1:
+        longer = []
+        for stem in stems:
+            for letter in letters:
+                if len(vocab) == vocab_size - 1:
+                    break
+                if stem + letter not in vocab:
+                    merge(stem, letter)
+                longer.append(stem + letter)
+        stems = longer
+    vocab[END_OF_TEXT] = len(vocab)
+    return vocab, "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
+
+
+def write_small_bpe(directory: Path, vocab_size: int = 50257) -> None:
+    """small_bpe's files, under the names HF checkpoints give GPT-2's."""
+    vocab, merges_text = small_bpe(vocab_size)
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (directory / "merges.txt").write_text(merges_text, encoding="utf-8")
 
 
 def make_hf_checkpoint(directory: Path, seed: int = 0, weights: str = "safetensors", **config) -> Path:
@@ -121,13 +200,13 @@ def make_hf_checkpoint(directory: Path, seed: int = 0, weights: str = "safetenso
         state = {k: v.contiguous() for k, v in hf.state_dict().items()}
         torch.save(state, directory / "pytorch_model.bin")
         (directory / "model.safetensors").unlink()
-    copy_gpt2_tokenizer(directory)
+    write_small_bpe(directory, config["vocab_size"])
     return directory
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
-    """A small GPT-2 with the real GPT-2 tokenizer, for tests that need text in and out."""
+    """A small GPT-2 with a GPT-2-style tokenizer (small_bpe), for tests that need text in and out."""
     return make_hf_checkpoint(tmp_path_factory.mktemp("tiny"), n_positions=128, n_embd=64, n_layer=2, n_head=2)
 
 
@@ -242,7 +321,7 @@ TIMEOUT_MS = 60_000  # a generation on a busy 2-core machine
 
 @pytest.fixture(scope="session")
 def adapter_checkpoint(tmp_path_factory):
-    """A small GPT-2 with the real GPT-2 tokenizer and two PEFT adapters."""
+    """A small GPT-2 with a GPT-2-style tokenizer (small_bpe) and two PEFT adapters."""
     return make_checkpoint_with_adapters(tmp_path_factory.mktemp("speed"), n_positions=128, n_embd=64, n_layer=2,
                                          n_head=2)
 

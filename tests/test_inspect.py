@@ -12,7 +12,7 @@ from model import load_pretrained
 from engine.residual import recording_outputs
 from serve.inspection import MAX_TOKENS, inspect_prompt
 
-from .conftest import copy_gpt2_tokenizer, refused
+from .conftest import refused, write_small_bpe
 
 PROMPT = "The little fox looked at the moon and said"
 
@@ -31,7 +31,7 @@ def peaked_checkpoint(tmp_path_factory):
             block.ln_1.weight.normal_(1, 0.5)  # uneven gains: norms differ across layers
     directory = tmp_path_factory.mktemp("peaked")
     hf.save_pretrained(directory)
-    copy_gpt2_tokenizer(directory)
+    write_small_bpe(directory)
     return directory
 
 
