@@ -70,11 +70,12 @@ def decode_kernels_built(request):
     yield
 
 
-def need_data(path: Path) -> Path:
-    """`path` in the project's data (../shared/data); the test is skipped, saying so, where it is
-    not there (a clone without the data beside it; CI has it)."""
+def need_data(path: Path, what: str) -> Path:
+    """`path` in the project's data (../shared/data), which only the tests of `what` need (GPT-2's
+    own BPE vocabulary, the training data: files the repository may not hold); the test is skipped,
+    saying so, where it is not there (a clone without the data beside it; CI has it)."""
     if not path.exists():
-        pytest.skip(f"needs the project's data: {path} is not there")
+        pytest.skip(f"needs the project's data, {what}: {path} is not there")
     return path
 
 
@@ -83,7 +84,7 @@ def task_splits() -> dict[str, dict[str, list[dict]]]:
     """Every task's real splits (train.data.BUILDERS), built once: each takes seconds. Read only."""
     from train import data
 
-    need_data(DATA_DIR)
+    need_data(DATA_DIR, "the task splits' sources")
     return {task: build() for task, build in data.BUILDERS.items()}
 
 
@@ -121,7 +122,9 @@ def small_bpe(vocab_size: int = 50257) -> tuple[dict[str, int], str]:
     text), for checkpoints that need GPT-2's files but not GPT-2's own vocabulary (that is the
     project's data, which a clone from the host has not). As GPT-2's: the 256 byte tokens first,
     in GPT-2's order, then one token per merge, in merge order (merges learnt from SMALL_BPE_TEXT,
-    then runs of letters to fill the vocabulary), and <|endoftext|> last."""
+    then runs of letters to fill the vocabulary), and <|endoftext|> last. The fillers are not
+    learnt, so transformers may split a word of them otherwise than tiktoken: the ids' match with
+    transformers is tested on GPT-2's own vocabulary (tests/test_tokenizer.py)."""
     from collections import Counter
 
     import regex

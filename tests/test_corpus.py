@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow  # the training text, built from the data
 @pytest.fixture
 def corpus_data():
     """The project's data that these tests read (../shared/data, or STUDIO_DATA_DIR)."""
-    return need_data(corpus.DATA_DIR)
+    return need_data(corpus.DATA_DIR, "the training text's sources")
 
 
 BOOK = """The Project Gutenberg EBook of A Test, by Someone

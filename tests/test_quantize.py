@@ -20,7 +20,8 @@ TINYSTORIES_VAL = DATA_DIR / "pretrain" / "tinystories" / "yuninxia_tinystories_
 def byte_model_and_text():
     """A small GPT-2 trained here for 150 steps on TinyStories bytes, so that its perplexity
     means something (far below the 256 of guessing), and held-out text to measure it on."""
-    data = torch.tensor(list(need_data(TINYSTORIES_VAL).read_bytes()[:300_000]), dtype=torch.int32)
+    text = need_data(TINYSTORIES_VAL, "TinyStories, to train on").read_bytes()[:300_000]
+    data = torch.tensor(list(text), dtype=torch.int32)
     train_data, held_out = data[:250_000], data[250_000:]
     torch.manual_seed(0)
     model = GPT2(GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=4))

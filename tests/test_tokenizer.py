@@ -8,7 +8,7 @@ import pytest
 from model.tokenizer import (END_OF_TEXT, GPT2BPETokenizer, SentencePieceTokenizer, load_tokenizer,
                              train_sentencepiece)
 
-from .conftest import GPT2_BPE, need_data
+from .conftest import GPT2_BPE, need_data, write_small_bpe
 
 TEXTS = [
     "Hello world",
@@ -30,18 +30,37 @@ TEXTS = [
 STREAM_TEXT = "日本🙂é"
 
 
+# GPT-2's own BPE is the project's data (../shared/data), not the repository's: only the tests of
+# that vocabulary need it. The rest of GPT2BPETokenizer's behaviour is tested on small_bpe, built here.
+GPT2_OWN_BPE = "GPT-2's own BPE vocabulary"
+
+
 @pytest.fixture(scope="module")
 def gpt2():
-    return GPT2BPETokenizer.from_files(need_data(GPT2_BPE / "encoder.json"), need_data(GPT2_BPE / "vocab.bpe"))
+    return GPT2BPETokenizer.from_files(need_data(GPT2_BPE / "encoder.json", GPT2_OWN_BPE),
+                                       need_data(GPT2_BPE / "vocab.bpe", GPT2_OWN_BPE))
 
 
 @pytest.fixture(scope="module")
 def hf_gpt2(tmp_path_factory):
     import transformers
     directory = tmp_path_factory.mktemp("hf_gpt2")  # HF's file names, as in a GPT-2 checkpoint
-    shutil.copy(need_data(GPT2_BPE / "encoder.json"), directory / "vocab.json")
-    shutil.copy(need_data(GPT2_BPE / "vocab.bpe"), directory / "merges.txt")
+    shutil.copy(need_data(GPT2_BPE / "encoder.json", GPT2_OWN_BPE), directory / "vocab.json")
+    shutil.copy(need_data(GPT2_BPE / "vocab.bpe", GPT2_OWN_BPE), directory / "merges.txt")
     return transformers.GPT2TokenizerFast.from_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def small_directory(tmp_path_factory) -> Path:
+    """small_bpe's vocab.json + merges.txt, as a GPT-2 checkpoint holds them."""
+    directory = tmp_path_factory.mktemp("small_bpe")
+    write_small_bpe(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def small(small_directory):
+    return load_tokenizer(small_directory)
 
 
 @pytest.fixture(scope="module")
@@ -87,24 +106,25 @@ def test_gpt2_special_tokens(gpt2):
         gpt2.token_bytes(50257)
 
 
-def test_gpt2_streams_whole_characters(gpt2):
-    assert_streams_whole_characters(gpt2, STREAM_TEXT)
+def test_a_gpt2_style_bpe_streams_whole_characters(small):
+    assert (small.name, small.vocab_size, small.eos_id) == ("gpt2-bpe", 50257, 50256)
+    assert_streams_whole_characters(small, STREAM_TEXT)
 
 
-def test_gpt2_save_and_load(gpt2, tmp_path):
-    gpt2.save(tmp_path)
+def test_a_gpt2_style_bpe_saves_and_loads(small, tmp_path):
+    small.save(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merges.txt", "vocab.json"]
     reloaded = load_tokenizer(tmp_path)
     assert isinstance(reloaded, GPT2BPETokenizer)
-    assert reloaded.encode(TEXTS[4]) == gpt2.encode(TEXTS[4])
+    assert reloaded.encode(TEXTS[4]) == small.encode(TEXTS[4])
 
 
-def test_gpt2_rejects_merges_out_of_id_order(tmp_path):
-    lines = (need_data(GPT2_BPE / "vocab.bpe")).read_text(encoding="utf-8").splitlines()
+def test_a_gpt2_style_bpe_rejects_merges_out_of_id_order(small_directory, tmp_path):
+    lines = (small_directory / "merges.txt").read_text(encoding="utf-8").splitlines()
     lines[1], lines[2] = lines[2], lines[1]
     (tmp_path / "merges.txt").write_text("\n".join(lines), encoding="utf-8")
     with pytest.raises(ValueError, match="merges.txt"):
-        GPT2BPETokenizer.from_files(need_data(GPT2_BPE / "encoder.json"), tmp_path / "merges.txt")
+        GPT2BPETokenizer.from_files(small_directory / "vocab.json", tmp_path / "merges.txt")
 
 
 @pytest.mark.parametrize("text", TEXTS + ["a literal ▁ (U+2581) and ▁▁", "\x00\x7f\u200b"])
