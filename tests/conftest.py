@@ -106,12 +106,14 @@ def copy_of(model):
 
 
 # Text to learn the small BPE's first merges from: the words the tests write, so that their prompts
-# take a few tokens each, as in GPT-2, rather than one a byte.
+# take a few tokens each, as in GPT-2, rather than one a byte; and Japanese characters, each a token
+# of its own, as GPT-2's common ones are.
 SMALL_BPE_TEXT = """Once upon a time, there was a little girl named Lily. She liked to play in the park.
 Hello there! Hello world. The cat sat on the mat. The dog runs in the garden. Another request.
 The meaning of life is to read a story. Then the fox saw some grapes, but they were sour.
 User: Hi, who are you? Bot: I am a friendly bot. one two three four five six seven eight nine ten. It is ok,
-word by word.
+word by word. The little bird sang.
+日,本,語,の,テ,キ,ス,ト
 I would like a cup of coffee. = Je voudrais une tasse de café. Der Hund läuft. Le chat dort.
 """
 

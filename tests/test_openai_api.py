@@ -272,7 +272,8 @@ def test_the_limits_a_refusal_gives_are_the_ones_that_hold(client, model):
 
 def test_stop_as_one_string_cuts_the_text_there(client, model):
     free = client.completions.create(model=model, prompt=PROMPT, temperature=0, max_tokens=20).choices[0].text
-    word = free.split()[2]
+    word = free[len(free) // 2:][:3]  # from the middle of what it wrote (a tiny random model writes few spaces)
+    assert len(word) == 3 and "\ufffd" not in word, free
     cut = client.completions.create(model=model, prompt=PROMPT, temperature=0, max_tokens=20, stop=word).choices[0]
     assert cut.text == free[:free.index(word)] and cut.finish_reason == "stop"
 
