@@ -174,7 +174,10 @@ class Insight:
         entry = rows[row]["entries"][index]
         def choice(alt: dict) -> str:  # the one the run drew is marked: the others are what it could have been
             return f"{listed(alt)} {percent(alt['logprob'])}" + (DRAWN_MARK if alt["id"] == entry["id"] else "")
-        choices = [(choice(alt), alt["id"]) for alt in entry["top"][:TOP_SHOWN]]
+        offered = entry["top"][:TOP_SHOWN]
+        if all(alt["id"] != entry["id"] for alt in offered):  # a sampled token less likely than those: last
+            offered = [*offered, entry]
+        choices = [(choice(alt), alt["id"]) for alt in offered]
         label = render(Message.keyed("alternatives_to", index=index + 1, token=listed(entry)), language(request))
         return {self.selected: {"row": row, "index": index},
                 self.alternatives: gr.update(choices=choices, value=None, visible=True, label=label)}
@@ -189,7 +192,7 @@ class Insight:
             raise Refusal("pick_alternative")
         row = rows[selected["row"]]
         entries, index = row["entries"], selected["index"]
-        chosen = next((alt for alt in entries[index]["top"] if alt["id"] == alternative), None)
+        chosen = next((alt for alt in [*entries[index]["top"], entries[index]] if alt["id"] == alternative), None)
         if chosen is None:
             raise Refusal("pick_alternative")
         shown_before = entries[:index] + [{**chosen, "top": entries[index]["top"]}]
