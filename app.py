@@ -28,6 +28,7 @@ from serve.host import Host
 from serve.model_host import BUNDLED, ModelHost, ModelLoadError
 from serve.openai_api import openai_routes
 from serve.running import StopSwitches
+from ui.accessibility import NAMED_PARTS_JS
 from ui.api import api_endpoint
 from ui.i18n import CHINESE, ENGLISH, i18n
 from ui.messages import LANGUAGE_SWITCHED, PAGE_LANGUAGE_JS, Page, language, word
@@ -41,7 +42,7 @@ from ui.tabs.translate import TRANSLATE, TRANSLATE_CSS
 
 PAGE_CSS = TAB_CSS + CHAT_CSS + TRANSLATE_CSS + ARCHITECTURE_CSS
 PAGE_JS = (f"() => {{ ({RUN_SHORTCUT_JS})(); ({EDIT_KEYS_JS})(); ({KEEP_MESSAGE_BOX_IN_VIEW_JS})(); "
-           f"({PAGE_LANGUAGE_JS})(); }}")
+           f"({PAGE_LANGUAGE_JS})(); ({NAMED_PARTS_JS})(); }}")
 VIEWS: dict[str, TaskView] = {view.task.name: view for view in (GENERATE, CHAT, TRANSLATE, SUMMARIZE)}
 
 # Generations running at once share one batched decode step (engine/scheduler.py), so as many as

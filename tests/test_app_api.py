@@ -20,6 +20,7 @@ from gradio_client.exceptions import AppError
 
 import app
 from bench.load import MALFORMED, STATUS, free_port, wait_for_app
+from ui.accessibility import SYMBOL_BUTTONS
 from ui.i18n import CHINESE, ENGLISH
 from serve.model_host import ModelHost
 from serve.running import MAX_UPDATES_PER_SECOND, Pacer
@@ -317,9 +318,10 @@ def test_every_interface_text_is_in_english_and_chinese(app_models):
     # is missing, "example_pairs_kept" after a change of languages, "no_adapter_model" for a model
     # without a task's adapter (this one has them all), "example_pairs_unsent" with the translate
     # adapter on (this one starts it off), "example_pairs_through_english" for French <-> German;
-    # "switch_model_info" in an app started with several models (this one has one).
+    # "switch_model_info" in an app started with several models (this one has one). A symbol
+    # button's name is the page script's (ui/accessibility.py).
     shown_later = {"generating", "not_measured", "example_pairs_kept", "no_adapter_model", "example_pairs_unsent",
-                   "example_pairs_through_english", "switch_model_info"}
+                   "example_pairs_through_english", "switch_model_info", *SYMBOL_BUTTONS.values()}
     assert used | shown_later == ENGLISH.keys()
 
 

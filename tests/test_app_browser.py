@@ -399,6 +399,17 @@ def test_translate_sends_only_the_sentence_it_says_it_translates_and_summarise_r
         "the article has no letters: there are no words in it to summarise")
 
 
+def test_the_output_boxes_and_the_swap_button_have_names_a_screen_reader_says(page):
+    """Gradio's markup left the output boxes unnamed (their copy button shares their label) and
+    named ⇄ by its symbol."""
+    for tab, box in (("Generate", "Continuation"), ("Summarise", "Summary"), ("Translate", "Translation")):
+        page.get_by_role("tab", name=tab).click()
+        expect(page.get_by_role("textbox", name=box, exact=True)).to_have_count(1)
+    swap = page.get_by_role("button", name="Swap the languages", exact=True)
+    expect(swap).to_have_count(1)
+    assert swap.get_attribute("id") == "translate-swap"
+
+
 def test_adapter_controls_show_only_on_tabs_whose_task_has_an_adapter(page):
     # The insight's title promises an adapter comparison only where there is one.
     expect(page.locator("#generate-insight")).to_contain_text("Why this output: tokens and their alternatives")

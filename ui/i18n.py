@@ -82,6 +82,7 @@ ENGLISH = {
     "example_pairs_kept": "your own pairs, kept when the languages changed: check that they suit the new pair "
                           "(empty the box before picking the languages to get the built-in pairs)",
     "translation": "Translation",
+    "swap_languages": "Swap the languages",
     "English": "English",
     "French": "French",
     "German": "German",
@@ -222,6 +223,7 @@ CHINESE = {
     "example_pairs_unsent": "适配器开启时不发送这些示例（它已学会此任务，无需示例）：关闭适配器或进行对比，即可使用和编辑它们",
     "example_pairs_kept": "这是您自己的示例对，更换语言时保留：请确认它们适合新的语言对（先清空此框再选择语言，即可换回内置示例）",
     "translation": "译文",
+    "swap_languages": "交换两种语言",
     "summary": "摘要",
     "adapter": "适配器",
     "adapter_info": "启用此任务微调过的适配器",
