@@ -22,6 +22,7 @@ import app
 from bench.load import MALFORMED, STATUS, free_port, wait_for_app
 from ui.accessibility import SYMBOL_BUTTONS
 from ui.i18n import CHINESE, ENGLISH
+from ui.last_run import LastRun
 from serve.model_host import ModelHost
 from serve.running import MAX_UPDATES_PER_SECOND, Pacer
 from ui.api import api_endpoint
@@ -349,12 +350,12 @@ def test_translate_greys_out_its_example_pairs_where_its_adapter_starts_on(app_m
     assert examples_box(str(model))["interactive"] is False
 
 
-def ran(conversation, message, text, outcome, temperature=0.8, top_k=40) -> dict:
-    """The last run as Insight.kept keeps it: the message it answered after the conversation's
-    turns (a retry: the turns before the last), its settings and text."""
+def ran(conversation, message, text, outcome, temperature=0.8, top_k=40):
+    """The last run as the tab keeps it (LastRun): its outcome, the message it answered after the
+    conversation's turns (a retry: the turns before the last), its settings and text."""
     history = [pair for pair in conversation.pairs if pair[0] != message]
-    return {"values": {"message": message, "history": history, "persona": conversation.persona,
-                       "temperature": temperature, "top_k": top_k, "seed": outcome.seed}, "output": text}
+    return LastRun(outcome, {"message": message, "history": history, "persona": conversation.persona,
+                             "temperature": temperature, "top_k": top_k, "seed": outcome.seed}, text)
 
 
 def test_the_reply_switcher_follows_the_last_turn():
@@ -370,33 +371,32 @@ def test_the_reply_switcher_follows_the_last_turn():
     def outcome(seed, speed, changed=()):
         return Outcome.done(Result("", seed, 5, 3, speed, "stop_string"), ADAPTER_ON, list(changed), [])
 
-    first, shown = answered(Conversation("Bot is kind."), outcome(1, 80.0), ran(Conversation(), "Hi", "Hello!",
-                                                                                outcome(1, 80.0)))
+    first, shown = answered(Conversation("Bot is kind."), ran(Conversation(), "Hi", "Hello!", outcome(1, 80.0)))
     assert first.pairs == [["Hi", "Hello!"]] and shown == outcome(1, 80.0)
-    second, shown = answered(first, outcome(2, 90.0), ran(first, "Hi", "Good day.", outcome(2, 90.0)))
+    second, shown = answered(first, ran(first, "Hi", "Good day.", outcome(2, 90.0)))
     last = second.turns[-1]
     assert (last.shown, len(last.replies), shown) == (1, 2, outcome(2, 90.0))
     assert second.pairs == [["Hi", "Good day."]]
-    assert answered(second, outcome(2, 90.0), ran(first, "Hi", "Good day.", outcome(2, 90.0))) is None  # kept once
+    assert answered(second, ran(first, "Hi", "Good day.", outcome(2, 90.0))) is None  # kept once
     # The same reply from the same run (the speed aside) says why: a fixed seed, or greedy
     # decoding; a refusal, or a reply from other settings, does not.
-    same = [answered(first, outcome(1, 70.0), ran(first, "Hi", "Hello!", outcome(1, 70.0), *settings))[1].notes[-1]
+    same = [answered(first, ran(first, "Hi", "Hello!", outcome(1, 70.0), *settings))[1].notes[-1]
             for settings in ((0.8, 40), (0, 40), (0.8, 1))]
     assert same == [SAME_SEED, GREEDY_SAME, GREEDY_SAME]
     other = outcome(1, 70.0, [("top_p", 0.9)])
-    assert answered(first, other, ran(first, "Hi", "Hello!", other))[1] == other
+    assert answered(first, ran(first, "Hi", "Hello!", other))[1] == other
     refused = Outcome.refused(Refusal("too_big", name="persona", size=1_001, limit=1_000))  # no new reply: none kept
-    assert answered(first, refused, ran(first, "Hi", "Hello!", outcome(1, 80.0))) is None
+    assert answered(first, ran(first, "Hi", "Hello!", outcome(1, 80.0)).with_outcome(refused)) is None
     # after ◀ to the first reply, a retry replaces that one: the same reply again is noted
     back = second.switched(-1)
     assert (back.pairs, back.turns[-1].reply.outcome) == ([["Hi", "Hello!"]], outcome(1, 80.0))
-    third, noted = answered(back, outcome(1, 60.0), ran(back, "Hi", "Hello!", outcome(1, 60.0)))
+    third, noted = answered(back, ran(back, "Hi", "Hello!", outcome(1, 60.0)))
     assert len(third.turns[-1].replies) == 3 and noted.notes[-1] == SAME_SEED
     assert messages_from_pairs(back.pairs) == [{"role": "user", "content": "Hi"},
                                                {"role": "assistant", "content": "Hello!"}]
     assert first.switched(1) is None  # one reply: none to switch to
     # A new turn: its reply alone, the earlier turn's replies kept in the record.
-    fourth, _ = answered(second, outcome(3, 50.0), ran(second, "Bye", "Bye!", outcome(3, 50.0)))
+    fourth, _ = answered(second, ran(second, "Bye", "Bye!", outcome(3, 50.0)))
     assert [len(turn.replies) for turn in fourth.turns] == [2, 1] and fourth.switched(1) is None
 
 

@@ -297,10 +297,11 @@ def test_continuing_from_a_chosen_token_keeps_the_runs_length_and_counts(loaded)
 
 
 def test_swap_turns_a_run_round_but_not_an_edit():
-    from ui.tokens import Insight
+    from ui.last_run import LastRun
     from ui.tabs.translate import turned_boxes
 
-    last_run = Insight.kept([], {"text": "Le chat dort.", "source": "French", "target": "English"}, "The cat sleeps.")
+    last_run = LastRun(values={"text": "Le chat dort.", "source": "French", "target": "English"},
+                       output="The cat sleeps.")
     assert turned_boxes("French", "English", "Le chat dort.", "The cat sleeps.", last_run) == \
         ("The cat sleeps.", "Le chat dort.")
     # and back again, from the boxes as the first swap left them

@@ -3,7 +3,7 @@ its `TaskView`; everything else (the run button and Stop, decoding settings, ada
 line, prompt sent, examples, copy button) is the same for all and is built here."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable
 
@@ -18,6 +18,7 @@ from serve.running import (MAX_CHARS, RANDOM_SEED, SETTING_RANGES, SETTINGS, Sto
                            drawn_seed)
 
 from .i18n import i18n
+from .last_run import LastRun, TokenRow
 from .messages import Page, language, word
 from .tokens import TOP_SHOWN, Insight
 
@@ -116,12 +117,11 @@ class Tab:
     run_button: gr.Button
     continue_button: gr.Button | None  # where the view has a notebook
     stop_button: gr.Button
-    status: gr.Markdown  # the outcome's line (serve/outcome.status_line)
-    outcome: gr.State  # the last run's Outcome, or None before any
+    status: gr.Markdown  # the last run's outcome's line (serve/outcome.status_line)
+    last_run: gr.State  # the tab's LastRun: what every handler that speaks of the last run reads
     prompt_sent: gr.Textbox
     insight: "Insight"
     examples: gr.Examples
-    pending: gr.State | None  # a run's text waiting to join the notebook (pending_of), where there is one
     page_state: gr.Component | None = None  # the view's state kept at the page's top level (Chat's)
     bundled_note: gr.Markdown | None = None  # TaskView.bundled_note's line
     # The events that run the task, by name: "run" (the run button, Enter), "from_token" (an
@@ -153,9 +153,9 @@ class Tab:
         return {**{button: gr.update(interactive=not busy) for button in self.run_buttons},
                 self.stop_button: gr.update(variant="stop" if busy else "secondary")}
 
-    def shown(self, outcome: Outcome | None, lang: str) -> dict:
-        """The outcome kept and its status line."""
-        return {self.outcome: outcome, self.status: status_line(outcome, lang)}
+    def shown(self, last_run: LastRun, lang: str) -> dict:
+        """The last run kept, and its outcome's status line."""
+        return {self.last_run: last_run, self.status: status_line(last_run.outcome, lang)}
 
     def faded(self, faded: bool, **change) -> dict:
         """The output box and its tokens (Why this output) faded (LAST_RUN_CLASS) or not, with any
@@ -171,10 +171,10 @@ class Tab:
         """Every event that runs the task, whatever its name: Stop cancels them all."""
         return [event for events in self.runs.values() for event in events]
 
-    def ended(self, outcome: Outcome, lang: str) -> dict:
+    def ended(self, last_run: LastRun, outcome: Outcome, lang: str) -> dict:
         """A run that did not run (refused, or failed): its line, and the run buttons back; what the
-        user typed and the last result stay (a typo costs no output), the result faded."""
-        return {**self.shown(outcome, lang), **self.held(False), **self.faded(True)}
+        user typed and `last_run`, the run before it, stay (a typo costs no output), its result faded."""
+        return {**self.shown(last_run.with_outcome(outcome), lang), **self.held(False), **self.faded(True)}
 
     def add_run(self, name: str, triggers: list,
                 prepare: Callable[[dict[str, Any]], dict[str, Any]] = lambda values: values,
@@ -187,11 +187,11 @@ class Tab:
         insight = self.insight
         # The tab's run buttons wait while a run goes, as a chat app's Send does: a Continue
         # pressed meanwhile would join a text to the prompt that the running one joins too.
-        outputs = {self.widgets.output, self.status, self.outcome, self.prompt_sent, insight.view,
-                   *insight.compare_texts, insight.alternatives, insight.last_run, *self.widgets.cleared,
-                   *self.run_buttons, self.stop_button}
-        reads = {*self.named_inputs.values(), insight.show_tokens, insight.compare, insight.last_run,
-                 insight.selected, insight.alternatives}
+        outputs = {self.widgets.output, self.status, self.last_run, self.prompt_sent, insight.view,
+                   *insight.compare_texts, insight.alternatives, *self.widgets.cleared, *self.run_buttons,
+                   self.stop_button}
+        reads = {*self.named_inputs.values(), insight.show_tokens, insight.compare, self.last_run,
+                 insight.alternatives}
         handler = dict(fn=self.run_handler(prepare, continuing, appends), inputs=reads, outputs=outputs,
                        show_progress="minimal", api_visibility="private", concurrency_id=GENERATION)
         listeners = [trigger for trigger in triggers if not isinstance(trigger, gr.events.Dependency)]
@@ -206,11 +206,11 @@ class Tab:
     def run_handler(self, prepare: Callable[[dict[str, Any]], dict[str, Any]], continuing: bool, appends: bool):
         """The run's handler (add_run): the run made ready, then streamed into the tab."""
         def run_in_tab(data: dict[gr.Component, Any], request: gr.Request):
-            lang = language(request)
+            lang, last_run = language(request), data[self.last_run]
             try:
                 run = self.ready_run(data, prepare, continuing, appends)
             except ValueError as refused:  # the inputs as made ready: the last run and its output stay
-                yield self.ended(Outcome.refused(refused), lang)
+                yield self.ended(last_run, Outcome.refused(refused), lang)
                 return
             # The last run's status line goes at once: under a new run it would pass for this one's.
             yield {self.status: GENERATING, **self.held(True), **self.faded(False)}
@@ -221,7 +221,7 @@ class Tab:
                 raise
             except Exception as error:  # one outside the generation itself: said as a fault
                 outcome = Outcome.fault(f"the {self.view.task.name} tab", error)
-                yield self.ended(outcome, lang)
+                yield self.ended(last_run, outcome, lang)
                 raise notice(outcome, lang) from None
         return run_in_tab
 
@@ -232,8 +232,7 @@ class Tab:
         values = prepare(view.from_ui({name: data[component] for name, component in self.named_inputs.items()}))
         shown_before, notes = [], []
         if continuing:
-            values, shown_before, continued = insight.continue_from(
-                data[insight.last_run], data[insight.selected], data[insight.alternatives])
+            values, shown_before, continued = insight.continue_from(data[self.last_run], data[insight.alternatives])
             notes.append(continued)
         values["seed"] = drawn_seed(values["seed"])  # drawn here, so that the run keeps it to continue from
         ran_with = dict(values)
@@ -244,7 +243,7 @@ class Tab:
         if asked_tokens:
             values["logprobs"] = TOP_SHOWN
         return ReadyRun(values, ran_with, shown_before, notes, asked_tokens,
-                        bool(data[insight.compare]) and not continuing, appends)
+                        bool(data[insight.compare]) and not continuing, appends, data[self.last_run])
 
     def single(self, run: "ReadyRun", cancel, lang: str):
         """One run's updates as its text streams, and its outcome, tokens and prompt at its end."""
@@ -254,17 +253,16 @@ class Tab:
             if outcome is None:
                 yield {output: view.present(run.values, text), **cleared}
             elif not outcome.ran:
-                yield from self.refused_or_failed(outcome, lang)
+                yield from self.refused_or_failed(run.before, outcome, lang)
             else:
                 for note in run.notes:
                     outcome = outcome.noted(note)
                 entries = run.shown_before + logprobs
                 adapter = run.values["adapter"]
-                yield {output: view.present(run.values, text), **self.shown(outcome, lang), self.prompt_sent: prompt,
+                ran = LastRun(outcome, run.ran_with, text, (TokenRow(entries, adapter),), run.appends)
+                yield {output: view.present(run.values, text), **self.shown(ran, lang), self.prompt_sent: prompt,
                        insight.view: insight.single(entries, adapter, run.asked_tokens, lang),
-                       insight.alternatives: insight.hidden_alternatives(),
-                       insight.last_run: insight.kept([(entries, adapter)], run.ran_with, text, run.appends),
-                       **cleared, **self.held(False)}
+                       insight.alternatives: insight.hidden_alternatives(), **cleared, **self.held(False)}
 
     def compared(self, run: "ReadyRun", cancel, lang: str):
         """A comparison's updates: both sides' texts as they stream, then the side the adapter switch
@@ -274,20 +272,21 @@ class Tab:
             if outcome is None:
                 yield dict(zip(insight.compare_texts, texts))
             elif not outcome.ran:
-                yield from self.refused_or_failed(outcome, lang)
+                yield from self.refused_or_failed(run.before, outcome, lang)
             else:
                 shown = texts[1] if run.values["adapter"] else texts[0]
-                yield {self.widgets.output: view.present(run.values, shown), **self.shown(outcome, lang),
+                rows = tuple(map(TokenRow, comparison["entries"], (False, True)))
+                ran = LastRun(outcome, run.ran_with, shown, rows, run.appends)
+                yield {self.widgets.output: view.present(run.values, shown), **self.shown(ran, lang),
                        self.prompt_sent: both_prompts(comparison["prompts"], lang),
                        insight.view: insight.compared(comparison, lang, texts),
                        **dict(zip(insight.compare_texts, texts)),
                        insight.alternatives: insight.hidden_alternatives(),
-                       insight.last_run: insight.kept(zip(comparison["entries"], (False, True)), run.ran_with, shown),
                        **{box: "" for box in self.widgets.cleared}, **self.held(False)}
 
-    def refused_or_failed(self, outcome: Outcome, lang: str):
+    def refused_or_failed(self, last_run: LastRun, outcome: Outcome, lang: str):
         """A run that ended without running: said in the tab, then, for a fault, as a notice too."""
-        yield self.ended(outcome, lang)
+        yield self.ended(last_run, outcome, lang)
         if outcome.kind == FAULT:
             raise notice(outcome, lang)
 
@@ -302,6 +301,7 @@ class ReadyRun:
     asked_tokens: bool
     comparing: bool
     appends: bool
+    before: LastRun  # the tab's last run, which stays should this one not run
 
 
 def notice(outcome: Outcome, lang: str) -> gr.Error:
@@ -315,43 +315,36 @@ def both_prompts(prompts: list[str], lang: str) -> str:
                                                                                         prompts))
 
 
-def given_to(last_run: dict, name: str) -> str | None:
-    """The value the last run was given for input `name` (Insight.kept)."""
-    return last_run.get("values", {}).get(name)
-
-
-def rewind(name: str, text: str, last_run: dict):
-    """The notebook as the last run found it, if that run's text joined it (Continue) and the user
-    has not changed it since; otherwise as it is."""
-    given = given_to(last_run, name)
-    if last_run.get("appended") and given is not None and text == given + last_run.get("output", ""):
+def rewind(name: str, text: str, last_run: LastRun):
+    """The notebook as the last run found it, if that run's text joined it and the user has not
+    changed it since; otherwise as it is."""
+    given = last_run.given(name)
+    if last_run.appended and given is not None and text == given + last_run.output:
         return given
     return gr.skip()
 
 
-def pending_of(name: str, last_run: dict, outcome: Outcome | None) -> tuple[str, str] | None:
-    """A run's text waiting to join the notebook (a Generate run's, or one continued from a chosen
-    token): the input it continued and its output, taken from the run itself, so that an edit made
-    while it streamed does not pass for that input; join_pending decides where it goes."""
-    return (given_to(last_run, name), last_run.get("output", "")) if outcome and outcome.ran else None
-
-
-def join_pending(text: str, pending: tuple[str, str] | None) -> tuple[str, None]:
-    """The notebook's text with a Generate run's output joined where it belongs: after the text
-    that run continued, and before anything the user has added to the end of it since; the output
-    is dropped if that text itself was changed (an example picked, say). Used up either way."""
-    if not pending or not text.startswith(pending[0]):
-        return text, None
+def join_pending(name: str, text: str, last_run: LastRun) -> tuple[str, LastRun]:
+    """The notebook `name`'s text with a Generate run's output (LastRun.pending) joined where it
+    belongs: after the text that run continued, and before anything the user has added to the end
+    of it since; the output is dropped if that text itself was changed (an example picked, say).
+    Taken either way (appended)."""
+    pending = last_run.pending(name)
+    if pending is None:
+        return text, last_run
     given, output = pending
-    return given + output + text[len(given):], None
+    taken = replace(last_run, appended=True)
+    return (given + output + text[len(given):] if text.startswith(given) else text), taken
 
 
 def without_refusal(tab: Tab):
     """The outcome once an example is picked: a refusal's goes (most speak of an input the example
     replaces; any other is said again by the next run), and the fade it gave the output with it; a
     run's stays with its seed."""
-    def forget(outcome: Outcome | None):
-        return {**tab.shown(None, "en"), **tab.faded(False)} if outcome is not None and not outcome.ran else NOTHING
+    def forget(last_run: LastRun):
+        if last_run.outcome is None or last_run.outcome.ran:
+            return NOTHING
+        return {**tab.shown(last_run.with_outcome(None), "en"), **tab.faded(False)}
     return forget
 
 
@@ -375,9 +368,10 @@ def notebook_tail(text: str, limit: int) -> tuple[str, Message | None]:
     return text[-limit:], Message.keyed("notebook_tail", kept=limit, characters=len(text))
 
 
-def append_run(text: str, output: str, outcome: Outcome | None) -> str:
-    """`text` with the run's `output` after it, once the run has ended done."""
-    return text + output if outcome is not None and outcome.ran and output else text
+def append_run(text: str, last_run: LastRun) -> str:
+    """`text` with the last run's output after it, once the run has ended done."""
+    ran = last_run.outcome is not None and last_run.outcome.ran
+    return text + last_run.output if ran and last_run.output else text
 
 
 def serves_bundled(loaded: ServedModel) -> bool:
@@ -464,7 +458,7 @@ def laid_out(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches
     run_button, continue_button, stop_button = run_row(view)
     if not widgets.output.is_rendered:  # input, run, output: the button in reach on a phone's first screen
         widgets.output.render()
-    status, outcome = gr.Markdown(elem_id=f"{task.name}-status"), gr.State(None)
+    status, last_run = gr.Markdown(elem_id=f"{task.name}-status"), gr.State(LastRun())
     adapter_now = adapter_props(task, host.current)
     adapter = gr.Checkbox(label=i18n("adapter"), **adapter_now, visible=task.adapter is not None,
                           elem_id=f"{task.name}-adapter")
@@ -477,9 +471,8 @@ def laid_out(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches
     # its end, where the prompt asks the model (and Compare's second prompt), in view when unfolded too
     prompt_folded.expand(None, js=scrolled_to_end(prompt_sent.elem_id), **RUNS_IN_THE_BROWSER)
     examples = labelled_examples(view, widgets, page)
-    pending = gr.State(None) if view.notebook else None  # (input, its run's text): pending_of
     return Tab(view, page, host, stop_switches, widgets, settings, adapter, run_button, continue_button, stop_button,
-               status, outcome, prompt_sent, insight, examples, pending, page_state, bundled_note)
+               status, last_run, prompt_sent, insight, examples, page_state, bundled_note)
 
 
 def run_row(view: TaskView) -> tuple[gr.Button, gr.Button | None, gr.Button]:
@@ -498,14 +491,14 @@ def wire_runs(tab: Tab) -> None:
     """The runs every task tab has, and what goes with them."""
     private = dict(queue=False, api_visibility="private")
     # A refusal spoke of the input an example has just replaced; a run's line stays (its seed).
-    tab.examples.load_input_event.then(without_refusal(tab), tab.outcome,
-                                       {tab.status, tab.outcome, tab.widgets.output, tab.insight.view}, **private)
+    tab.examples.load_input_event.then(without_refusal(tab), tab.last_run,
+                                       {tab.status, tab.last_run, tab.widgets.output, tab.insight.view}, **private)
     tab.add_run("run", [tab.run_button.click] + [box.submit for box in tab.widgets.submit])
     if tab.continue_button is None:
         tab.add_run("from_token", [tab.insight.alternatives.input], continuing=True)
     else:
         wire_notebook(tab)
-    tab.insight.wire(tab.host)
+    tab.insight.wire(tab.last_run)
     # The strength acts only on an adapter that runs: switched on, or the on side of a comparison.
     gr.on([tab.adapter.change, tab.insight.compare.change], strength_live, [tab.adapter, tab.insight.compare],
           tab.insight.adapter_scale, **private)
@@ -518,17 +511,15 @@ def wire_notebook(tab: Tab) -> None:
     still the one it continues (not an example picked since, say). Continuing from a chosen token
     starts again from the input that run was given: a Continue run's text is taken back out of
     the input first, and the new text waits to join it as a Generate run's does."""
-    name, insight = tab.view.notebook, tab.insight
+    name, last_run = tab.view.notebook, tab.last_run
     notebook = tab.widgets.inputs[name]
     private = dict(queue=False, api_visibility="private")
-    waiting = dict(fn=partial(pending_of, name), inputs=[insight.last_run, tab.outcome], outputs=tab.pending,
-                   **private)
-    rewound = insight.alternatives.input(partial(rewind, name), [notebook, insight.last_run], notebook, **private)
-    joined = tab.continue_button.click(join_pending, [notebook, tab.pending], [notebook, tab.pending], **private)
-    for run in [*tab.runs["run"], *tab.add_run("from_token", [rewound], continuing=True)]:
-        run.then(**waiting)
+    rewound = tab.insight.alternatives.input(partial(rewind, name), [notebook, last_run], notebook, **private)
+    tab.add_run("from_token", [rewound], continuing=True)
+    joined = tab.continue_button.click(partial(join_pending, name), [notebook, last_run], [notebook, last_run],
+                                       **private)
     for run in tab.add_run("continue", [joined], appends=True):
-        appended = run.then(append_run, [notebook, tab.widgets.output, tab.outcome], notebook, **private)
+        appended = run.then(append_run, [notebook, last_run], notebook, **private)
         appended.then(None, js=scrolled_to_end(notebook.elem_id), **RUNS_IN_THE_BROWSER)  # where the new text is
 
 

@@ -7,7 +7,7 @@ token shows its probability under the other side too.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gradio as gr
 
@@ -17,6 +17,7 @@ from serve.messages import Message, Refusal, render, said
 from serve.running import TOP_SHOWN
 
 from .i18n import i18n
+from .last_run import LastRun
 from .messages import language
 
 
@@ -130,8 +131,6 @@ class Insight:
     compare_texts: tuple[gr.Textbox, gr.Textbox]
     view: gr.HTML
     alternatives: gr.Radio
-    last_run: gr.State  # Insight.kept: the rows of tokens shown, and what the run ran on
-    selected: gr.State  # {"row", "index"} of the token clicked last
 
     @classmethod
     def build(cls, task: str, has_adapter: bool, adapter_on: bool) -> "Insight":
@@ -154,24 +153,24 @@ class Insight:
             view = token_view(f"{task}-tokens")
             alternatives = gr.Radio([], label=i18n("alternatives"), info=i18n("alternatives_info"), visible=False,
                                     elem_id=f"{task}-alternatives")
-        return cls(adapter_scale, show_tokens, compare, compare_row, texts, view, alternatives, gr.State({}),
-                   gr.State({}))
+        return cls(adapter_scale, show_tokens, compare, compare_row, texts, view, alternatives)
 
-    def wire(self, host) -> None:
+    def wire(self, last_run: gr.State) -> None:
+        """Compare's two texts shown with it; a click on a token of the tab's `last_run` (LastRun)
+        offers its alternatives."""
         self.compare.change(lambda on: gr.update(visible=on), self.compare, self.compare_row, queue=False,
                             api_visibility="private")
-        self.view.click(self.offer_alternatives, self.last_run, {self.selected, self.alternatives}, queue=False,
+        self.view.click(self.offer_alternatives, last_run, [last_run, self.alternatives], queue=False,
                         api_visibility="private")
 
-    def offer_alternatives(self, last_run: dict, event: gr.EventData, request: gr.Request = None) -> dict:
-        """The clicked token's alternatives, to continue from, under a label that names the token
-        (the list shows below the text, far from it on a phone)."""
+    @staticmethod
+    def offer_alternatives(last_run: LastRun, event: gr.EventData, request: gr.Request = None):
+        """The clicked token, selected in the last run, and its alternatives to continue from, under
+        a label that names the token (the list shows below the text, far from it on a phone)."""
         row, index = clicked_token(event)
-        rows = (last_run or {}).get("rows", [])
-        if not isinstance(row, int) or not isinstance(index, int) or not 0 <= row < len(rows) \
-                or not 0 <= index < len(rows[row]["entries"]):
+        entry = last_run.token(row, index)
+        if entry is None:
             return gr.skip()
-        entry = rows[row]["entries"][index]
         def choice(alt: dict) -> str:  # the one the run drew is marked: the others are what it could have been
             return f"{listed(alt)} {percent(alt['logprob'])}" + (DRAWN_MARK if alt["id"] == entry["id"] else "")
         offered = entry["top"][:TOP_SHOWN]
@@ -179,24 +178,24 @@ class Insight:
             offered = [*offered, entry]
         choices = [(choice(alt), alt["id"]) for alt in offered]
         label = render(Message.keyed("alternatives_to", index=index + 1, token=listed(entry)), language(request))
-        return {self.selected: {"row": row, "index": index},
-                self.alternatives: gr.update(choices=choices, value=None, visible=True, label=label)}
+        return (replace(last_run, selected=(row, index)),
+                gr.update(choices=choices, value=None, visible=True, label=label))
 
     @staticmethod
-    def continue_from(last_run: dict, selected: dict, alternative: int | None) -> tuple[dict, list, Message]:
-        """The values to continue the last run from the selected token with `alternative` in its
+    def continue_from(last_run: LastRun, alternative: int | None) -> tuple[dict, list, Message]:
+        """The values to continue the last run from its selected token with `alternative` in its
         place (that run's inputs, settings and seed, whatever the boxes say now), the entries shown
         before the new tokens, and the status line's note that says what was chosen."""
-        rows = (last_run or {}).get("rows", [])
-        if not selected or alternative is None or selected.get("row", -1) >= len(rows):
+        if last_run.selected is None or alternative is None:
             raise Refusal("pick_alternative")
-        row = rows[selected["row"]]
-        entries, index = row["entries"], selected["index"]
-        chosen = next((alt for alt in [*entries[index]["top"], entries[index]] if alt["id"] == alternative), None)
+        at, index = last_run.selected  # a token of this run's own rows (offer_alternatives)
+        row = last_run.rows[at]
+        chosen = next((alt for alt in [*row.entries[index]["top"], row.entries[index]] if alt["id"] == alternative),
+                      None)
         if chosen is None:
             raise Refusal("pick_alternative")
-        shown_before = entries[:index] + [{**chosen, "top": entries[index]["top"]}]
-        values = {**last_run["values"], "adapter": row["adapter"], "forced": [entry["id"] for entry in shown_before]}
+        shown_before = row.entries[:index] + [{**chosen, "top": row.entries[index]["top"]}]
+        values = {**last_run.values, "adapter": row.adapter, "forced": [entry["id"] for entry in shown_before]}
         return values, shown_before, Message.keyed("continued_from", index=index + 1, token=listed(chosen))
 
     @staticmethod
@@ -224,23 +223,17 @@ class Insight:
             note = Message.keyed("differ_from", index=at + 1)
         return {"rows": rows, "note": render(note, lang)}
 
-    @staticmethod
-    def kept(rows, values: dict, output: str, appended: bool = False) -> dict:
-        """The last run as last_run keeps it: its (entries, adapter on) rows, the values it ran on
-        (inputs, settings, seed), its output's text, and whether that joined the notebook."""
-        return {"rows": [{"entries": entries, "adapter": adapter} for entries, adapter in rows], "values": values,
-                "output": output, "appended": appended}
-
     @property
     def of_the_shown_run(self) -> list[gr.Component]:
         """What speaks of the last run as its output box shows it: the token view, Compare's two
-        texts, a clicked token and its alternatives (the run itself, last_run, stays)."""
-        return [self.view, *self.compare_texts, self.selected, self.alternatives]
+        texts, and a clicked token's alternatives (the run's record stays: the token it has
+        selected is read only with one of these alternatives, which go with their choice)."""
+        return [self.view, *self.compare_texts, self.alternatives]
 
     @classmethod
     def forgotten(cls) -> list:
         """The values of of_the_shown_run once the output they spoke of has gone."""
-        return [EMPTY, "", "", {}, cls.hidden_alternatives()]
+        return [EMPTY, "", "", cls.hidden_alternatives()]
 
     @staticmethod
     def hidden_alternatives() -> dict:

@@ -35,6 +35,7 @@ from serve.running import RANDOM_SEED
 
 from ..conversation import Conversation, Reply
 from ..i18n import i18n
+from ..last_run import LastRun
 from ..messages import language, word
 from ..tab import NOTHING, Tab, TaskView, Widgets, adapter_props
 from ..tokens import Insight
@@ -216,17 +217,16 @@ def draft_back(draft: str, box: str):
     return draft, ""
 
 
-def answered(conversation: Conversation, outcome: Outcome | None,
-             last_run: dict) -> tuple[Conversation, Outcome] | None:
-    """The conversation with the reply a run has just drawn (`last_run`, Insight.kept: the message
-    it answered, the history it followed, its text and persona), as a new turn or beside the reply
-    it replaced (a retry), and its outcome. A reply that repeats the one it replaced, from the same
-    run (seed, settings, counts), says why in a note: greedy decoding, or a fixed seed. None where
-    the run drew no reply (refused, failed, or stopped before it ran: `last_run` is an older run's,
-    already recorded)."""
+def answered(conversation: Conversation, last_run: LastRun) -> tuple[Conversation, Outcome] | None:
+    """The conversation with the reply a run has just drawn (`last_run`: the message it answered,
+    the history it followed, its text and persona), as a new turn or beside the reply it replaced
+    (a retry), and its outcome. A reply that repeats the one it replaced, from the same run (seed,
+    settings, counts), says why in a note: greedy decoding, or a fixed seed. None where the run
+    drew no reply (refused, failed, or stopped before it ran: `last_run` is an older run's, already
+    recorded)."""
+    outcome, ran_with, text = last_run.outcome, last_run.values, last_run.output
     if outcome is None or not outcome.ran:
         return None
-    ran_with, text = last_run.get("values", {}), last_run.get("output", "")
     at, user = len(ran_with.get("history", [])), ran_with.get("message", "")
     if at < len(conversation.turns) and conversation.turns[at].user == user:
         turn = conversation.turns[at]
@@ -369,10 +369,11 @@ class KeptInBrowser:
                 tab.adapter: adapter, **{tab.settings[name]: settings[name] for name in self.names}}
 
     def replaced_by(self, saved: dict, values: dict) -> dict:
-        """Another conversation shown: kept, listed, and the last run's line and prompt gone."""
+        """Another conversation shown: kept, listed, and the last run, its line and prompt gone
+        with the conversation it answered."""
         tab = self.tab
         return {**values, tab.page_state: saved, tab.widgets.more["earlier"]: earlier_choices(saved),
-                **tab.shown(None, "en"), tab.prompt_sent: ""}
+                **tab.shown(LastRun(), "en"), tab.prompt_sent: ""}
 
     def save(self, saved: dict, *values) -> dict:
         return {**saved, "current": self.current(*values)}
@@ -384,8 +385,8 @@ class KeptInBrowser:
         if not conversation:
             return listed
         turns = stored_conversation(conversation).turns
-        outcome = turns[-1].reply.outcome if turns else None
-        return {**self.shown(conversation), **listed, **self.tab.shown(outcome, language(request))}
+        last_reply = LastRun(turns[-1].reply.outcome if turns else None)  # on load: no run in this page yet
+        return {**self.shown(conversation), **listed, **self.tab.shown(last_reply, language(request))}
 
     def new_chat(self, saved: dict, *values) -> dict:
         current = self.current(*values)
@@ -403,13 +404,14 @@ class KeptInBrowser:
         saved["current"] = chosen
         return self.replaced_by(saved, self.shown(chosen))
 
-    def imported(self, request: gr.Request, path, saved: dict, *values) -> dict:  # Gradio puts the request first
+    def imported(self, request: gr.Request, path, saved: dict, last_run: LastRun,
+                 *values) -> dict:  # Gradio puts the request first
         try:
             conversation = read_import(path)
         except ValueError as error:  # the conversation shown stays; the line says why, and so does a
             lang = language(request)   # notice, since on a phone the line is a screen from the button
             gr.Warning(localized(error, lang), title=word("warning", lang))
-            return self.tab.shown(Outcome.refused(error), lang)
+            return self.tab.shown(last_run.with_outcome(Outcome.refused(error)), lang)
         saved = filed(saved or {}, self.current(*values))
         saved["current"] = {**self.current(*values), "conversation": conversation.as_json()}
         return self.replaced_by(saved, self.shown(saved["current"]))
@@ -420,7 +422,7 @@ class KeptInBrowser:
         button's file too, and forgets what spoke of the one it replaces (forget_shown_run)."""
         tab, kept, store, more = self.tab, self.kept, self.tab.page_state, self.tab.widgets.more
         private = dict(queue=False, api_visibility="private")
-        restored = {*kept, *shown_parts(tab), more["earlier"], tab.status, tab.outcome}
+        restored = {*kept, *shown_parts(tab), more["earlier"], tab.status, tab.last_run}
         tab.page.blocks.load(self.restore, store, restored, **private).then(**export)
         saving = dict(fn=self.save, inputs=[store, *kept], outputs=store, **private)
         for change in changed:
@@ -428,12 +430,12 @@ class KeptInBrowser:
         gr.on([tab.adapter.input,
                *(slider.release if hasattr(slider, "release") else slider.blur for slider in tab.settings.values())],
               **saving)
-        replacing = {*kept, *shown_parts(tab), store, more["earlier"], tab.status, tab.outcome, tab.prompt_sent}
+        replacing = {*kept, *shown_parts(tab), store, more["earlier"], tab.status, tab.last_run, tab.prompt_sent}
         for replaced in (
                 more["new"].click(self.new_chat, [store, *kept], replacing, **private),
                 more["earlier"].input(self.reopen, [more["earlier"], store, *kept], replacing, **private),
                 # Queued, as a notice (gr.Warning) needs: a refused file says so beside the button too.
-                more["import"].upload(self.imported, [more["import"], store, *kept], replacing,
+                more["import"].upload(self.imported, [more["import"], store, tab.last_run, *kept], replacing,
                                       api_visibility="private")):
             replaced.then(**export)
             replaced.then(**forget_shown_run)
@@ -469,15 +471,15 @@ def wire_answers(tab: Tab) -> list:
     """Each run's reply recorded in the conversation once the run has ended (answered): a new turn
     (Send, an edited message), or a reply beside the one it replaces (Retry, a reply continued from
     a chosen token). Their events."""
-    def recorded(conversation: Conversation, outcome: Outcome | None, last_run: dict, request: gr.Request):
-        found = answered(conversation, outcome, last_run)
+    def recorded(conversation: Conversation, last_run: LastRun, request: gr.Request):
+        found = answered(conversation, last_run)
         if found is None:
             return NOTHING
         conversation, outcome = found
-        return {**showing(tab, conversation), **tab.shown(outcome, language(request))}
+        return {**showing(tab, conversation), **tab.shown(last_run.with_outcome(outcome), language(request))}
 
-    return [run.then(recorded, [tab.widgets.more["conversation"], tab.outcome, tab.insight.last_run],
-                     {*shown_parts(tab), tab.status, tab.outcome}, **PRIVATE)
+    return [run.then(recorded, [tab.widgets.more["conversation"], tab.last_run],
+                     {*shown_parts(tab), tab.status, tab.last_run}, **PRIVATE)
             for run in tab.all_runs]
 
 
@@ -486,14 +488,16 @@ def wire_reply_switcher(tab: Tab) -> list:
     conversation, more = tab.widgets.more["conversation"], tab.widgets.more
 
     def switch(step: int):
-        def to_reply(kept: Conversation, request: gr.Request):
+        def to_reply(kept: Conversation, last_run: LastRun, request: gr.Request):
             switched = kept.switched(step)
             if switched is None:
                 return NOTHING
-            return {**showing(tab, switched), **tab.shown(switched.turns[-1].reply.outcome, language(request))}
+            shown = last_run.with_outcome(switched.turns[-1].reply.outcome)
+            return {**showing(tab, switched), **tab.shown(shown, language(request))}
         return to_reply
 
-    return [button.click(switch(step), conversation, {*shown_parts(tab), tab.status, tab.outcome}, **PRIVATE)
+    return [button.click(switch(step), [conversation, tab.last_run], {*shown_parts(tab), tab.status, tab.last_run},
+                         **PRIVATE)
             for step, button in ((-1, more["previous"]), (1, more["next"]))]
 
 
@@ -518,7 +522,7 @@ def wire_undo_and_clear(tab: Tab) -> tuple:
     """Undo and clear: the status line and the prompt sent go with the reply they spoke of, as in
     another conversation. Their events."""
     chatbot, message, conversation = tab.widgets.output, tab.widgets.inputs["message"], tab.widgets.more["conversation"]
-    gone = {**tab.shown(None, "en"), tab.prompt_sent: ""}
+    gone = {**tab.shown(LastRun(), "en"), tab.prompt_sent: ""}  # the last run goes with the reply it drew
     outputs = {*shown_parts(tab), *gone}
 
     def undone(kept: Conversation) -> dict:

@@ -9,6 +9,7 @@ from serve.apis import TRANSLATE_API
 from serve.messages import LABELS_ZH
 
 from ..i18n import i18n
+from ..last_run import LastRun
 from ..tab import Tab, TaskView, Widgets, output_box
 from ..tokens import Insight
 
@@ -100,14 +101,13 @@ def choose_pair(changed: str, source: str, target: str, last: tuple[str, str], e
 
 
 def turned_boxes(source: str, target: str, text: str, translation: str,
-                 last_run: dict | None) -> tuple[str, str] | None:
+                 last_run: LastRun) -> tuple[str, str] | None:
     """⇄, as translation apps have it: where the two boxes hold a run's text and its translation
     (either way round, in the languages `source` and `target` as they were), the two change places,
     setting up the way back in one click, with nothing written lost: the new (text, translation).
     A text edited since, a refused one, or an example picked since keeps its place (None): only
     the languages change."""
-    ran = (last_run or {}).get("values", {})
-    shown = (ran.get("text"), ran.get("source"), ran.get("target"), (last_run or {}).get("output"))
+    shown = (last_run.given("text"), last_run.given("source"), last_run.given("target"), last_run.output)
     if translation.strip() and shown in ((text, source, target, translation), (translation, target, source, text)):
         return translation, text
     return None
@@ -149,17 +149,18 @@ def translate_extras(tab: Tab) -> None:
                     [examples, *switches, source, target], examples, queue=False, api_visibility="private")
     text, output = inputs["text"], tab.widgets.output
 
-    def moved(source_value: str, target_value: str, text_value: str, translation: str, last_run: dict | None) -> dict:
+    def moved(source_value: str, target_value: str, text_value: str, translation: str, last_run: LastRun) -> dict:
         """The boxes turned round where they hold a run (turned_boxes), and what spoke of that run
         as it was shown cleared: the status line, the prompt sent, and the token view with its
-        alternatives (a continuation from them would write over the text now in the output box)."""
+        alternatives (a continuation from them would write over the text now in the output box).
+        The run's record stays, its line gone, so that ⇄ again turns the boxes back."""
         turned = turned_boxes(source_value, target_value, text_value, translation, last_run)
         if turned is None:
             return {}
-        return {text: turned[0], **tab.faded(False, value=turned[1]), **tab.shown(None, "en"), tab.prompt_sent: "",
-                **dict(zip(tab.insight.of_the_shown_run, Insight.forgotten()))}
+        return {text: turned[0], **tab.faded(False, value=turned[1]), **tab.shown(last_run.with_outcome(None), "en"),
+                tab.prompt_sent: "", **dict(zip(tab.insight.of_the_shown_run, Insight.forgotten()))}
 
-    def swap(source_value: str, target_value: str, text_value: str, translation: str, last_run: dict | None):
+    def swap(source_value: str, target_value: str, text_value: str, translation: str, last_run: LastRun):
         return {source: target_value, target: source_value,
                 **moved(source_value, target_value, text_value, translation, last_run)}
 
@@ -175,12 +176,11 @@ def translate_extras(tab: Tab) -> None:
         return picked
 
     run_shown = [text, output]
-    changes = {text, output, *tab.shown(None, "en"), tab.prompt_sent, *tab.insight.of_the_shown_run}
-    tab.widgets.more["swap"].click(swap, [source, target, *run_shown, tab.insight.last_run], {source, target, *changes},
+    changes = {text, output, tab.status, tab.last_run, tab.prompt_sent, *tab.insight.of_the_shown_run}
+    tab.widgets.more["swap"].click(swap, [source, target, *run_shown, tab.last_run], {source, target, *changes},
                                    queue=False, api_visibility="private")
     for changed, dropdown in (("source", source), ("target", target)):
-        dropdown.change(pick(changed), [source, target, last_pair, examples, *switches, *run_shown,
-                                        tab.insight.last_run],
+        dropdown.change(pick(changed), [source, target, last_pair, examples, *switches, *run_shown, tab.last_run],
                         {source, target, last_pair, examples, *changes}, queue=False, api_visibility="private")
 
 
