@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -279,8 +281,25 @@ def test_chat_keeps_a_multi_turn_conversation_and_exports_it(page, tmp_path, mon
     expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(0)
 
 
-def test_stop_ends_a_long_generation_and_keeps_its_text(page):
+@pytest.fixture
+def slow_page(browser, tiny_checkpoint) -> Iterator[Page]:
+    """The app on a model slowed to some 100 tokens a second, so that a run lasts while a test
+    looks at it and presses its buttons (the tiny model alone writes 500 tokens in a second)."""
+    from serve.model_host import ModelHost
+
+    host = ModelHost([str(tiny_checkpoint)], device="cpu")
+    host.current.model.register_forward_pre_hook(lambda module, args: time.sleep(0.01))
+    with serve_studio(host) as url:
+        page = open_app(browser, url)
+        try:
+            yield page
+        finally:
+            page.context.close()
+
+
+def test_stop_ends_a_long_generation_and_keeps_its_text(slow_page):
     """Stop ends a run and keeps its text; it is red only while there is a run to stop."""
+    page = slow_page
     stop = page.locator("#generate-stop")
     expect(stop).to_have_class(re.compile(r"\bsecondary\b"))  # grey: nothing runs
     page.locator("#generate-prompt textarea").fill("Once upon a time")
