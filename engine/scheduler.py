@@ -370,23 +370,31 @@ class Decoder:
 
     def _run(self) -> None:
         while True:
-            with self._changed:
-                while not self._schedulers:
-                    self._changed.wait()
-                turn = list(self._schedulers)
-            for scheduler in turn:
-                try:
-                    more = scheduler._tick()
-                except BaseException as error:  # the interpreter is stopping: every caller hears of it
-                    with self._changed:
-                        stranded, self._schedulers, self.thread = self._schedulers, [], None
-                    for each in stranded:
-                        each._end_all(error)
-                        each._let_go()
-                    raise
-                if not more:
-                    with self._changed:
-                        self._schedulers.remove(scheduler)
+            # The turn's list lives in _take_turns only: one kept while this thread waits for work
+            # would keep the last schedulers, and their models' weights, after the app let them go.
+            self._take_turns(self._next_turn())
+
+    def _next_turn(self) -> list[Scheduler]:
+        """The schedulers with work, once there are any."""
+        with self._changed:
+            while not self._schedulers:
+                self._changed.wait()
+            return list(self._schedulers)
+
+    def _take_turns(self, turn: list[Scheduler]) -> None:
+        for scheduler in turn:
+            try:
+                more = scheduler._tick()
+            except BaseException as error:  # the interpreter is stopping: every caller hears of it
+                with self._changed:
+                    stranded, self._schedulers, self.thread = self._schedulers, [], None
+                for each in stranded:
+                    each._end_all(error)
+                    each._let_go()
+                raise
+            if not more:
+                with self._changed:
+                    self._schedulers.remove(scheduler)
 
 
 DECODER = Decoder()
