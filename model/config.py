@@ -36,6 +36,14 @@ class GPT2Config:
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
+    @property
+    def parameter_count(self) -> int:
+        """GPT2(self).num_parameters(), known from config.json alone, before any weight is read."""
+        e = self.n_embd
+        # ln_1 and ln_2 (2e each), c_attn (3e² + 3e), attn.c_proj (e² + e), c_fc (4e² + 4e), mlp.c_proj (4e² + e)
+        per_block = 12 * e * e + 13 * e
+        return (self.vocab_size + self.n_positions) * e + self.n_layer * per_block + (2 * e if self.final_norm else 0)
+
     @classmethod
     def preset(cls, name: str, **overrides) -> "GPT2Config":
         """The shape of a released GPT-2 model: gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2."""

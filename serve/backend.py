@@ -25,7 +25,7 @@ from engine.kernels import BUILDING
 from model import GPT2Config
 
 from .messages import Message, Refusal
-from .model_host import ModelLoadError
+from .model_host import ModelLoadError, no_progress
 from .outcome import DONE, FAULT, Outcome, message_from_json
 from .page_api import PREFIX, update_from_json, view_from_json
 from .running import (LiveView, TaskAPI, adapter_state, changed_settings, compared_state, drawn_seed,
@@ -71,6 +71,7 @@ class RemoteHost:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(SILENCE_S, connect=CONNECT_TIMEOUT_S))
         self.loading: str | None = None  # the backend switches nothing from here
+        self.allow_load = False  # nor loads: the deployment has the models its replicas were started with
         self._current = self.fetch_model()
         self.names = (self._current.name,)
 
@@ -82,6 +83,12 @@ class RemoteHost:
         if name != self._current.name:
             raise ModelLoadError("backend_only", name=name, url=self.url)
         return self._current
+
+    def load(self, name: str, progress: Callable[[str], None] = no_progress) -> RemoteModel:
+        raise ModelLoadError("backend_loads", url=self.url)
+
+    def unload(self, name: str) -> RemoteModel:
+        raise ModelLoadError("backend_loads", url=self.url)
 
     def settling(self) -> bool:
         """Whether the model line may still change: the backend's kernels build. Asks again."""

@@ -4,7 +4,7 @@ call a host through it and never ask which one they have."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from model import GPT2Config
 
@@ -44,12 +44,22 @@ class ServedModel(Protocol):
 class Host(Protocol):
     names: tuple[str, ...]  # the models it can serve, the first at start
     loading: str | None  # the model being loaded to switch to, while it loads
+    allow_load: bool  # whether `load` and `unload` may change `names`
 
     @property
     def current(self) -> ServedModel: ...
 
     def switch(self, name: str) -> ServedModel:
         """Serve `name` from now on (a ModelLoadError where it cannot be had; the current stays)."""
+
+    def load(self, name: str, progress: Callable[[str], None] = ...) -> ServedModel:
+        """Add `name` (a hub id or a local checkpoint directory) to `names` and serve it from now on,
+        telling `progress` each step (model_host.LOAD_STEPS); a ModelLoadError where it cannot be
+        had or loading is not allowed (the current stays)."""
+
+    def unload(self, name: str) -> ServedModel:
+        """Take `name` off `names` and free its memory, serving another first where it is served;
+        returns the model served (a ModelLoadError where loading is not allowed)."""
 
     def settling(self) -> bool:
         """Whether the model line may still change by itself (the decode kernels build)."""

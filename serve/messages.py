@@ -82,6 +82,19 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "not_a_model": ("{name} is not one of the models this app was started with ({names})",
                     "{name} 不是本应用启动时给定的模型之一（{names}）"),
     "load_failed": ("could not load {name}: {reason}", "无法加载 {name}：{reason}"),
+    "no_model_named": ("type a hub id or the path of a local checkpoint directory to load",
+                       "请输入要加载的模型：模型库中的名称，或本地检查点目录的路径"),
+    # {flag}: app.py's --allow-load
+    "load_not_allowed": ("loading and unloading models is off on this server (start the app with {flag} to allow it)",
+                         "此服务器未开启模型的加载和卸载（启动应用时加上 {flag} 即可开启）"),
+    "last_model": ("{name} is the only model left: load another before unloading it",
+                   "{name} 是仅剩的模型：请先加载另一个，再卸载它"),
+    "not_enough_memory": ("not enough memory to load {name}: its weights need {needed:.1f} GB, and {available:.1f} GB "
+                          "is free", "内存不足，无法加载 {name}：其权重需要 {needed:.1f} GB，而可用内存只有 {available:.1f} GB"),
+    # a load's steps (serve.model_host.LOAD_STEPS), shown by the page's progress bar
+    "load_step_download": ("fetching {name}", "正在获取 {name}"),
+    "load_step_load": ("reading the weights of {name}", "正在读取 {name} 的权重"),
+    "load_step_kernels": ("preparing {name} for decoding", "正在为解码准备 {name}"),
     # what a prompt had to drop (tasks/), shown in the status line
     "dropped_turn": ("dropped the {count} oldest turn to fit the context", "为放入上下文，删去了最早的 {count} 轮"),
     "dropped_turns": ("dropped the {count} oldest turns to fit the context", "为放入上下文，删去了最早的 {count} 轮"),
@@ -133,6 +146,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                     "后端 {url} 在这次运行中途停止了响应；请重试"),
     "backend_stopped": ("stopped: the token counts stay with the backend", "已停止：词元计数留在后端"),
     "backend_only": ("'{name}' is not served by the backend {url}", "后端 {url} 不提供「{name}」"),
+    "backend_loads": ("models are loaded and unloaded on the backend {url}, not from this page",
+                      "模型在后端 {url} 上加载和卸载，不能从此页面操作"),
     # which path decodes (engine/kernels.py, decode_state; serve/model_host.py)
     "kernels_on": ("decode kernels ({capability})", "解码内核（{capability}）"),
     "kernels_off": ("PyTorch ({reason})", "PyTorch（{reason}）"),

@@ -2,7 +2,9 @@
 model every request runs on, and runs them.
 
 The app is started with a list of models (the bundled one, hub ids, local directories); the
-first is loaded, and the UI may switch among the others, never to a path typed in the browser.
+first is loaded, and the UI may switch among the others. Where loading is allowed (app.py's
+--allow-load), the page may also load a hub id or a local directory typed into it, which joins the
+list, and unload one, which leaves it; only the model being served is held in memory.
 Each request takes `host.current` once, at its start, so a switch never changes a request that
 is already running. Each loaded model has its own Scheduler, which decodes the requests running
 on it in one batch (see engine/scheduler.py).
@@ -15,32 +17,41 @@ or is cancelled, or whose client leaves, frees its decoding row and is logged in
 """
 from __future__ import annotations
 
+import contextvars
+import gc
 import logging
 import math
 import threading
 import time
 from contextlib import closing
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
+
+import psutil
 
 from engine import kernels, prepare_for_serving
 from engine.generate import SamplingParams, new_token_budget, resolve_seed, score_tokens
 from engine.scheduler import Scheduler, in_thread_of_its_own
-from model import GPT2, load_pretrained
+from model import GPT2, GPT2Config, load_pretrained
 from model.adapters import adapter_names, adapters_on_by_default
-from model.checkpoint import pick_device
+from model.checkpoint import pick_device, resolve_checkpoint
 from model.tokenizer import Tokenizer
 from tasks import TASKS, SummarizeInputs, TaskDone, run_task
 
 from .host import CompareUpdate, RunUpdate
 from .inspection import inspect_prompt, logit_lens
 from .limits import brief
-from .messages import MODEL_LINE, MODEL_LINE_DECODING, MODEL_LINE_QUANTIZED, Message, Refusal, render, said
+from .messages import (MODEL_LINE, MODEL_LINE_DECODING, MODEL_LINE_QUANTIZED, Message, Refusal, english, render,
+                       said)
 from .outcome import Outcome
 from .running import (MAX_UPDATES_PER_SECOND, TOP_SHOWN, LiveView, Pacer, TaskAPI, adapter_state, checked_slider,
                       checked_text, compared_outcome, first_difference, outcome_of, sampling_params)
 
 BUNDLED = "bundled"
+# What a load reports to its progress callback, in this order: the files fetched (a hub id's, from
+# the local cache first), the weights read, the engine's fast paths put on.
+LOAD_STEPS = ("download", "load", "kernels")
+BYTES_PER_PARAMETER = 4  # every model is read as float32 (int8 is made from that)
 log = logging.getLogger(__name__)
 
 
@@ -101,16 +112,24 @@ def path_message(path: kernels.DecodePath) -> Message:
     return Message.keyed("kernels_off", reason=kernels.WHY_NOT[path.why])
 
 
+def no_progress(step: str) -> None:
+    """A load's progress, where nobody follows it."""
+
+
 class ModelHost:
-    def __init__(self, names: Sequence[str], device: str = "auto", quantize: str | None = None):
+    def __init__(self, names: Sequence[str], device: str = "auto", quantize: str | None = None,
+                 allow_load: bool = False):
         """Load the first of `names`; the others can be switched to later. Raises ModelLoadError
         when the first cannot be loaded: there is nothing to serve without it. quantize="int8"
-        loads every model with int8 weights (see engine/quantize.py)."""
+        loads every model with int8 weights (see engine/quantize.py). allow_load: whether `load`
+        and `unload` may change the list (off by default: anyone who reaches the page could fill
+        the memory)."""
         self.names = tuple(dict.fromkeys(str(name) for name in names))
         if not self.names:
             raise ValueError("at least one model is needed")
         self.device = pick_device(device)
         self.quantize = quantize
+        self.allow_load = allow_load
         self._switching = threading.Lock()  # one load at a time; requests never wait for it
         self.loading: str | None = None  # the model being loaded to switch to, while it loads
         self._current = self._load(self.names[0])
@@ -128,24 +147,72 @@ class ModelHost:
         if name not in self.names:
             raise ModelLoadError("not_a_model", name=repr(name), names=", ".join(self.names))
         with self._switching:
-            if name != self._current.name:
-                self.loading = name
-                try:
-                    self._current = self._load(name)
-                finally:
-                    self.loading = None
+            return self._serve(name)
+
+    def load(self, name: str, progress: Callable[[str], None] = no_progress) -> LoadedModel:
+        """Load `name` (a hub id or a local checkpoint directory), add it to the models and serve it
+        from now on; `progress` is told each of LOAD_STEPS as it starts. When it cannot be had
+        (offline, not a GPT-2, too big for the memory free), the current model stays."""
+        self._check_allowed()
+        name = name.strip()
+        if not name:
+            raise ModelLoadError("no_model_named")
+        with self._switching:
+            loaded = self._serve(name, progress)
+            self.names = tuple(dict.fromkeys((*self.names, name)))
+        return loaded
+
+    def unload(self, name: str) -> LoadedModel:
+        """Take `name` off the models; where it is the one served, serve the first that stays. Its
+        memory is freed once the requests still running on it end. Returns the model served."""
+        self._check_allowed()
+        with self._switching:
+            if name not in self.names:
+                raise ModelLoadError("not_a_model", name=repr(name), names=", ".join(self.names))
+            staying = tuple(other for other in self.names if other != name)
+            if not staying:
+                raise ModelLoadError("last_model", name=name)
+            if name == self._current.name:
+                self._serve(staying[0])
+            self.names = staying
+        gc.collect()  # now, not at the collector's next pass: an adapter and the live view leave reference cycles
         return self._current
 
-    def _prepare(self, name: str) -> tuple[GPT2, Tokenizer]:
+    def _check_allowed(self) -> None:
+        if not self.allow_load:
+            raise ModelLoadError("load_not_allowed", flag="--allow-load")  # app.py's flag
+
+    def _serve(self, name: str, progress: Callable[[str], None] = no_progress) -> LoadedModel:
+        """Load `name` and serve it, unless it is served already; the caller holds _switching."""
+        if name != self._current.name:
+            self.loading = name
+            try:
+                self._current = self._load(name, progress)
+            finally:
+                self.loading = None
+        return self._current
+
+    def _prepare(self, name: str, progress: Callable[[str], None]) -> tuple[GPT2, Tokenizer]:
         """The model as it will serve: loaded, quantised if asked, with the engine's fast paths on
         (the kernels build in the background; until then it decodes on PyTorch)."""
-        model, tokenizer = load_pretrained(None if name == BUNDLED else name, device=self.device)
+        progress("download")
+        directory = resolve_checkpoint(None if name == BUNDLED else name)
+        check_memory(name, GPT2Config.load(directory))
+        progress("load")
+        model, tokenizer = load_pretrained(directory, device=self.device)
+        progress("kernels")
         return prepare_for_serving(model, self.quantize), tokenizer
 
-    def _load(self, name: str) -> LoadedModel:
+    def _load(self, name: str, progress: Callable[[str], None] = no_progress) -> LoadedModel:
         log.info("loading model %s on %s", name, self.device)
+        # With the caller's context variables, which a progress callback may need (Gradio's progress
+        # bar finds its event by them).
+        prepare = contextvars.copy_context().run
         try:  # in a thread that ends, so that the scheduler's thread decodes without a second OpenMP pool
-            model, tokenizer = in_thread_of_its_own(lambda: self._prepare(name))
+            model, tokenizer = in_thread_of_its_own(lambda: prepare(self._prepare, name, progress))
+        except ModelLoadError as refused:  # before a weight was read (the memory), in its own words
+            log.warning("could not load model %s: %s", name, english(refused.message))
+            raise
         except Exception as error:  # whatever goes wrong, the model being served must keep serving
             log.warning("could not load model %s: %s", name, error)
             reason = str(error).removeprefix(f"{name}: ")  # a checkpoint error starts with the path it names
@@ -259,6 +326,15 @@ class ModelHost:
         left = new_token_budget(max_new_tokens, len(prompt.ids), loaded.context)  # what a run may generate
         return [Message.keyed("article_length", tokens=len(prompt.ids), context=loaded.context, left=left),
                 *prompt.notes]
+
+
+def check_memory(name: str, config: GPT2Config) -> None:
+    """Refuse a model whose weights alone would not fit in the memory free now: an out-of-memory
+    kill would take the model being served, and every user's request, with it."""
+    needed = config.parameter_count * BYTES_PER_PARAMETER
+    available = psutil.virtual_memory().available
+    if needed > available:
+        raise ModelLoadError("not_enough_memory", name=name, needed=needed / 2**30, available=available / 2**30)
 
 
 def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], params: SamplingParams) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -16,7 +17,7 @@ from serve.apis import example_pairs, history_pairs
 from serve.inspection import inspect_prompt
 from serve.limits import checked_params
 from serve.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, Message, Refusal, english, message_of, render
-from serve.model_host import ModelHost, path_message
+from serve.model_host import LOAD_STEPS, ModelHost, check_memory, path_message
 from serve.outcome import GREEDY_SAME, SAME_SEED, STOP_REASON_WORDS, Outcome, status_line
 from serve.running import (RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text,
                            compared_state, sampling_params, setting_params)
@@ -108,6 +109,7 @@ def made_messages() -> list[Message]:
     tokenizer = load_tokenizer(BUNDLED_DIR)
     long = "word " * 3000
     host = ModelHost(["bundled"], device="cpu")
+    loading_host = ModelHost(["bundled"], device="cpu", allow_load=True)
     translate_note = TASKS["translate"].prompt(TranslateInputs("Hello.", examples=[]), tokenizer, 512, 16, False).notes[0]
 
     def prompt(task, inputs, max_new_tokens=16, context=512):
@@ -139,6 +141,12 @@ def made_messages() -> list[Message]:
         refusal(lambda: example_pairs("no equals sign")),
         refusal(lambda: inspect_prompt(tiny, tokenizer, "word " * 40, 0, 0)),  # the live view's limit
         refusal(lambda: host.switch("elsewhere")),
+        # loading from the page (serve/model_host.py)
+        refusal(lambda: host.load("gpt2")),
+        refusal(lambda: loading_host.load(" ")),
+        refusal(lambda: loading_host.unload("bundled")),
+        refusal(lambda: check_memory("gpt2-xl", GPT2Config.preset("gpt2-xl", vocab_size=10**12))),
+        *(Message.keyed(f"load_step_{step}", name="gpt2") for step in LOAD_STEPS),
         TASKS["summarize"].prompt(SummarizeInputs(long), tokenizer, 512, 16, False).notes[0],
         translate_note,
         TASKS["translate"].prompt(TranslateInputs("Hello. Bye."), tokenizer, 512, 16, False).notes[0],
@@ -160,6 +168,7 @@ def made_messages() -> list[Message]:
         backend.down_message("http://10.0.0.2:8000", httpx.HTTPStatusError(
             "", request=httpx.Request("GET", "http://x"), response=httpx.Response(503))),
         backend.cut_message("http://10.0.0.2:8000"), backend.STOPPED_NOTE,
+        refusal(lambda: backend.RemoteHost.load(SimpleNamespace(url="http://10.0.0.2:8000"), "gpt2")),
     ]
 
 

@@ -239,3 +239,14 @@ assert not loaded, loaded
 """
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("config", [GPT2Config.preset("gpt2"), GPT2Config.preset("distilgpt2", final_norm=False),
+                                    GPT2Config(vocab_size=300, n_positions=16, n_embd=8, n_layer=3, n_head=2)],
+                         ids=["gpt2", "distilgpt2-no-ln_f", "small"])
+def test_the_config_counts_the_parameters_before_any_weight_is_read(config):
+    """What the app's memory check reads from config.json: the model's own count, head counted once."""
+    with torch.device("meta"):
+        model = GPT2(config)
+    assert config.parameter_count == model.num_parameters()
+    assert GPT2Config.preset("gpt2").parameter_count == 124_439_808  # GPT-2 small's published 124M
