@@ -1,7 +1,7 @@
 """Pre-LN GPT-2 Studio: the Gradio app.
 
     python app.py [--model NAME_OR_PATH ...] [--device auto|cpu|cuda] [--quantize int8]
-                  [--host H] [--port P] [--share]
+                  [--host H] [--port P] [--share] [--allow-load | --no-allow-load]
 
 One tab per registered task (tasks.TASKS), built by ui.tab.task_tab from the task's view (ui/tabs/), plus
 the architecture tab; a model panel on top. Each flag can also be set by an environment variable
@@ -15,17 +15,17 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import gradio as gr
 from fastapi import APIRouter
 from huggingface_hub.constants import HF_HUB_CACHE
 
 from serve import MAX_BATCH, QUANTIZATIONS, TASKS
-from serve.messages import localized
+from serve.messages import Message, localized, render
 from serve.backend import RemoteHost
 from serve.host import Host
-from serve.model_host import BUNDLED, ModelHost, ModelLoadError
+from serve.model_host import BUNDLED, LOAD_STEPS, ModelHost, ModelLoadError
 from serve.openai_api import openai_routes
 from serve.running import StopSwitches
 from ui.accessibility import NAMED_PARTS_JS
@@ -64,8 +64,13 @@ def build_app(host: Host, concurrency: int = DEFAULT_CONCURRENCY, queue_size: in
         model_info = gr.Markdown(host.current.describe(), elem_id="model-info")
         with gr.Accordion(i18n("model"), open=False):
             model_choice = gr.Dropdown(list(host.names), value=host.current.name, label=i18n("switch_model"),
-                                       info=i18n("switch_model_info" if len(host.names) > 1 else "switch_model_info_one"),
-                                       elem_id="model-choice")
+                                       info=i18n(switch_model_info(host)), elem_id="model-choice")
+            if host.allow_load:  # where anyone who reaches the page may fill the memory, not even shown
+                model_to_load = gr.Textbox(label=i18n("load_model"), info=i18n("load_model_info"),
+                                           elem_id="model-to-load")
+                with gr.Row():
+                    load_button = gr.Button(i18n("load_model_button"), variant="primary", elem_id="model-load")
+                    unload_button = gr.Button(i18n("unload_model_button"), elem_id="model-unload")
         # Wrapped onto a second row rather than folded into an overflow menu: a phone sees every tab.
         # A view's state kept at the page's top level (Chat's conversations): outside the tabs,
         # whose only children must be tabs.
@@ -77,8 +82,16 @@ def build_app(host: Host, concurrency: int = DEFAULT_CONCURRENCY, queue_size: in
         for tab in tabs:
             gr.api(api_endpoint(tab.view.api, host), api_name=tab.view.api.name, concurrency_id=GENERATION)
         model_parts = ModelParts(model_info, model_choice, tabs, lens_adapter)
-        model_choice.select(switch_model(host, model_parts), model_choice, model_parts.outputs, concurrency_limit=1,
-                           concurrency_id="load_model", api_visibility="private")
+        # One change of the models at a time: a switch, a load or an unload.
+        one_at_a_time = dict(concurrency_limit=1, concurrency_id="load_model", api_visibility="private",
+                             show_progress_on=model_info)
+        model_choice.select(changing_model(host, model_parts, lambda name, step: host.switch(name)), model_choice,
+                            model_parts.outputs, api_name="load_model", **one_at_a_time)
+        if host.allow_load:
+            gr.on([load_button.click, model_to_load.submit], changing_model(host, model_parts, host.load),
+                  model_to_load, model_parts.outputs, api_name="load_new_model", **one_at_a_time)
+            unload_button.click(changing_model(host, model_parts, lambda name, step: host.unload(name)),
+                                model_choice, model_parts.outputs, api_name="unload_model", **one_at_a_time)
         # A page opened after a switch shows the model being served, not the one at start-up.
         demo.load(show_model(host, model_parts, on_load=True), None, model_parts.outputs, queue=False,
                   api_visibility="private")
@@ -162,7 +175,7 @@ def show_model(host: Host, parts: ModelParts, on_load: bool = False):
     def model_state(request: gr.Request) -> dict:
         loaded = host.current
         lang = language(request)
-        return {parts.line: loaded.describe(lang), parts.choice: loaded.name,
+        return {parts.line: loaded.describe(lang), parts.choice: gr.update(choices=list(host.names), value=loaded.name),
                 parts.lens_adapter: lens_choices(loaded, lang),
                 **{tab.adapter: switch_state(tab, loaded) for tab in parts.tabs},
                 **{tab.insight.compare: gr.update(**compare_props(tab.view.task, loaded)) for tab in parts.tabs},
@@ -186,18 +199,30 @@ def refresh_model_line(host: Host):
     return model_line
 
 
-def switch_model(host: Host, parts: ModelParts):
+def switch_model_info(host: Host) -> str:
+    """The model list's help: what it holds, or, with one model, how to have more."""
+    if host.allow_load:
+        return "switch_model_info_loadable"
+    return "switch_model_info" if len(host.names) > 1 else "switch_model_info_one"
+
+
+def changing_model(host: Host, parts: ModelParts, change: Callable[[str, Callable[[str], None]], object]):
+    """A handler that makes `change` (switch, load or unload the model named, telling a load's steps
+    to the progress bar on the model line), then shows the model served and the list."""
     model_state = show_model(host, parts)
 
-    def load_model(name: str, request: gr.Request):
-        """Serve the model `name` (one of those the app was started with) from now on."""
+    def change_model(name: str, request: gr.Request, progress=gr.Progress()):
+        lang = language(request)
+
+        def step(stage: str) -> None:
+            said = render(Message.keyed(f"load_step_{stage}", name=name.strip()), lang)
+            progress((LOAD_STEPS.index(stage), len(LOAD_STEPS)), desc=said)
         try:
-            host.switch(name)
+            change(name, step)
         except ModelLoadError as error:  # and the model being served stays, as model_state shows
-            lang = language(request)
             gr.Warning(localized(error, lang), title=word("warning", lang))
         return model_state(request)
-    return load_model
+    return change_model
 
 
 def env_flag(name: str) -> bool:
@@ -240,6 +265,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--backend-key", default=env.get("STUDIO_BACKEND_KEY") or None, metavar="KEY",
                         help="the deployment's --api-key, sent with every request to --backend "
                              "(env STUDIO_BACKEND_KEY)")
+    parser.add_argument("--allow-load", action=argparse.BooleanOptionalAction,
+                        default=env_flag("STUDIO_ALLOW_LOAD") if "STUDIO_ALLOW_LOAD" in env else not on_space,
+                        help="let the page load a hub id or a local directory, and unload a model; every visitor "
+                             "could fill the memory (env STUDIO_ALLOW_LOAD=0/1; default on, off on a Space)")
     parser.add_argument("--api-key", default=env.get("STUDIO_API_KEY") or None,
                         help="require this key (Authorization: Bearer KEY) of every request to the OpenAI-compatible "
                              "/v1 API; the page and its Gradio API are unchanged (env STUDIO_API_KEY; default none)")
@@ -256,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.backend:  # the deployment answers /v1 itself, at its own address
             host, routes = RemoteHost(args.backend, args.backend_key), []
         else:
-            host = ModelHost(args.model, device=args.device, quantize=args.quantize)
+            host = ModelHost(args.model, device=args.device, quantize=args.quantize, allow_load=args.allow_load)
             routes = v1_routes(host, args.api_key, args.concurrency + args.queue_size)
     except ModelLoadError as error:
         sys.exit(f"app.py: {localized(error, 'en')}")

@@ -276,7 +276,8 @@ def studio_app(models, api_key: str | None = None, capacity: int | None = None, 
     from serve.backend import RemoteHost
     from serve.model_host import ModelHost
 
-    host = models if isinstance(models, (ModelHost, RemoteHost)) else ModelHost(models, device="cpu")
+    # loading allowed, as app.py has it where it is run by hand
+    host = models if isinstance(models, (ModelHost, RemoteHost)) else ModelHost(models, device="cpu", allow_load=True)
     v1 = {} if capacity is None else {"capacity": capacity}
     routes = app.v1_routes(host, api_key, **v1) if isinstance(host, ModelHost) else []
     demo = app.build_app(host)

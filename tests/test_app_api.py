@@ -284,6 +284,23 @@ def test_flags_come_from_the_command_line_or_the_environment(monkeypatch):
     assert (from_env.model, from_env.port, from_env.share, from_env.host) == (["bundled", "gpt2"], 7861, True, "0.0.0.0")
 
 
+def test_loading_from_the_page_is_on_by_default_and_off_on_a_space(monkeypatch):
+    """Off on a Space, where any visitor could fill the memory; either way a flag or the environment
+    says otherwise."""
+    for name in ("STUDIO_ALLOW_LOAD", "SPACE_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert app.parse_args([]).allow_load is True
+    assert app.parse_args(["--no-allow-load"]).allow_load is False
+    monkeypatch.setenv("STUDIO_ALLOW_LOAD", "0")
+    assert app.parse_args([]).allow_load is False
+    monkeypatch.delenv("STUDIO_ALLOW_LOAD")
+    monkeypatch.setenv("SPACE_ID", "someone/studio")
+    assert app.parse_args([]).allow_load is False
+    assert app.parse_args(["--allow-load"]).allow_load is True
+    monkeypatch.setenv("STUDIO_ALLOW_LOAD", "1")
+    assert app.parse_args([]).allow_load is True
+
+
 def test_python_app_py_serves_the_model_named_in_the_environment(app_models, tmp_path):
     port, log = free_port(), tmp_path / "app.log"
     env = {**os.environ, "STUDIO_MODEL": app_models[0], "STUDIO_DEVICE": "cpu"}
@@ -313,8 +330,10 @@ def test_every_interface_text_is_in_english_and_chinese(app_models):
     assert all(CHINESE[key].strip() for key in CHINESE)
     # The built interface asks the browser to translate every key, and only those (str() of a key
     # is how Gradio writes it into text: __i18n__{"__type__": "translation_metadata", "key": ...}).
-    config = json.dumps(app.build_app(ModelHost(app_models[:1], device="cpu")).get_config_file(), default=str)
-    used = set(re.findall(r'translation_metadata\\", \\"key\\": \\"(\w+)', config))
+    # Built with loading from the page off and on (its controls, and the model list's help then).
+    configs = [json.dumps(app.build_app(ModelHost(app_models[:1], device="cpu", allow_load=allow)).get_config_file(),
+                          default=str) for allow in (False, True)]
+    used = {key for config in configs for key in re.findall(r'translation_metadata\\", \\"key\\": \\"(\w+)', config)}
     # Shown only as things happen: "generating" while a run streams, "not_measured" where a lab plot
     # is missing, "example_pairs_kept" after a change of languages, "no_adapter_model" for a model
     # without a task's adapter (this one has them all), "example_pairs_unsent" with the translate

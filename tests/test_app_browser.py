@@ -764,6 +764,62 @@ def test_the_model_panel_switches_models_and_a_failed_load_keeps_the_current_one
     expect(page.locator("#dialogue-compare input")).to_be_enabled()
 
 
+def dropdown_options(page: Page, dropdown: str) -> list[str]:
+    """The options the dropdown offers now, read from its own list (see choose), without the tick
+    before the chosen one."""
+    box = page.locator(f"{dropdown} input")
+    box.click()
+    options = page.locator(f'[id^="{box.get_attribute("aria-controls")}-option-"]')
+    expect(options.first).to_be_visible()
+    texts = [text.removeprefix("✓").strip() for text in options.all_inner_texts()]
+    page.keyboard.press("Escape")
+    return texts
+
+
+def test_the_model_panel_loads_a_typed_checkpoint_and_unloads_it(browser, app_models, tiny_checkpoint, tmp_path):
+    """A local directory typed in joins the list and is served, with its model line; what is not a
+    checkpoint is refused in a toast; unloaded, it leaves the list and the first model serves again."""
+    plain, tiny = app_models[1], str(tiny_checkpoint)
+    with serve_studio([plain]) as url:
+        page = open_app(browser, url)
+        try:
+            info, typed = page.locator("#model-info"), page.locator("#model-to-load textarea")
+            page.get_by_text("Model", exact=True).click()
+            typed.fill(str(tmp_path))
+            page.locator("#model-load").click()
+            expect(page.get_by_text(f"could not load {tmp_path}")).to_be_visible()
+            expect(info).to_contain_text(Path(plain).name)  # still serving
+
+            typed.fill(tiny)
+            page.locator("#model-load").click()
+            expect(info).to_contain_text(Path(tiny).name)
+            expect(info).to_contain_text("context 128 tokens")
+            expect(page.locator("#model-choice input")).to_have_value(tiny)
+            assert dropdown_options(page, "#model-choice") == [plain, tiny]
+            screenshot(page, "model-panel-loaded")
+
+            page.locator("#model-unload").click()  # the selected one: the one just loaded
+            expect(info).to_contain_text(Path(plain).name)
+            expect(page.locator("#model-choice input")).to_have_value(plain)
+            assert dropdown_options(page, "#model-choice") == [plain]
+        finally:
+            page.context.close()
+
+
+def test_without_allow_load_the_model_panel_has_no_load_controls(browser, app_models):
+    from serve.model_host import ModelHost
+
+    with serve_studio(ModelHost([app_models[1]], device="cpu", allow_load=False)) as url:
+        page = open_app(browser, url)
+        try:
+            page.get_by_text("Model", exact=True).click()
+            expect(page.locator("#model-choice")).to_be_visible()
+            for control in ("#model-to-load", "#model-load", "#model-unload"):
+                expect(page.locator(control)).to_have_count(0)
+        finally:
+            page.context.close()
+
+
 def test_tokens_show_their_probability_and_alternatives_and_continue_from_one(page):
     """Show tokens, on from the start, or switched back on: each token of the output, its
     probability and alternatives on hover; a clicked token offers its alternatives, and picking one

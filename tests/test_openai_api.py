@@ -27,7 +27,7 @@ PROMPT = "Once upon a time"
 
 @pytest.fixture(scope="module")
 def served(app_models):
-    host = ModelHost(app_models, device="cpu")
+    host = ModelHost(app_models, device="cpu", allow_load=True)
     with studio_app(host) as (_, url):
         yield host, url
 
@@ -66,6 +66,22 @@ def loops(text: str) -> bool:
 def test_the_models_are_the_one_served_and_one_per_adapter(client, model):
     ids = [m.id for m in client.models.list().data]
     assert ids == [model, f"{model}:dialogue", f"{model}:summarize", f"{model}:translate"]
+
+
+def test_the_models_follow_a_load_and_an_unload(client, served, model, tiny_checkpoint):
+    host, _ = served
+    loaded = str(tiny_checkpoint)
+    host.load(loaded)
+    try:
+        assert [m.id for m in client.models.list().data] == [loaded]  # it has no adapters
+        assert client.completions.create(model=loaded, prompt=PROMPT, max_tokens=2, seed=1).choices[0].text
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model=model, prompt=PROMPT, max_tokens=2)  # no longer served
+    finally:
+        host.unload(loaded)
+    assert host.current.name == model and loaded not in [m.id for m in client.models.list().data]
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve(loaded)
 
 
 def test_a_seeded_completion_repeats_and_is_what_the_gradio_api_gives(client, served, model):

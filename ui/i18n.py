@@ -20,6 +20,13 @@ ENGLISH = {
     # for whoever runs the app: a visitor to a Space can only read that there is one
     "switch_model_info_one": "this app serves one model. Running it yourself? Start it with --model more than once "
                              "(--model bundled --model gpt2) to switch between models here",
+    "switch_model_info_loadable": "the models this app serves: those it was started with, and those loaded below",
+    # shown only where the app allows loading (app.py --allow-load)
+    "load_model": "Load a model (hub id or local path)",
+    "load_model_info": "a Hugging Face hub id (gpt2, distilgpt2, or any GPT-2 repo) or a local checkpoint directory; "
+                       "it joins the list above and is served to everyone using the app",
+    "load_model_button": "Load",
+    "unload_model_button": "Unload the selected model",
     # tabs
     "tab_generate": "Generate",
     "tab_dialogue": "Chat",
@@ -186,6 +193,12 @@ CHINESE = {
     "switch_model": "切换模型",
     "switch_model_info": "本应用启动时指定的模型",
     "switch_model_info_one": "本应用只提供这一个模型。自己运行本应用时，多次给出 --model（--model bundled --model gpt2）即可在此切换模型",
+    "switch_model_info_loadable": "本应用提供的模型：启动时指定的，以及在下方加载的",
+    "load_model": "加载模型（hub id 或本地路径）",
+    "load_model_info": "Hugging Face 模型库中的名称（gpt2、distilgpt2 或任何 GPT-2 仓库）或本地检查点目录；"
+                       "加载后加入上方列表，并提供给所有使用本应用的人",
+    "load_model_button": "加载",
+    "unload_model_button": "卸载所选模型",
     "tab_generate": "生成",
     "tab_dialogue": "对话",
     "tab_translate": "翻译",
