@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from model.config import GPT2Config
-from train.lab import VARIANTS, build, main, mlp_out_grad_norms, residual_sq_norms
+from train.lab import VARIANTS, build, gradnorm_figure, main, mlp_out_grad_norms, residual_sq_norms
+
+from .conftest import REPO
 
 pytestmark = pytest.mark.slow  # training runs (the Pre-LN experiments)
 
@@ -154,3 +156,15 @@ def test_train_parts_run_apart_join_into_the_whole_grid(tmp_path, capsys):
     assert [(r["variant"], r["lr"]) for r in runs] == [("pre", 1e-2), ("pre", 3e-3), ("post", 1e-2), ("post", 3e-3)]
     with pytest.raises(SystemExit, match="other settings"):
         main([*grid, "--steps", "5", "--lrs", "3e-3", "--json", str(tmp_path / "x.json"), "--parts", str(parts[0])])
+
+
+def test_no_legend_of_the_gradnorm_figure_covers_a_data_point():
+    """The figure docs/pre-ln.md shows (from docs/gradnorm.json): matplotlib's "best" legend sat
+    on two points of "xavier: last layer by depth"."""
+    fig = gradnorm_figure(json.loads((REPO / "docs" / "gradnorm.json").read_text()))
+    fig.canvas.draw()
+    for ax in fig.axes:
+        box = ax.get_legend().get_window_extent()
+        for line in ax.get_lines():
+            for x, y in ax.transData.transform(line.get_xydata()):
+                assert not box.contains(x, y), f"{ax.get_title()}: the legend covers {line.get_label()}"

@@ -197,7 +197,11 @@ def pyplot():
 
 
 def plot_gradnorm(results: dict, path: Path) -> None:
-    fig, axes = pyplot().subplots(len(INITS), 3, figsize=(15, 4.2 * len(INITS)), squeeze=False)
+    save_figure(gradnorm_figure(results), path)
+
+
+def gradnorm_figure(results: dict):
+    fig, axes = pyplot().subplots(len(INITS), 3, figsize=(15, 4.6 * len(INITS)), squeeze=False)
     for row, init in zip(axes, INITS):
         r = results[init]
         for variant in VARIANTS:
@@ -216,11 +220,12 @@ def plot_gradnorm(results: dict, path: Path) -> None:
         row[2].plot(r["residual_sq_norm"]["pre"], marker=".", label="pre")
         row[2].set(title=f"{init}: Pre-LN residual stream (Lemma 2)", xlabel="after layer (0 = embeddings)",
                    ylabel="mean ||h||²", ylim=(0, None))
-        for ax in row:
+        for ax in row:  # the legend under the plot: wherever it goes inside, some series runs under it
             ax.grid(alpha=0.3)
-            ax.legend()
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small", frameon=False)
     fig.suptitle(f"Gradient norms at initialisation, mean ± std over {results['settings']['seeds']} seeds")
-    save_figure(fig, path)
+    fig.tight_layout()
+    return fig
 
 
 def save_figure(fig, path: Path) -> None:
