@@ -31,7 +31,7 @@ from serve.running import StopSwitches
 from ui.accessibility import NAMED_PARTS_JS
 from ui.api import api_endpoint
 from ui.i18n import CHINESE, ENGLISH, i18n
-from ui.messages import LANGUAGE_SWITCHED, PAGE_LANGUAGE_JS, Page, language, word
+from ui.messages import LANGUAGE_SWITCHED, PAGE_LANGUAGE_JS, Page, language, warn
 from ui.tab import (GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, compare_props, serves_bundled,
                     task_tab)
 from ui.tabs.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
@@ -220,7 +220,7 @@ def changing_model(host: Host, parts: ModelParts, change: Callable[[str, Callabl
         try:
             change(name, step)
         except ModelLoadError as error:  # and the model being served stays, as model_state shows
-            gr.Warning(localized(error, lang), title=word("warning", lang))
+            warn(localized(error, lang), lang)
         return model_state(request)
     return change_model
 

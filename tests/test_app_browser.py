@@ -1342,6 +1342,8 @@ def test_a_file_that_is_no_conversation_is_refused_and_the_conversation_stays(pa
     expect(page.get_by_test_id("toast-body").first).to_contain_text("not an exported conversation")
     assert chat_turns(page) == before
     expect(persona).to_have_value("Bot is a friendly sailor.")
+    # the notice goes by itself before long: on a phone it sits over the persona
+    expect(page.get_by_test_id("toast-body")).to_have_count(0, timeout=7_000)
 
 
 def test_the_api_page_lists_each_endpoints_own_parameters_and_its_four_outputs(page, studio_url):

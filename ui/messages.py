@@ -72,6 +72,16 @@ def language(request: gr.Request | None) -> str:
     return "zh" if first.startswith("zh") else "en"
 
 
+# How long a notice stays: long enough to read a line, short enough not to sit over the boxes
+# below it (Gradio's 10 s hid Chat's persona on a phone after a refused import).
+NOTICE_S = 5
+
+
+def warn(message: str, lang: str) -> None:
+    """A notice beside a refusal the status line also says, where that line may be out of view."""
+    gr.Warning(message, title=word("warning", lang), duration=NOTICE_S)
+
+
 def word(key: str, lang: str) -> str:
     """A toast's title ("error", "warning") in `lang`."""
     return WORDS_ZH[key] if lang == "zh" else key.capitalize()

@@ -36,7 +36,7 @@ from serve.running import RANDOM_SEED
 from ..conversation import Conversation, Reply
 from ..i18n import i18n
 from ..last_run import LastRun
-from ..messages import language, word
+from ..messages import language, warn
 from ..tab import NOTHING, Tab, TaskView, Widgets, adapter_props
 from ..tokens import Insight
 
@@ -410,7 +410,7 @@ class KeptInBrowser:
             conversation = read_import(path)
         except ValueError as error:  # the conversation shown stays; the line says why, and so does a
             lang = language(request)   # notice, since on a phone the line is a screen from the button
-            gr.Warning(localized(error, lang), title=word("warning", lang))
+            warn(localized(error, lang), lang)
             return self.tab.shown(last_run.with_outcome(Outcome.refused(error)), lang)
         saved = filed(saved or {}, self.current(*values))
         saved["current"] = {**self.current(*values), "conversation": conversation.as_json()}
