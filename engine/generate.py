@@ -26,6 +26,7 @@ from model.gpt2 import GPT2
 from model.tokenizer import Tokenizer
 
 from .cache import KVCache, new_cache
+from .steering import Steering, check_steering, steered
 
 MAX_SEED = 2**32 - 1  # seeds are drawn from 0 to this
 # Prompt tokens per forward call (prefill_chunk), about the most a newcomer's prompt stalls the
@@ -110,7 +111,8 @@ class BatchDecoder(Protocol):
     config: GPT2Config
 
     def decode(self, prompt: list[int], params: SamplingParams, seed: int, adapter: str | None = None,
-               trace: list | None = None, eos_id: int | None = None) -> Iterator[torch.Tensor]: ...
+               trace: list | None = None, eos_id: int | None = None,
+               steering: Steering | None = None) -> Iterator[torch.Tensor]: ...
 
 
 @dataclass
@@ -365,16 +367,17 @@ def pick_rows_apart(samplers: list[Sampler], logits: torch.Tensor, history: torc
 @torch.inference_mode()
 def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams, seeds: list[int],
                   pad_id: int = 0, adapter: str | None = None, traces: list[list] | None = None,
-                  eos_id: int | None = None) -> Iterator[torch.Tensor]:
+                  eos_id: int | None = None, steering: Steering | None = None) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, step after step, until the context is full.
 
     Prompts of different lengths are left-padded. Each row samples with its own generator, so a
     seeded row gives the same tokens alone or in a batch. `adapter` names the LoRA adapter to run
-    with (None: the base model), at params.adapter_scale. With params.logprobs, traces[row] gets
-    each of that row's picks (Sampler). The caller decides when to stop; closing this generator
-    frees the cache at once.
+    with (None: the base model), at params.adapter_scale; `steering` steers every row
+    (engine/steering.py). With params.logprobs, traces[row] gets each of that row's picks (Sampler).
+    The caller decides when to stop; closing this generator frees the cache at once.
     """
     check_adapter(model, adapter)
+    check_steering(model, steering)
     device = model.device
     for p in prompts:
         check_prompt_fits(model, len(p))
@@ -391,7 +394,7 @@ def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams,
     adapter = as_choice(adapter, params.adapter_scale)
     cache = new_cache(model, len(prompts), width + budget)
     try:
-        with active_adapter(adapter):
+        with active_adapter(adapter), steered(model, steering):
             done = 0
             while done < width:
                 done, logits = prefill_chunk(model, tokens[:, :width], cache, done, attention_mask=is_real)
@@ -403,14 +406,15 @@ def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams,
                 tokens[row, end] = token
             yield tokens[:, end]
             if end + 1 < width + budget:
-                with active_adapter(adapter):
+                with active_adapter(adapter), steered(model, steering):
                     logits = model(tokens[:, end:end + 1], cache=cache)[:, -1]
     finally:
         del cache
 
 
 def stream(model: GPT2 | BatchDecoder, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams,
-           cancel: threading.Event | None = None, adapter: str | None = None) -> Iterator[Chunk | Result]:
+           cancel: threading.Event | None = None, adapter: str | None = None,
+           steering: Steering | None = None) -> Iterator[Chunk | Result]:
     """Yield Chunks of new text as tokens arrive, then one Result.
 
     `model` is the network itself, or a Scheduler that runs this request in one batch with others.
@@ -430,9 +434,10 @@ def stream(model: GPT2 | BatchDecoder, tokenizer: Tokenizer, prompt: str | list[
     start = time.perf_counter()
     if isinstance(model, GPT2):
         tokens = decode_tokens(model, [prompt_ids], params, [seed], pad_id=tokenizer.eos_id, adapter=adapter,
-                               traces=None if trace is None else [trace], eos_id=tokenizer.eos_id)
+                               traces=None if trace is None else [trace], eos_id=tokenizer.eos_id, steering=steering)
     else:
-        tokens = model.decode(prompt_ids, params, seed, adapter=adapter, trace=trace, eos_id=tokenizer.eos_id)
+        tokens = model.decode(prompt_ids, params, seed, adapter=adapter, trace=trace, eos_id=tokenizer.eos_id,
+                              steering=steering)
     try:
         for next_tokens in tokens:
             if cancel is not None and cancel.is_set():
@@ -536,9 +541,10 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
 
 
 def generate(model: GPT2 | BatchDecoder, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams,
-             cancel: threading.Event | None = None, adapter: str | None = None) -> Result:
+             cancel: threading.Event | None = None, adapter: str | None = None,
+             steering: Steering | None = None) -> Result:
     """Run `stream` to the end and return its Result."""
-    for event in stream(model, tokenizer, prompt, params, cancel, adapter):
+    for event in stream(model, tokenizer, prompt, params, cancel, adapter, steering):
         if isinstance(event, Result):
             return event
     raise AssertionError("stream ended without a Result")

@@ -4,7 +4,7 @@ That thread (DECODER) decodes for every scheduler of the process, a turn each, a
 between requests.
 
 Requests arrive from many threads (the app's workers) at any time, each with its own prompt,
-sampling settings, seed and adapter. Between two decode steps the scheduler retires the
+sampling settings, seed, adapter and steering. Between two decode steps the scheduler retires the
 requests that are done or cancelled and admits waiting ones (each prompt is prefilled apart
 from the running rows, then copied into a free row of the batch's KV cache); each step then
 runs every active row through the model at once. A long prompt is prefilled a chunk at a time
@@ -41,6 +41,7 @@ from model.gpt2 import GPT2
 from . import generate as generation
 from .cache import KVCache, new_cache
 from .generate import Sampler, SamplingParams, check_prompt_fits, new_token_budget, pick_tokens, prefill_chunk
+from .steering import Steering, as_steering, check_steering, steered
 
 T = TypeVar("T")
 DONE = None  # what a request's queue receives after its last token
@@ -59,6 +60,7 @@ READ_PAUSE_S = 0.01
 class Request:
     sampler: Sampler
     adapter: tuple[str, float] | None  # (name, scale), as model.adapters.active_adapter takes it
+    steering: Steering | None  # as engine.steering.steered takes it
     tokens: torch.Tensor  # (1, prompt + budget): the prompt, then each token as it is sampled
     length: int  # tokens filled so far
     budget: int  # the length at which it is done (the context or max_new_tokens is full)
@@ -165,19 +167,21 @@ class Scheduler:
         return None if prefill is None else prefill.prefilled
 
     def decode(self, prompt: list[int], params: SamplingParams, seed: int,
-               adapter: str | None = None, trace: list | None = None, eos_id: int | None = None) -> "RequestTokens":
+               adapter: str | None = None, trace: list | None = None, eos_id: int | None = None,
+               steering: Steering | None = None) -> "RequestTokens":
         """Queue one request now; its tokens (one (1,)-shaped tensor per step) arrive through the
         returned iterator, as `decode_tokens` yields them for a batch of one. Closing the iterator
         retires the request before the next step (also before its first token); the other requests
         go on as they were."""
         check_adapter(self.model, adapter)
+        check_steering(self.model, steering)
         check_prompt_fits(self.model, len(prompt))
         device = self.model.device
         budget = len(prompt) + new_token_budget(params.max_new_tokens, len(prompt), self.config.n_positions)
         tokens = torch.empty(1, budget, dtype=torch.long, device=device)
         tokens[0, :len(prompt)] = torch.tensor(prompt)
         request = Request(Sampler(params, seed, device, trace, eos_id), as_choice(adapter, params.adapter_scale),
-                          tokens, len(prompt), budget, queue.SimpleQueue())
+                          as_steering(steering), tokens, len(prompt), budget, queue.SimpleQueue())
         with self._lock:
             if self._closed:
                 raise RuntimeError("the scheduler was closed")
@@ -284,7 +288,7 @@ class Scheduler:
             try:
                 if prefill.cache is None:
                     prefill.cache = new_cache(self.model, 1, request.length)
-                with active_adapter(request.adapter):
+                with active_adapter(request.adapter), steered(self.model, request.steering):
                     prefill.prefilled, logits = prefill_chunk(self.model, request.history, prefill.cache,
                                                               prefill.prefilled)
                 fed += chunk
@@ -330,7 +334,8 @@ class Scheduler:
             return  # only a newcomer's prompt going in, or closing
         self.largest_batch = max(self.largest_batch, len(active))
         last_tokens = torch.cat([request.tokens[:, request.length - 1] for request in active])[:, None]
-        with active_adapter([request.adapter for request in active]):
+        with active_adapter([request.adapter for request in active]), \
+                steered(self.model, [request.steering for request in active]):
             logits = self.model(last_tokens, cache=cache)[:, -1]
         picked = pick_tokens([request.sampler for request in active], logits, [request.history for request in active])
         for request, token in zip(active, picked):

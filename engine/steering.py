@@ -1,0 +1,152 @@
+"""Steering: alpha * v added to the residual stream after block L, per request, from outside the model.
+
+v is the difference of the residual stream after block L at the last token of a positive and a
+negative text (ActAdd), averaged over pairs of lines (contrastive activation addition); L = 0 is
+the stream after the embeddings, L = n_layer after the last block. In Pre-LN nothing normalises
+the stream between blocks, so what is added reaches ln_f intact.
+
+It is added by hooks on the blocks (a forward hook on block L-1; for L = 0 a pre-hook on block 0),
+which read the rows to steer from a ContextVar set around a forward call (`steered`), as the
+adapters do (model/adapters.py): two threads each see their own, and one batched decode step can
+steer each row its own way. The decode kernels (engine/kernels.py) replace products and attention
+inside the blocks, never a block, so both paths go through the same hooks. A row without steering
+gets nothing added (not + 0): its bits are those of a run without steering.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from model.gpt2 import GPT2
+from model.tokenizer import Tokenizer
+
+from .residual import residual_stream
+
+
+@dataclass(frozen=True, eq=False)  # compared and hashed as itself: a request's steering
+class Steering:
+    layer: int  # 0: after the embeddings; n_layer: after the last block
+    vector: torch.Tensor  # (n_embd,), on the model's device and in its dtype
+    strength: float
+
+    @functools.cached_property
+    def addition(self) -> torch.Tensor:
+        """strength * vector, as (1, 1, n_embd): what each position of a steered row gets."""
+        return (self.strength * self.vector).view(1, 1, -1)
+
+
+def as_steering(steering: Steering | None) -> Steering | None:
+    """The steering a row runs with: None for none, or for a strength of 0 (the unsteered run exactly)."""
+    return None if steering is None or steering.strength == 0 else steering
+
+
+# {layer: (the batch rows steered there, None for all of them; their additions (rows, 1, n_embd))},
+# or None: nothing steered.
+Plan = dict[int, tuple[torch.Tensor | None, torch.Tensor]]
+ACTIVE: ContextVar[Plan | None] = ContextVar("steering", default=None)
+_installing = threading.Lock()
+
+
+@functools.lru_cache(maxsize=32)
+def plan_of(steerings: tuple[Steering | None, ...]) -> Plan | None:
+    """Where each row of a batch is steered. A scheduler's rows stay the same for many steps, so the
+    plan is made once for them (cached by the rows' Steering objects, which are its keys)."""
+    layers: dict[int, list[int]] = {}
+    for row, steering in enumerate(steerings):
+        if steering is not None:
+            layers.setdefault(steering.layer, []).append(row)
+    if not layers:
+        return None
+    plan = {}
+    for layer, rows in layers.items():
+        additions = torch.cat([steerings[row].addition for row in rows])
+        every_row = len(rows) == len(steerings)
+        plan[layer] = (None if every_row else torch.tensor(rows, device=additions.device), additions)
+    return plan
+
+
+def add_steering(layer: int, h: torch.Tensor) -> torch.Tensor:
+    """h (batch, time, n_embd), the residual stream after block `layer`, with the steered rows' additions."""
+    plan = ACTIVE.get()
+    entry = None if plan is None else plan.get(layer)
+    if entry is None:
+        return h
+    rows, additions = entry
+    if rows is None:
+        return h + additions
+    return h.index_add(0, rows, additions.expand(-1, h.shape[1], -1))  # the other rows: untouched
+
+
+def install(model: GPT2) -> None:
+    """Put the steering hooks onto a model, once (they add nothing until a forward call is steered)."""
+    with _installing:
+        if getattr(model, "has_steering_hooks", False):
+            return
+        blocks = model.transformer.h
+        blocks[0].register_forward_pre_hook(lambda block, args: (add_steering(0, args[0]), *args[1:]))
+        for i, block in enumerate(blocks):
+            block.register_forward_hook(lambda block, args, output, layer=i + 1: add_steering(layer, output))
+        model.has_steering_hooks = True
+
+
+@contextmanager
+def steered(model: GPT2, steering: Steering | None | Sequence[Steering | None]):
+    """Run the forward calls inside this block with `steering` added: one for every row, or a
+    sequence with each batch row's own (None: that row is not steered)."""
+    if steering is None or isinstance(steering, Steering):
+        steering = as_steering(steering)
+        plan = None if steering is None else {steering.layer: (None, steering.addition)}
+    else:
+        plan = plan_of(tuple(as_steering(row) for row in steering))
+    if plan is not None:
+        install(model)
+    token = ACTIVE.set(plan)
+    try:
+        yield
+    finally:
+        ACTIVE.reset(token)
+
+
+def check_steering(model: GPT2, steering: Steering | None) -> None:
+    if steering is None:
+        return
+    if not 0 <= steering.layer <= model.config.n_layer:
+        raise ValueError(f"steering layer {steering.layer} is not between 0 and {model.config.n_layer}")
+    if steering.vector.shape != (model.config.n_embd,):
+        raise ValueError(f"a steering vector of shape {tuple(steering.vector.shape)} does not fit "
+                         f"n_embd {model.config.n_embd}")
+
+
+@torch.inference_mode()
+def steering_vector(model: GPT2, tokenizer: Tokenizer, positive: str | Sequence[str], negative: str | Sequence[str],
+                    layer: int) -> tuple[torch.Tensor, float]:
+    """The steering vector (n_embd,) after block `layer` from pairs of texts (the i-th positive and
+    negative form a pair): the mean over pairs of the difference of their residual streams at their
+    last token. And the typical residual norm there, the mean over the texts' tokens, which says
+    what a strength means. A text longer than the context is read by its last n_positions tokens.
+    Identical texts give exactly zero (each text is run alone, so a pair runs the same numbers)."""
+    positive = [positive] if isinstance(positive, str) else list(positive)
+    negative = [negative] if isinstance(negative, str) else list(negative)
+    if not positive or len(positive) != len(negative):
+        raise ValueError(f"steering needs pairs of texts: {len(positive)} positive, {len(negative)} negative")
+    if not 0 <= layer <= model.config.n_layer:
+        raise ValueError(f"steering layer {layer} is not between 0 and {model.config.n_layer}")
+
+    @functools.cache
+    def stream_at_layer(text: str) -> torch.Tensor:
+        ids = tokenizer.encode(text)[-model.config.n_positions:]
+        if not ids:
+            raise ValueError("a steering text is empty")
+        stream, _ = residual_stream(model, torch.tensor([ids], device=model.device))
+        return stream[layer][0]  # (time, n_embd)
+
+    differences = [stream_at_layer(p)[-1] - stream_at_layer(n)[-1] for p, n in zip(positive, negative)]
+    vector = torch.stack(differences).mean(dim=0)
+    norms = torch.cat([stream_at_layer(text).norm(dim=-1) for text in dict.fromkeys(positive + negative)])
+    return vector, float(norms.mean())
