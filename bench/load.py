@@ -107,7 +107,7 @@ APIS = {f"/{view.api.name}": view.api for view in VIEWS.values()}  # each endpoi
 def refused(field: str, value, message: str) -> tuple[str, dict, str]:
     """The endpoint that takes `field`, a request to it that is good but for `field` = value, and
     the message its refusal must say."""
-    api_name = next(name for name, api in APIS.items() if any(p.name == field for p in api.params))
+    api_name = next(name for name, api in APIS.items() if field in api.signature.parameters)
     return api_name, {**BASE[api_name], field: value}, message
 
 

@@ -25,6 +25,10 @@ LIMITS = {
     "seed": (0, MAX_SEED),
     "adapter_scale": (0.0, 2.0),
     "logprobs": (0, 20),
+    # alpha of steering (serve/running.py); negative steers away from the positive texts. A vector
+    # is about as long as the residual it is added to, and on the bundled model strength 2 of one
+    # word pair already turns text into repeats (DESIGN.md, "Interventions").
+    "steer_strength": (-10.0, 10.0),
 }
 INTEGER_SETTINGS = ("top_k", "no_repeat_ngram_size", "max_new_tokens", "min_new_tokens", "seed", "logprobs")
 MAX_STOP_STRINGS, MAX_STOP_LENGTH = 8, 100

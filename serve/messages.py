@@ -164,6 +164,14 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "compared_scaled": ("adapter off vs on at strength {scale:g}: the output and counts are with {side}",
                         "适配器关与开（强度 {scale:g}）对比：输出和计数属于{side}的一侧"),
     "changed_settings": ("changed settings: {settings}", "更改的设置：{settings}"),  # settings: ((name, value), ...)
+    # a run's steering (serve/running.py, steering_state); its texts are fields too, not said
+    "steered": ("steered at layer {layer}, strength {strength:g}: {pairs} pairs, vector norm {norm:.1f} against a "
+                "residual norm of {typical:.1f}",
+                "在第 {layer} 层转向，强度 {strength:g}：{pairs} 对文本，向量范数 {norm:.1f}，该层残差范数约 {typical:.1f}"),
+    # steering texts that do not pair up (serve/running.py, steering_asked)
+    "steer_pairs": ("steering takes pairs of lines, the i-th positive with the i-th negative: got {positive} positive "
+                    "and {negative} negative",
+                    "转向按行成对：第 i 行正例与第 i 行反例为一对；收到正例 {positive} 行、反例 {negative} 行"),
     # an error no key was given for (a library's, say): its own text, in every language
     "text": ("{text}", "{text}"),
 }
@@ -199,6 +207,8 @@ NAMES_ZH: dict[str, str] = {
     "STUDIO_DECODE_KERNELS=0": "已由 STUDIO_DECODE_KERNELS=0 关闭",
     "not JSON": "不是 JSON", "not a JSON object": "不是 JSON 对象", "no history": "没有对话历史",  # an import that is no conversation
     "adapter on": "适配器开", "adapter off": "适配器关", "output": "输出",
+    "steer_positive": "转向正例", "steer_negative": "转向反例", "steer_layer": "转向层", "steer_strength": "转向强度",
+    "steering pairs": "转向文本对",
 }
 
 # The model line at the top of the page (serve/model_host.py, LoadedModel.describe), by language.

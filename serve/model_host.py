@@ -32,6 +32,7 @@ import psutil
 from engine import kernels, prepare_for_serving
 from engine.generate import SamplingParams, new_token_budget, resolve_seed, score_tokens
 from engine.scheduler import Scheduler, in_thread_of_its_own
+from engine.steering import Steering, steered, steering_vector
 from model import GPT2, GPT2Config, load_pretrained
 from model.adapters import adapter_names, adapters_on_by_default
 from model.checkpoint import pick_device, resolve_checkpoint
@@ -45,7 +46,8 @@ from .messages import (MODEL_LINE, MODEL_LINE_DECODING, MODEL_LINE_QUANTIZED, Me
                        said)
 from .outcome import Outcome
 from .running import (MAX_UPDATES_PER_SECOND, TOP_SHOWN, LiveView, Pacer, TaskAPI, adapter_state, checked_slider,
-                      checked_text, compared_outcome, first_difference, outcome_of, sampling_params)
+                      checked_text, compared_outcome, first_difference, outcome_of, sampling_params, steering_asked,
+                      steering_state)
 
 BUNDLED = "bundled"
 # What a load reports to its progress callback, in this order: the files fetched (a hub id's, from
@@ -238,16 +240,18 @@ class ModelHost:
             adapter = values.get("adapter", False)
             if not isinstance(adapter, bool):
                 raise Refusal("adapter_bool", value=brief(adapter))
+            steering, steered = steering_of(loaded, values)
             # Through the model's scheduler: concurrent requests are decoded in one batch. Closing the
             # events, however this ends, gives the request's row back at once.
             with closing(run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter, cancel,
-                                  values.get("forced", ()))) as events:
+                                  values.get("forced", ()), steering)) as events:
                 for event in events:
                     if isinstance(event, TaskDone):
                         if event.result.stop_reason == "cancelled":
                             log.info("/%s: stopped by its user after %d tokens", api.name, event.result.generated_tokens)
                         sent += 1
-                        outcome = outcome_of(event, api.task, params, adapter_state(adapter, params.adapter_scale))
+                        outcome = outcome_of(event, api.task, params, adapter_state(adapter, params.adapter_scale),
+                                             steered)
                         yield event.text, outcome, event.prompt.text, event.result.logprobs
                     elif pacer.due(time.monotonic()):
                         sent, held_back = sent + 1, None
@@ -276,8 +280,9 @@ class ModelHost:
             params = sampling_params(api.task, values)
             params = replace(params, seed=resolve_seed(params.seed), logprobs=max(params.logprobs, TOP_SHOWN))
             inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
-            sides = [run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter_on, cancel)
-                     for adapter_on in (False, True)]
+            steering, steered = steering_of(loaded, values)  # both sides alike
+            sides = [run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter_on, cancel,
+                              steering=steering) for adapter_on in (False, True)]
             texts, done, pacer = ["", ""], [None, None], Pacer(MAX_UPDATES_PER_SECOND)
             with closing(sides[0]), closing(sides[1]):
                 while None in done:
@@ -289,8 +294,9 @@ class ModelHost:
                                 done[side] = event
                     if None in done and pacer.due(time.monotonic()):
                         yield list(texts), None, None
-            comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params))
-            yield [d.text for d in done], compared_outcome(done, api.task, params, bool(values["adapter"])), comparison
+            comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params, steering))
+            yield ([d.text for d in done], compared_outcome(done, api.task, params, bool(values["adapter"]), steered),
+                   comparison)
         except ValueError as error:
             yield ["", ""], Outcome.refused(error), None
         except GeneratorExit:
@@ -337,14 +343,30 @@ def check_memory(name: str, config: GPT2Config) -> None:
         raise ModelLoadError("not_enough_memory", name=name, needed=needed / 2**30, available=available / 2**30)
 
 
-def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], params: SamplingParams) -> dict:
+def steering_of(loaded: LoadedModel, values: dict[str, Any]) -> tuple[Steering | None, Message | None]:
+    """The request's steering (serve.running.steering_asked) on the loaded model, its vector computed
+    once for the run, and the status part that names it; (None, None) where it asks for none."""
+    asked = steering_asked(values, loaded.config.n_layer)
+    if asked is None:
+        return None, None
+    # forward passes: not in a server's worker thread, which lives on (in_thread_of_its_own says why)
+    vector, typical = in_thread_of_its_own(lambda: steering_vector(loaded.model, loaded.tokenizer, asked.positive,
+                                                                   asked.negative, asked.layer))
+    steering = Steering(asked.layer, vector, asked.strength)
+    return steering, steering_state(asked, steering, typical)
+
+
+def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], params: SamplingParams,
+                  steering: Steering | None = None) -> dict:
     """Each side's tokens with their log-probabilities, the same tokens' log-probabilities under
-    the other side (its prompt, its adapter setting), and the first token where they part."""
+    the other side (its prompt, its adapter setting; both sides' steering), and the first token
+    where they part."""
     off, on = done
     tokens = [off.result.token_ids, on.result.token_ids]
     eos_id = loaded.tokenizer.eos_id
-    under_other = [score_tokens(loaded.model, on.prompt.ids, tokens[0], params, adapter, eos_id),
-                   score_tokens(loaded.model, off.prompt.ids, tokens[1], params, None, eos_id)]
+    with steered(loaded.model, steering):
+        under_other = [score_tokens(loaded.model, on.prompt.ids, tokens[0], params, adapter, eos_id),
+                       score_tokens(loaded.model, off.prompt.ids, tokens[1], params, None, eos_id)]
     return {"entries": [off.result.logprobs, on.result.logprobs], "under_other": under_other,
             "prompts": [off.prompt.text, on.prompt.text], "diverges_at": first_difference(*tokens)}
 

@@ -12,6 +12,9 @@ LangChain, editors, evaluation harnesses) can use the app unchanged.
   `bundled:summarize`, the last user message is the text that task's tab translates or
   summarises, and the reply is what the tab shows.
 
+Both endpoints take one field of this app's own, `steering`: {"positive", "negative", "layer",
+"strength"}, as the page's steering (the `openai` client sends it in `extra_body`).
+
 Requests run through the host's run (serve/model_host.py), under the same limits and checks as
 the page and the Gradio API; a refusal is a 400 in OpenAI's error shape naming the field (`param`), an unknown
 model a 404. The seed each choice ran with comes back in `system_fingerprint` (`seed-N`; the
@@ -42,7 +45,7 @@ from .messages import Refusal, english, message_of
 from .model_host import ModelHost
 from .outcome import REFUSED, Outcome
 from .running import (MAX_CHARS, MAX_CHAT_TURNS, SETTING_RANGES, Param, TaskAPI, check_count, check_size,
-                      checked_text)
+                      checked_text, steering_asked)
 from .running import SETTINGS as TASK_SETTINGS
 
 MAX_CHOICES = 8  # n: each choice holds a decoding row until it is done
@@ -371,6 +374,27 @@ def request_values(body: dict) -> dict[str, Any]:
     return values
 
 
+STEERING_FIELDS = {"positive": "steer_positive", "negative": "steer_negative", "layer": "steer_layer",
+                   "strength": "steer_strength"}
+
+
+def steering_values(body: dict, n_layer: int) -> dict[str, Any]:
+    """The body's `steering` ({positive, negative, layer, strength}, this app's own field) as the
+    task's steering values, checked as the page checks them (serve.running.steering_asked); a 400
+    naming `steering` where it is not that."""
+    steering = body.get("steering")
+    if steering is None:
+        return {}
+    if not isinstance(steering, dict) or not set(steering) <= set(STEERING_FIELDS):
+        raise BadRequest("steering must be an object with positive, negative, layer and strength", param="steering")
+    values = {STEERING_FIELDS[name]: value for name, value in steering.items()}
+    try:
+        steering_asked(values, n_layer)
+    except ValueError as error:
+        raise BadRequest.refusing(error, "steering") from None
+    return values
+
+
 def logprobs_asked(body: dict, chat: bool) -> int:
     """How many alternatives each token reports (OpenAI: completions' logprobs 0-20; chat's
     logprobs: true with top_logprobs 0-20); -1: none asked."""
@@ -408,7 +432,7 @@ async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, i
     defaults = api.task.defaults
     base = {**{name: getattr(defaults, name) for name, _ in TASK_SETTINGS},
             # the engine's logprobs 0 is none at all: 1 gives each token's own, its alternatives cut to `top`
-            **settings, **inputs, "adapter": adapter, "logprobs": max(top, 1) if top >= 0 else 0}
+            **settings, **steering_values(body, host.current.config.n_layer), **inputs, "adapter": adapter, "logprobs": max(top, 1) if top >= 0 else 0}
     values = [{**base, "seed": (seed + i) % (LIMITS["seed"][1] + 1)} for i in range(n)]
     headers = {"X-Seed": str(seed)}
     meta = {"id": f"{endpoint.id_prefix}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),

@@ -1,5 +1,5 @@
 """A run's outcome as a record: what ended it (done, refused or fault), the message that says why
-it was refused or failed, and what reproduces it (seed, settings that differ, adapter state) with
+it was refused or failed, and what reproduces it (seed, settings that differ, adapter state, steering) with
 its counts and notes. Each tab keeps its last outcome in a gr.State; `status_line` renders it, in
 the page's language, as the line under the output. Nothing reads the line back: whatever needs to
 know how a run ended reads the record.
@@ -37,13 +37,15 @@ class Outcome:
     adapter: Message | None = None  # adapter off / on / at a strength / compared; None: the task has none
     changed: tuple[tuple[str, float], ...] = ()  # the decoding settings that differ from the task's defaults
     notes: tuple[Message, ...] = ()  # what the prompt had to drop, what a run was continued from, ...
+    steering: Message | None = None  # serve.running.steering_state; None: not steered
 
     @classmethod
     def done(cls, result: Result, adapter: Message | None, changed: list[tuple[str, float]],
-             notes: list[Message]) -> "Outcome":
+             notes: list[Message], steering: Message | None = None) -> "Outcome":
         return cls(DONE, seed=result.seed, prompt_tokens=result.prompt_tokens,
                    generated_tokens=result.generated_tokens, tokens_per_second=result.tokens_per_second,
-                   stop_reason=result.stop_reason, adapter=adapter, changed=tuple(changed), notes=tuple(notes))
+                   stop_reason=result.stop_reason, adapter=adapter, changed=tuple(changed), notes=tuple(notes),
+                   steering=steering)
 
     @classmethod
     def refused(cls, why: Message | ValueError) -> "Outcome":
@@ -73,6 +75,7 @@ class Outcome:
         def message(value) -> Message | None:
             return None if value is None else message_from_json(value)
         return cls(**{**data, "message": message(data["message"]), "adapter": message(data["adapter"]),
+                      "steering": message(data.get("steering")),  # (a record kept before steering has none)
                       "changed": tuple(map(tuple, data["changed"])),
                       "notes": tuple(map(message, data["notes"]))})
 
@@ -84,7 +87,7 @@ class Outcome:
         def run_of(outcome: Outcome) -> tuple:
             notes = tuple(note for note in outcome.notes if note.key not in RETRY_NOTES)
             return (outcome.seed, outcome.prompt_tokens, outcome.generated_tokens, outcome.stop_reason,
-                    outcome.adapter, outcome.changed, notes)
+                    outcome.adapter, outcome.changed, outcome.steering, notes)
         return run_of(self) == run_of(other)
 
 
@@ -103,7 +106,7 @@ def message_from_json(data: dict) -> Message:
 
 def status_line(outcome: Outcome | None, lang: str) -> str:
     """The line under a tab's output for `outcome` (None: no run yet), in `lang`: how to reproduce
-    the run (seed, counts, speed, why it stopped, the adapter, the settings changed) and its notes;
+    the run (seed, counts, speed, why it stopped, the adapter, the steering, the settings changed) and its notes;
     or, marked, why it was refused or failed."""
     if outcome is None:
         return ""
@@ -114,7 +117,8 @@ def status_line(outcome: Outcome | None, lang: str) -> str:
                             generated=outcome.generated_tokens, speed=speed,
                             reason=STOP_REASON_WORDS[outcome.stop_reason])
     changed = [Message.keyed("changed_settings", settings=outcome.changed)] if outcome.changed else []
-    parts = [summary, *([outcome.adapter] if outcome.adapter else []), *changed, *outcome.notes]
+    steering = [outcome.steering] if outcome.steering else []
+    parts = [summary, *([outcome.adapter] if outcome.adapter else []), *steering, *changed, *outcome.notes]
     return " · ".join(render(part, lang) for part in parts)
 
 

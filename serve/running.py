@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from engine.generate import SamplingParams, resolve_seed
+from engine.steering import Steering
 from tasks import Task, TaskDone
 
 from .inspection import Inspection, LogitLens
@@ -27,10 +28,12 @@ REQUIRED = inspect.Parameter.empty
 # and the size of what the app echoes back. The fields that make up most of a prompt allow more
 # than GPT-2's 1024-token context holds (some 4 characters a token); a persona is one line.
 MAX_CHARS = {"prompt": 20_000, "article": 50_000, "message": 4_000, "persona": 1_000, "history": 100_000,
-             "text": 4_000, "source": 20, "target": 20, "examples": 20_000}
+             "text": 4_000, "source": 20, "target": 20, "examples": 20_000, "steer_positive": 4_000,
+             "steer_negative": 4_000}
 SAID_AS = {"text": "text to translate"}  # a field a message names as the tab does, not by its bare API name
 MAX_CHAT_TURNS = 200  # [user, bot] pairs in a /chat history
 MAX_EXAMPLE_PAIRS = 64  # `source = target` lines in /translate's examples
+MAX_STEER_PAIRS = 32  # positive/negative lines of a steering: a forward pass each, before the run starts
 # The most tokens one request may generate: a request holds a row of the decode batch until it
 # is done, so this bounds how long one user can hold it.
 MAX_NEW_TOKENS = 512
@@ -83,14 +86,59 @@ def drawn_seed(seed: Any) -> Any:
     return resolve_seed(None) if asks_random_seed(seed) else seed
 
 
+# Steering, which every task takes last (steering_asked): the i-th lines of the positive and
+# negative texts form a pair; the layer None is the loaded model's middle; strength 0 is off.
+STEERING_PARAMS = (Param("steer_positive", str, ""), Param("steer_negative", str, ""),
+                   Param("steer_layer", int | None, None), Param("steer_strength", float, 0.0))
+
+
 def setting_params(task: Task) -> list[Param]:
-    """The settings, seed and (for a task that has an adapter) the adapter switch as API
-    parameters, defaulting to the task's own."""
+    """The settings, seed, (for a task that has an adapter) the adapter switch and steering as
+    API parameters, defaulting to the task's own."""
     defaults = task.defaults
     adapter = [] if task.adapter is None else [Param("adapter", bool, False),
                                                Param("adapter_scale", float, defaults.adapter_scale)]
     return ([Param(name, kind, getattr(defaults, name)) for name, kind in SETTINGS]
-            + [Param("seed", int | None, None), *adapter, Param("logprobs", int, defaults.logprobs)])
+            + [Param("seed", int | None, None), *adapter, Param("logprobs", int, defaults.logprobs), *STEERING_PARAMS])
+
+
+@dataclass(frozen=True)
+class SteeringAsked:
+    """The steering a request asks for, checked: its pairs of lines, layer and strength."""
+    positive: tuple[str, ...]
+    negative: tuple[str, ...]
+    layer: int
+    strength: float
+
+
+def steering_lines(text: str) -> tuple[str, ...]:
+    """A steering text's lines with text on them, stripped: the halves of its pairs."""
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
+def steering_asked(values: dict[str, Any], n_layer: int) -> SteeringAsked | None:
+    """The request's steering (STEERING_PARAMS; missing ones are their defaults), checked, or None
+    where it asks for none: strength 0, or both texts empty. A Refusal names the field."""
+    positive = steering_lines(checked_text("steer_positive", values.get("steer_positive", "")))
+    negative = steering_lines(checked_text("steer_negative", values.get("steer_negative", "")))
+    strength = check_setting("steer_strength", values.get("steer_strength", 0.0), *LIMITS["steer_strength"])
+    if strength == 0 or not (positive or negative):
+        return None
+    if len(positive) != len(negative):
+        raise Refusal("steer_pairs", positive=len(positive), negative=len(negative))
+    check_count("steering pairs", len(positive), MAX_STEER_PAIRS)
+    layer = values.get("steer_layer")
+    layer = n_layer // 2 if layer is None else check_setting("steer_layer", layer, 0, n_layer, integer=True)
+    return SteeringAsked(positive, negative, layer, strength)
+
+
+def steering_state(asked: SteeringAsked, steering: Steering, typical_norm: float) -> Message:
+    """The status part that names a run's steering: its layer, strength and pairs, the vector's
+    norm beside the residual's there (what a strength means), and the texts, which reproduce it
+    (asked_again)."""
+    return Message.keyed("steered", layer=asked.layer, strength=asked.strength, pairs=len(asked.positive),
+                         norm=float(steering.vector.norm()), typical=typical_norm,
+                         positive="\n".join(asked.positive), negative="\n".join(asked.negative))
 
 
 def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
@@ -132,13 +180,14 @@ def check_count(what: str, count: int, limit: int) -> None:
         raise Refusal("too_many", what=what, count=count, limit=limit)
 
 
-def outcome_of(done: TaskDone, task: Task, params: SamplingParams, adapter: Message) -> Outcome:
+def outcome_of(done: TaskDone, task: Task, params: SamplingParams, adapter: Message,
+               steering: Message | None = None) -> Outcome:
     """How to reproduce the run (seed, token counts, speed, why it stopped; `adapter`, where the
     task has one: adapter_state, or compared_state for a comparison, since the prompt and output
     differ with it; the settings changed from the task's defaults, which the seed alone does not
-    give back) and what was cut."""
+    give back; the steering, steering_state) and what was cut."""
     return Outcome.done(done.result, None if task.adapter is None else adapter,
-                        changed_settings(params, task.defaults), done.prompt.notes)
+                        changed_settings(params, task.defaults), done.prompt.notes, steering)
 
 
 def changed_settings(params: SamplingParams, defaults: SamplingParams) -> list[tuple[str, float]]:
@@ -172,8 +221,12 @@ def asked_again(outcome: Outcome, task: Task) -> dict[str, Any]:
     side = None if state is None else state.field("side", state)  # a comparison's: the side it showed
     adapter = {} if state is None else {  # None: the task has no adapter to switch on
         "adapter": side == ADAPTER_ON or side.key == "adapter_on_scaled", "adapter_scale": state.field("scale", 1.0)}
+    steered = outcome.steering
+    steering = {"steer_strength": 0.0} if steered is None else {
+        "steer_positive": steered.field("positive"), "steer_negative": steered.field("negative"),
+        "steer_layer": steered.field("layer"), "steer_strength": steered.field("strength")}
     return {**{name: getattr(task.defaults, name) for name, _ in SETTINGS}, **dict(outcome.changed),
-            "seed": outcome.seed, **adapter}
+            "seed": outcome.seed, **adapter, **steering}
 
 
 @dataclass(frozen=True)
@@ -193,12 +246,13 @@ class TaskAPI:
                                  return_annotation=tuple[str, str, str, list])
 
 
-def compared_outcome(done: list[TaskDone], task: Task, params: SamplingParams, shown_on: bool) -> Outcome:
+def compared_outcome(done: list[TaskDone], task: Task, params: SamplingParams, shown_on: bool,
+                     steering: Message | None = None) -> Outcome:
     """A comparison's outcome: the shown side's (`shown_on`: the adapter-on side), with the notes
     only the other side made, marked as its own (the English a French -> German run went
     through, the example pairs it dropped to fit)."""
     shown, other = (done[1], done[0]) if shown_on else (done[0], done[1])
-    outcome = outcome_of(shown, task, params, compared_state(params.adapter_scale, shown_on))
+    outcome = outcome_of(shown, task, params, compared_state(params.adapter_scale, shown_on), steering)
     for note in other.prompt.notes:
         if note not in shown.prompt.notes:
             other_side = "off_side_note" if shown_on else "on_side_note"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
 from engine.generate import Result, SamplingParams, resolve_seed, stream
+from engine.steering import Steering
 from model.gpt2 import GPT2
 from model.tokenizer import Tokenizer
 
@@ -224,7 +225,7 @@ def room_to_generate(n_ctx: int, max_new_tokens: int) -> int:
 
 def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: SamplingParams,
              adapter_on: bool = False, cancel: threading.Event | None = None,
-             forced: Sequence[int] = ()) -> Iterator[TaskUpdate | TaskDone]:
+             forced: Sequence[int] = (), steering: Steering | None = None) -> Iterator[TaskUpdate | TaskDone]:
     """Build the task's prompt, generate with its stop strings, and stream the post-processed text:
     a TaskUpdate whenever what the user sees changes, then one TaskDone.
 
@@ -232,13 +233,14 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
     `forced` tokens come first, as if the model had drawn them (continuing from a chosen
     alternative): they count in max_new_tokens and in the Result's generated tokens, as in the
     run they come from, but the Result's token_ids are the ones drawn after them; forced tokens
-    that already fill max_new_tokens (the run's last token, replaced) draw none.
+    that already fill max_new_tokens (the run's last token, replaced) draw none. `steering` is
+    added to the residual stream of every step (engine/steering.py).
     """
     if not isinstance(inputs, task.inputs):
         raise TypeError(f"the {task.name} task takes {task.inputs.__name__}, got {type(inputs).__name__}")
     steps = task.two_steps(inputs, adapter_on) if task.two_steps is not None else None
     if steps is not None:
-        yield from run_in_two_steps(task, model, tokenizer, steps, params, adapter_on, cancel, forced)
+        yield from run_in_two_steps(task, model, tokenizer, steps, params, adapter_on, cancel, forced, steering)
         return
     prompt = task.prompt(inputs, tokenizer, model.config.n_positions, params.max_new_tokens, adapter_on)
     stops = task.defaults.stop + ((ADAPTER_END,) if adapter_on else ()) + params.stop
@@ -256,7 +258,7 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
     shown, result = "", None
     text = start
     for event in stream(model, tokenizer, prompt.ids + list(forced), params, stop,
-                        adapter=task.adapter if adapter_on else None):
+                        adapter=task.adapter if adapter_on else None, steering=steering):
         if isinstance(event, Result):
             result = event
             continue
@@ -276,14 +278,16 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
 
 
 def run_in_two_steps(task: Task, model: GPT2, tokenizer: Tokenizer, steps, params: SamplingParams,
-                     adapter_on: bool, cancel: threading.Event | None, forced: Sequence[int]):
+                     adapter_on: bool, cancel: threading.Event | None, forced: Sequence[int],
+                     steering: Steering | None = None):
     """run_task through Task.two_steps: the first step's output, not shown, is the second step's
     input; both steps draw with the run's one seed, and the Result is the second step's (the
     status line's counts and speed are the step the user sees), its note naming the first's
-    output and counts."""
+    output and counts. Both steps are steered alike."""
     first_inputs, second_inputs, note = steps
     params = replace(params, seed=resolve_seed(params.seed))
-    first = next(event for event in run_task(task, model, tokenizer, first_inputs, params, adapter_on, cancel)
+    first = next(event for event in run_task(task, model, tokenizer, first_inputs, params, adapter_on, cancel,
+                                             steering=steering)
                  if isinstance(event, TaskDone))
     counts = dict(prompt=first.result.prompt_tokens, generated=first.result.generated_tokens)
     # Nothing to go on with (the second step would refuse an English with no letters as the user's text)
@@ -293,7 +297,7 @@ def run_in_two_steps(task: Task, model: GPT2, tokenizer: Tokenizer, steps, param
         return
     text, cut_notes = fit_for_second_step(task, tokenizer, model.config.n_positions, params.max_new_tokens,
                                           adapter_on, second_inputs, first.text)
-    for event in run_task(task, model, tokenizer, second_inputs(text), params, adapter_on, cancel, forced):
+    for event in run_task(task, model, tokenizer, second_inputs(text), params, adapter_on, cancel, forced, steering):
         if isinstance(event, TaskDone):
             # a note both steps make (no example pairs sent) is said once
             later = [n for n in event.prompt.notes if n not in first.prompt.notes]

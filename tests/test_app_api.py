@@ -52,11 +52,12 @@ def test_the_api_names_its_endpoints_and_parameters(client):
     settings = ["temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "no_repeat_ngram_size",
                 "max_new_tokens", "seed"]
     adapter = ["adapter", "adapter_scale"]  # only where the task has an adapter: Generate has none
+    steering = ["steer_positive", "steer_negative", "steer_layer", "steer_strength"]
     own = {"/generate": ["prompt"], "/chat": ["message", "history", "persona", *adapter],
            "/translate": ["text", "source", "target", "examples", *adapter], "/summarize": ["article", *adapter]}
     assert {name: [p["parameter_name"] for p in endpoint["parameters"]] for name, endpoint in endpoints.items()} == {
         name: [*params[:len(params) - len(adapter) * (name != "/generate")], *settings,
-               *(adapter if name != "/generate" else []), "logprobs"] for name, params in own.items()}
+               *(adapter if name != "/generate" else []), "logprobs", *steering] for name, params in own.items()}
     # Each endpoint's description says what it returns: four things, the logprobs last.
     for endpoint in endpoints.values():
         assert "Returns (text, status line, prompt sent, logprobs" in endpoint["description"]

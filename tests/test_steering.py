@@ -2,6 +2,7 @@
 per batch row, on the decode kernels and on PyTorch; and its parameters in the APIs."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -181,3 +182,122 @@ def test_the_kernels_and_pytorch_agree_under_steering_and_a_row_has_its_bits_alo
     for row in range(len(rows)):
         alone = decode_logits(model, ids[row:row + 1], steps[row:row + 1], rows[row:row + 1], adapters[row:row + 1])
         assert torch.equal(alone[0], on_kernels[row]), row
+
+
+# --- the APIs -----------------------------------------------------------------------------------
+
+STEER = dict(steer_positive="\n".join(POSITIVE), steer_negative="\n".join(NEGATIVE), steer_layer=1,
+             steer_strength=4.0)
+
+
+@pytest.fixture(scope="module")
+def host(app_models):
+    from serve.model_host import ModelHost
+
+    return ModelHost(app_models[:1], device="cpu")
+
+
+def final_of(host, api_name: str, **values):
+    """(text, status line) of a run through the Gradio API's endpoint function."""
+    from serve.apis import APIS
+    from ui.api import api_endpoint
+
+    *_, (text, status, _, _) = api_endpoint(APIS[api_name], host)(**values)
+    return text, status
+
+
+def test_every_task_endpoint_takes_the_steering_parameters():
+    from serve.apis import APIS
+
+    for api in APIS.values():
+        parameters = api.signature.parameters
+        assert {name: parameters[name].default for name in STEER} == {
+            "steer_positive": "", "steer_negative": "", "steer_layer": None, "steer_strength": 0.0}, api.name
+
+
+def test_a_steered_run_through_the_api_names_its_steering_and_reproduces(host):
+    prompt = dict(prompt="Once upon a time", max_new_tokens=16, seed=7)
+    plain, plain_status = final_of(host, "generate", **prompt)
+    text, status = final_of(host, "generate", **prompt, **STEER)
+    assert text != plain and "steered" not in plain_status
+    assert "steered at layer 1, strength 4: 3 pairs, vector norm" in status
+    assert final_of(host, "generate", **prompt, **STEER)[0] == text  # seeded: reproducible
+    # strength 0, or empty texts: the run without steering, bit for bit
+    assert final_of(host, "generate", **prompt, **{**STEER, "steer_strength": 0})[0] == plain
+    assert final_of(host, "generate", **prompt, **{**STEER, "steer_positive": "", "steer_negative": ""})[0] == plain
+    # the default layer: the model's middle one
+    _, middle = final_of(host, "generate", **prompt, **{**STEER, "steer_layer": None})
+    assert f"layer {host.current.config.n_layer // 2}," in middle
+
+
+def test_the_outcome_record_keeps_the_steering_and_asks_for_it_again(host):
+    from serve.apis import APIS
+    from serve.outcome import Outcome
+    from serve.running import asked_again
+
+    api = APIS["summarize"]
+    values = {**{p.name: p.default for p in api.signature.parameters.values()},
+              "article": "The sun rose over the hill. A little bird began to sing.", "seed": 3, **STEER}
+    *_, (text, outcome, _, _) = host.run(api, values)
+    assert outcome.ran and outcome.steering.field("layer") == 1
+    assert Outcome.from_json(outcome.as_json()) == outcome
+    again = {**values, **asked_again(outcome, api.task)}
+    *_, (text_again, outcome_again, _, _) = host.run(api, again)
+    assert text_again == text and outcome_again.reproduces(outcome)
+    assert asked_again(replace(outcome, steering=None), api.task)["steer_strength"] == 0
+
+
+@pytest.mark.parametrize("change,key,name", [
+    (dict(steer_layer=3), "out_of_range", "steer_layer"),  # the model has 2 blocks
+    (dict(steer_strength=11), "out_of_range", "steer_strength"),
+    (dict(steer_negative="one line"), "steer_pairs", None),
+    (dict(steer_positive="x" * 4001), "too_big", "steer_positive"),
+    (dict(steer_positive=5), "not_text", "steer_positive"),
+])
+def test_bad_steering_is_refused_naming_its_field(host, change, key, name):
+    from serve.apis import APIS
+
+    api = APIS["generate"]
+    values = {**{p.name: p.default for p in api.signature.parameters.values()}, "prompt": "Hello", **STEER, **change}
+    *_, (_, outcome, _, _) = host.run(api, values)
+    assert not outcome.ran and outcome.message.key == key and outcome.message.field("name") == name
+
+
+def test_v1_takes_steering_in_the_body_and_studio_passes_it_through(host):
+    import openai
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from serve.openai_api import openai_routes
+    from serve.page_api import page_routes
+
+    server = FastAPI()
+    server.include_router(openai_routes(host))
+    server.include_router(page_routes(host))
+    http = TestClient(server)
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0)
+    model, settings = host.current.name, dict(prompt="Once upon a time", max_tokens=16, temperature=0, seed=7)
+    steering = {"positive": STEER["steer_positive"], "negative": STEER["steer_negative"], "layer": 1, "strength": 4}
+    plain = client.completions.create(model=model, **settings).choices[0].text
+    steered_text = client.completions.create(model=model, **settings, extra_body={"steering": steering}).choices[0].text
+    assert steered_text != plain
+    assert client.completions.create(model=model, **settings,
+                                     extra_body={"steering": steering}).choices[0].text == steered_text
+    off = client.completions.create(model=model, **settings, extra_body={"steering": {**steering, "strength": 0}})
+    assert off.choices[0].text == plain
+    for bad in ({**steering, "layer": 9}, {**steering, "negative": "one"}, "love", {**steering, "alpha": 1}):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model=model, **settings, extra_body={"steering": bad})
+        assert refused.value.body["param"] == "steering"
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
+                                          seed=7, extra_body={"steering": steering})
+    assert chat.choices[0].message.content is not None
+    # /studio: the page's values, steering among them, as the Gradio endpoints take them
+    from serve.apis import APIS
+
+    values = {**{p.name: p.default for p in APIS["generate"].signature.parameters.values()},
+              "prompt": "Once upon a time", "max_new_tokens": 16, "seed": 7}
+    last = [json.loads(line) for line in http.post("/studio/run/generate", json={**values, **STEER}).text.splitlines()]
+    plain_last = [json.loads(line) for line in http.post("/studio/run/generate", json=values).text.splitlines()]
+    assert last[-1]["outcome"]["steering"]["key"] == "steered" and plain_last[-1]["outcome"]["steering"] is None
+    assert last[-1]["text"] != plain_last[-1]["text"]
