@@ -1,8 +1,8 @@
 """What makes decoding fast and shared, put onto a loaded model from outside: the KV cache for
 rows of different lengths (cache), sampling and the token loop (generate), the continuous-batching
 scheduler, int8 weights (quantize), the CPU decode kernels (kernels), the residual stream read
-with hooks (residual) and steering added to it per request (steering). Stands on model/ alone;
-tasks/, serve/ and train/ use it."""
+with hooks (residual), steering added to it per request (steering) and activation patching
+(patching). Stands on model/ alone; tasks/, serve/ and train/ use it."""
 from __future__ import annotations
 
 from model.gpt2 import GPT2
