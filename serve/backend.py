@@ -30,6 +30,7 @@ from .outcome import DONE, FAULT, Outcome, message_from_json
 from .page_api import PREFIX, update_from_json, view_from_json
 from .running import (LiveView, TaskAPI, adapter_state, changed_settings, compared_state, drawn_seed,
                       sampling_params)
+from .tracing import Trace
 
 CONNECT_TIMEOUT_S = 3  # how long a backend that is down takes to be said so
 # How long a run may hear nothing from its replica: a request waiting in a busy replica's queue
@@ -164,14 +165,25 @@ class RemoteHost:
         return []  # the tokenizer is the backend's: a run there says what it cut
 
     def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
+        return view_from_json(self.answer("look_inside", {"prompt": prompt, "layer": layer, "head": head,
+                                                          "adapter": adapter}))
+
+    def trace(self, clean: Any, corrupted: Any = "", answer: Any = "", noise_span: Any = "",
+              progress: Callable[[int, int], None] | None = None) -> Trace:
+        """The replica's trace (its progress is not told here: it answers once, when done)."""
+        return Trace.from_json(self.answer("trace", {"clean": clean, "corrupted": corrupted, "answer": answer,
+                                                     "noise_span": noise_span}))
+
+    def answer(self, route: str, asked: dict) -> dict:
+        """The backend's answer to `asked` at /studio/`route`; its refusal, or what happened to the
+        backend, as a Refusal (said in the tab's status line)."""
         try:
-            response = self.http.post(f"{self.url}{PREFIX}/look_inside",
-                                      json={"prompt": prompt, "layer": layer, "head": head, "adapter": adapter})
+            response = self.http.post(f"{self.url}{PREFIX}/{route}", json=asked)
             if response.status_code == 400:
                 raise Refusal.saying(message_from_json(response.json()["refused"]))
             response.raise_for_status()
-            return view_from_json(response.json())
-        except (httpx.HTTPError, KeyError) as error:  # said in the tab's status line, as a refusal is
+            return response.json()
+        except (httpx.HTTPError, KeyError) as error:
             raise Refusal.saying(down_message(self.url, error)) from None
 
 

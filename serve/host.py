@@ -11,6 +11,7 @@ from model import GPT2Config
 from .messages import Message
 from .outcome import Outcome
 from .running import LiveView, TaskAPI
+from .tracing import Trace
 
 # One update of a run: (text so far, outcome (None until the last), prompt sent, logprobs).
 RunUpdate = tuple[str, Outcome | None, str, list]
@@ -74,6 +75,13 @@ class Host(Protocol):
 
     def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
         """The Architecture tab's live view of `prompt`; a ValueError naming the field where refused."""
+
+    def trace(self, clean: Any, corrupted: Any = "", answer: Any = "", noise_span: Any = "",
+              progress: Callable[[int, int], None] | None = None) -> Trace:
+        """Activation patching of `clean` against `corrupted` (empty: noise on `noise_span`, a piece
+        of `clean`) for `answer` (empty: the clean run's likeliest next token): serve/tracing.py's
+        Trace; a ValueError naming the field where refused. progress(done, total) as it goes, where
+        the host can tell."""
 
     def article_room(self, article: str, max_new_tokens: int, adapter: bool) -> list[Message]:
         """What a summary's prompt would take of the context, and what it would cut, as messages

@@ -37,6 +37,18 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     # the Architecture tab's live view (serve/inspection.py)
     "live_view_tokens": ("the prompt has {tokens:,} tokens; the live view takes at most {most:,}",
                          "提示词有 {tokens:,} 个词元；实时视图最多接受 {most:,} 个"),
+    # the Architecture tab's trace (serve/tracing.py)
+    "trace_tokens": ("the {name} has {tokens:,} tokens; a trace takes at most {most:,}",
+                     "{name}有 {tokens:,} 个词元；追踪最多接受 {most:,} 个"),
+    "trace_lengths": ("the corrupted prompt has {corrupted:,} tokens and the clean prompt {clean:,}: a trace needs "
+                      "as many in both", "损坏提示词有 {corrupted:,} 个词元，干净提示词有 {clean:,} 个：追踪要求两者词元数相同"),
+    "trace_no_corruption": ("give a corrupted prompt, or a noise span: a piece of the clean prompt to add noise to",
+                            "请给出损坏提示词，或噪声片段：干净提示词中要加噪声的一段"),
+    "noise_span_missing": ("the noise span '{span}' is not in the clean prompt", "噪声片段「{span}」不在干净提示词中"),
+    "answer_one_token": ("the answer must be one token; '{answer}' is {tokens:,}",
+                         "答案必须是一个词元；「{answer}」是 {tokens:,} 个"),
+    "trace_no_effect": ("the corruption leaves the probability of the answer {answer} where it was ({probability:.4g}): "
+                        "there is no effect to trace", "损坏没有改变答案 {answer} 的概率（{probability:.4g}）：没有可追踪的效果"),
     # a prompt the engine cannot take (engine.generate.ContextLengthError)
     "prompt_fills_context": ("the prompt is {tokens:,} tokens; the context window is {context:,} tokens and at least "
                              "one must be left to generate",
@@ -209,6 +221,7 @@ NAMES_ZH: dict[str, str] = {
     "adapter on": "适配器开", "adapter off": "适配器关", "output": "输出",
     "steer_positive": "转向正例", "steer_negative": "转向反例", "steer_layer": "转向层", "steer_strength": "转向强度",
     "steering pairs": "转向文本对",
+    "clean prompt": "干净提示词", "corrupted prompt": "损坏提示词", "noise span": "噪声片段", "answer": "答案",
 }
 
 # The model line at the top of the page (serve/model_host.py, LoadedModel.describe), by language.
@@ -238,7 +251,7 @@ MODEL_LINE_QUANTIZED = {"en": " · {quantize} weights", "zh": " · {quantize} �
 MODEL_LINE_DECODING = {"en": " · decoding on {path}", "zh": " · 解码方式：{path}"}
 
 # Fields whose text is the user's, the model's or a token's, said as it is in every language.
-AS_GIVEN = {"token"}
+AS_GIVEN = {"token", "span", "answer"}
 
 
 def render(message: Message, lang: str) -> str:

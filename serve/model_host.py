@@ -31,6 +31,7 @@ import psutil
 
 from engine import kernels, prepare_for_serving
 from engine.generate import SamplingParams, new_token_budget, resolve_seed, score_tokens
+from engine.patching import Progress
 from engine.scheduler import Scheduler, in_thread_of_its_own
 from engine.steering import Steering, steered, steering_vector
 from model import GPT2, GPT2Config, load_pretrained
@@ -48,6 +49,7 @@ from .outcome import Outcome
 from .running import (MAX_UPDATES_PER_SECOND, TOP_SHOWN, LiveView, Pacer, TaskAPI, adapter_state, checked_slider,
                       checked_text, compared_outcome, first_difference, outcome_of, sampling_params, steering_asked,
                       steering_state)
+from .tracing import MAX_CHARS as TRACE_CHARS, Trace, trace
 
 BUNDLED = "bundled"
 # What a load reports to its progress callback, in this order: the files fetched (a hub id's, from
@@ -321,6 +323,15 @@ class ModelHost:
         seen = in_thread_of_its_own(lambda: inspect_prompt(loaded.model, loaded.tokenizer, prompt, layer - 1, head - 1))
         lens = in_thread_of_its_own(lambda: logit_lens(loaded.model, loaded.tokenizer, prompt, adapter))
         return LiveView(loaded.name, config.n_layer, config.n_head, seen, lens)
+
+    def trace(self, clean: Any, corrupted: Any = "", answer: Any = "", noise_span: Any = "",
+              progress: Progress | None = None) -> Trace:
+        """The trace of `clean` against `corrupted` (serve/tracing.py), on the base model; progress(done,
+        total) as it goes. Bad input is a ValueError naming the field."""
+        loaded = self.current
+        texts = {name: checked_text(name, value, TRACE_CHARS[name]) for name, value in
+                 (("clean", clean), ("corrupted", corrupted), ("answer", answer), ("noise_span", noise_span))}
+        return in_thread_of_its_own(lambda: trace(loaded.model, loaded.tokenizer, **texts, progress=progress))
 
     def article_room(self, article: str, max_new_tokens: int, adapter: bool) -> list[Message]:
         """How much of the context an article's summary prompt takes, and what it had to cut to fit:

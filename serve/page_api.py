@@ -1,12 +1,13 @@
 """What a page in front needs from a replica on another machine (serve/cluster.py), over HTTP: the
 model's description, each task run as a stream of updates ending in its outcome record, the
-adapter off/on comparison and the Architecture tab's look inside. serve/backend.py is the other
+adapter off/on comparison, the Architecture tab's look inside and trace. serve/backend.py is the other
 end. The Gradio page and its API send their work here with `python app.py --backend URL`.
 
     GET  /studio/model                 the model: name, adapters, config, the model line
     POST /studio/run/{api_name}        the task's values -> NDJSON: {text, outcome, prompt, logprobs}
     POST /studio/compare/{api_name}    the same -> NDJSON: {texts, outcome, comparison}
     POST /studio/look_inside           {prompt, layer, head, adapter} -> the live view
+    POST /studio/trace                 {clean, corrupted, answer, noise_span} -> the trace (serve/tracing.py)
 
 A client that closes a stream ends its run and frees its decoding row, as in the app.
 """
@@ -27,6 +28,7 @@ from .inspection import Inspection, LogitLens
 from .messages import message_of
 from .outcome import Outcome
 from .running import LiveView
+from .tracing import Trace
 
 PREFIX = "/studio"
 
@@ -57,14 +59,21 @@ def page_routes(host: Host, api_key: str | None = None) -> APIRouter:
             return StreamingResponse(lines(request, updates), media_type="application/x-ndjson")
         return route
 
-    async def inside(request: Request):
-        asked = await request.json()
-        try:
-            view = await anyio.to_thread.run_sync(lambda: host.look_inside(
-                asked.get("prompt"), asked.get("layer"), asked.get("head"), asked.get("adapter")))
-        except ValueError as error:
-            return JSONResponse({"refused": dataclasses.asdict(message_of(error))}, status_code=400)
-        return JSONResponse(view_as_json(view))
+    def answered(work: Callable[[dict], Any], as_json: Callable[[Any], dict]):
+        """A route that answers the JSON it is sent with `work`'s record as JSON, or a refusal (400)."""
+        async def route(request: Request):
+            asked = await request.json()
+            try:
+                record = await anyio.to_thread.run_sync(lambda: work(asked))
+            except ValueError as error:
+                return JSONResponse({"refused": dataclasses.asdict(message_of(error))}, status_code=400)
+            return JSONResponse(as_json(record))
+        return route
+
+    inside = answered(lambda asked: host.look_inside(asked.get("prompt"), asked.get("layer"), asked.get("head"),
+                                                     asked.get("adapter")), view_as_json)
+    trace = answered(lambda asked: host.trace(asked.get("clean"), asked.get("corrupted", ""), asked.get("answer", ""),
+                                              asked.get("noise_span", "")), Trace.as_json)
 
     router.add_api_route("/model", model, methods=["GET"])
     router.add_api_route("/run/{api_name}", streamed_route(host.run, ("text", "outcome", "prompt", "logprobs")),
@@ -72,6 +81,7 @@ def page_routes(host: Host, api_key: str | None = None) -> APIRouter:
     router.add_api_route("/compare/{api_name}", streamed_route(host.run_compare, ("texts", "outcome", "comparison")),
                          methods=["POST"])
     router.add_api_route("/look_inside", inside, methods=["POST"])
+    router.add_api_route("/trace", trace, methods=["POST"])
     return router
 
 

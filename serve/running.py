@@ -30,7 +30,8 @@ REQUIRED = inspect.Parameter.empty
 MAX_CHARS = {"prompt": 20_000, "article": 50_000, "message": 4_000, "persona": 1_000, "history": 100_000,
              "text": 4_000, "source": 20, "target": 20, "examples": 20_000, "steer_positive": 4_000,
              "steer_negative": 4_000}
-SAID_AS = {"text": "text to translate"}  # a field a message names as the tab does, not by its bare API name
+SAID_AS = {"text": "text to translate", "clean": "clean prompt", "corrupted": "corrupted prompt",
+           "noise_span": "noise span"}  # a field a message names as the tab does, not by its bare API name
 MAX_CHAT_TURNS = 200  # [user, bot] pairs in a /chat history
 MAX_EXAMPLE_PAIRS = 64  # `source = target` lines in /translate's examples
 MAX_STEER_PAIRS = 32  # positive/negative lines of a steering: a forward pass each, before the run starts
@@ -157,13 +158,13 @@ def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
                           logprobs=values.get("logprobs", task.defaults.logprobs))
 
 
-def checked_text(name: str, value: Any) -> str:
+def checked_text(name: str, value: Any, limit: int | None = None) -> str:
     """A text field as it came in (any unicode at all), or a Refusal naming the field and, for
-    text that is too long, the limit."""
+    text longer than `limit` (None: the task field's MAX_CHARS), the limit."""
     said = SAID_AS.get(name, name)
     if not isinstance(value, str):
         raise Refusal("not_text", name=said, kind=type(value).__name__)
-    check_size(said, len(value), MAX_CHARS[name])
+    check_size(said, len(value), MAX_CHARS[name] if limit is None else limit)
     return value
 
 

@@ -49,6 +49,10 @@ def client(studio_url) -> Client:
 
 def test_the_api_names_its_endpoints_and_parameters(client):
     endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    # the Architecture tab's activation patching (tests/test_patching.py): its own four
+    trace = endpoints.pop("/trace")
+    assert [p["parameter_name"] for p in trace["parameters"]] == ["clean", "corrupted", "answer", "noise_span"]
+    assert "p_clean" in trace["description"]
     settings = ["temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "no_repeat_ngram_size",
                 "max_new_tokens", "seed"]
     adapter = ["adapter", "adapter_scale"]  # only where the task has an adapter: Generate has none

@@ -110,3 +110,104 @@ def test_progress_is_told_after_each_layer_of_each_kind(patching):
     layers = patching.model.config.n_layer
     assert set(grids) == set(KINDS)
     assert told == [(i + 1, 3 * layers) for i in range(3 * layers)]
+
+
+# --- as the app serves it: serve/tracing.py, ModelHost.trace, /studio/trace, RemoteHost, /trace ----
+
+CLEAN_TEXT = "the cat sat on the mat and the dog"
+KEYS = {"tokens", "layers", "grid", "attention", "mlp", "p_clean", "p_corrupted"}
+
+
+@pytest.fixture(scope="module")
+def host(tiny_checkpoint):
+    from serve.model_host import ModelHost
+    return ModelHost([str(tiny_checkpoint)], device="cpu")
+
+
+def refused(call) -> str:
+    from serve.messages import english, message_of
+    with pytest.raises(ValueError) as caught:
+        call()
+    return english(message_of(caught.value))
+
+
+def test_a_trace_of_two_prompts_of_as_many_tokens(host):
+    tokenizer = host.current.tokenizer
+    corrupted = "the dog sat on the mat and the cat"
+    assert len(tokenizer.encode(corrupted)) == len(tokenizer.encode(CLEAN_TEXT))
+    told = []
+    trace = host.trace(CLEAN_TEXT, corrupted, progress=lambda done, total: told.append(done))
+    layers = host.current.config.n_layer
+    assert len(trace.tokens) == len(tokenizer.encode(CLEAN_TEXT)) and trace.layers == layers
+    for grid in (trace.grid, trace.attention, trace.mlp):
+        assert grid.shape == (len(trace.tokens), layers)
+    assert trace.grid[-1, -1].item() == 1.0 and trace.p_clean != trace.p_corrupted and trace.noised == []
+    assert told == list(range(1, 3 * layers + 1))
+    answer = trace.answer.replace("␣", " ")  # the answer named: the same trace again
+    again = host.trace(CLEAN_TEXT, corrupted, answer)
+    assert torch.equal(again.grid, trace.grid) and again.p_clean == trace.p_clean
+
+
+def test_prompts_of_different_token_counts_are_refused_naming_both(host):
+    tokenizer = host.current.tokenizer
+    clean, corrupted = (len(tokenizer.encode(text)) for text in (CLEAN_TEXT, "the cat sat"))
+    assert refused(lambda: host.trace(CLEAN_TEXT, "the cat sat")) == (
+        f"the corrupted prompt has {corrupted} tokens and the clean prompt {clean}: a trace needs as many in both")
+
+
+def test_noise_on_a_span_of_the_clean_prompt_is_reproducible(host):
+    first, again = (host.trace(CLEAN_TEXT, noise_span="cat sat") for _ in range(2))
+    tokens = first.tokens
+    assert first.noised and all("cat" in tokens[i] or "sat" in tokens[i] for i in first.noised)
+    assert first.as_json() == again.as_json()
+    assert first.grid[: first.noised[0]].abs().max().item() == 0  # before the noise nothing differs
+
+
+def test_what_a_trace_refuses(host):
+    assert refused(lambda: host.trace(CLEAN_TEXT)) == (
+        "give a corrupted prompt, or a noise span: a piece of the clean prompt to add noise to")
+    assert refused(lambda: host.trace(CLEAN_TEXT, noise_span="zebra")) == (
+        "the noise span 'zebra' is not in the clean prompt")
+    assert refused(lambda: host.trace(CLEAN_TEXT, CLEAN_TEXT)).startswith(
+        "the corruption leaves the probability of the answer")
+    assert refused(lambda: host.trace("", "the")) == "clean prompt is empty"
+    assert refused(lambda: host.trace(CLEAN_TEXT, answer="the cat sat", noise_span="cat")).startswith(
+        "the answer must be one token; 'the cat sat' is ")
+    assert refused(lambda: host.trace(3)) == "clean prompt must be text, got int"
+    assert refused(lambda: host.trace("the " * 100, noise_span="the")).endswith("a trace takes at most 64")
+
+
+def test_studio_trace_and_a_remote_host_in_front_of_it(host):
+    from fastapi.testclient import TestClient
+
+    from serve.backend import RemoteHost
+    from serve.replica import replica_app
+
+    client = TestClient(replica_app(host, "replica-1"))
+    answer = client.post("/studio/trace", json={"clean": CLEAN_TEXT, "corrupted": "", "answer": "",
+                                                "noise_span": "cat"})
+    assert answer.status_code == 200 and KEYS <= set(answer.json())
+    local = host.trace(CLEAN_TEXT, noise_span="cat").as_json()
+    assert answer.json() == local
+    refusal = client.post("/studio/trace", json={"clean": CLEAN_TEXT, "corrupted": "the cat"})
+    assert refusal.status_code == 400 and refusal.json()["refused"]["key"] == "trace_lengths"
+
+    remote = object.__new__(RemoteHost)  # a RemoteHost whose HTTP client is the replica's app in-process
+    remote.url, remote.http = "http://testserver", client
+    assert remote.trace(CLEAN_TEXT, noise_span="cat").as_json() == local
+    assert refused(lambda: remote.trace(CLEAN_TEXT, "the cat")) == refused(lambda: host.trace(CLEAN_TEXT, "the cat"))
+
+
+@pytest.mark.slow  # Gradio's import, and the app served
+def test_the_gradio_endpoint_trace(host):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from tests.conftest import serve_studio
+
+    with serve_studio(host) as url:
+        client = Client(url, verbose=False)
+        answer = client.predict(clean=CLEAN_TEXT, corrupted="", answer="", noise_span="cat", api_name="/trace")
+        assert answer == host.trace(CLEAN_TEXT, noise_span="cat").as_json()
+        with pytest.raises(AppError, match="tokens and the clean prompt"):
+            client.predict(clean=CLEAN_TEXT, corrupted="the cat", api_name="/trace")
