@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -113,7 +113,7 @@ class Patching:
 
     @torch.no_grad()
     def __init__(self, model: GPT2, clean: list[int], corrupted: list[int] | None = None,
-                 noised: list[int] = (), answer: int | None = None, samples: int = NOISE_SAMPLES,
+                 noised: Sequence[int] = (), answer: int | None = None, samples: int = NOISE_SAMPLES,
                  seed: int = NOISE_SEED):
         if corrupted is not None and len(corrupted) != len(clean):
             raise ValueError(f"the corrupted prompt has {len(corrupted)} tokens, the clean one {len(clean)}")
@@ -136,8 +136,8 @@ class Patching:
                                       for rows in (slice(0, 1), slice(1, None)))
         self.samples = self.corrupted.last.shape[0]
         self.answer = int(model.lm_head(model.transformer.ln_f(self.clean.last)).argmax()) if answer is None else answer
-        self.p_clean = float(answer_probabilities(model, self.clean.last, self.answer)[0])
-        self.p_corrupted = float(answer_probabilities(model, self.corrupted.last, self.answer).mean())
+        p = answer_probabilities(model, both.last, self.answer)  # one head call: equal streams, equal numbers
+        self.p_clean, self.p_corrupted = float(p[0]), float(p[1:].mean())
 
     @torch.no_grad()
     def effects(self, kind: str, layer: int, restore: torch.Tensor) -> torch.Tensor:
