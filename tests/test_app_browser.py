@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import torch
 from playwright.sync_api import Page, expect
 
 from ui.tabs import chat
@@ -283,12 +284,18 @@ def test_chat_keeps_a_multi_turn_conversation_and_exports_it(page, tmp_path, mon
 
 @pytest.fixture
 def slow_page(browser, tiny_checkpoint) -> Iterator[Page]:
-    """The app on a model slowed to some 100 tokens a second, so that a run lasts while a test
-    looks at it and presses its buttons (the tiny model alone writes 500 tokens in a second)."""
+    """The app on a model slowed to some 100 tokens a second that never ends its text by itself, so
+    that a run lasts while a test looks at it and presses its buttons (the tiny model alone writes
+    500 tokens in a second, or draws its end of text early for some seeds)."""
     from serve.model_host import ModelHost
 
     host = ModelHost([str(tiny_checkpoint)], device="cpu")
-    host.current.model.register_forward_pre_hook(lambda module, args: time.sleep(0.01))
+    model, eos = host.current.model, host.current.tokenizer.eos_id
+
+    def never_ending(module, args, logits):
+        return logits.index_fill(-1, torch.tensor([eos], device=logits.device), float("-inf"))
+    model.register_forward_pre_hook(lambda module, args: time.sleep(0.01))
+    model.register_forward_hook(never_ending)
     with serve_studio(host) as url:
         page = open_app(browser, url)
         try:
