@@ -240,13 +240,22 @@ PLOT_TEXT = {
            "last": "last token", "after_layer": "after layer",
            "attention_title": "Attention, layer {layer}, head {head}", "key": "key (attended to)", "query": "query",
            "lens_title": "Logit lens: each layer's top next token", "lens_adapter": "adapter {adapter} (red: changed)",
-           "layer": "layer", "after_token": "after the token", "probability": "probability"},
+           "layer": "layer", "after_token": "after the token", "probability": "probability",
+           "trace_grid": "Residual stream", "trace_attention": "Attention output", "trace_mlp": "MLP output",
+           "trace_effect": "restored: effect on p({answer})", "effect": "normalised effect",
+           "token": "token", "token_noised": "token (* noised)", "trace_unit": "layers"},
     "zh": {"norm_title": "残差流范数，{model}", "range": "各词元的范围", "mean": "各词元的平均",
            "last": "最后一个词元", "after_layer": "经过的层",
            "attention_title": "注意力，第 {layer} 层，第 {head} 个头", "key": "键（被关注的词元）", "query": "查询",
            "lens_title": "logit 透镜：每一层预测的下一个词元", "lens_adapter": "适配器 {adapter}（红框：有改变）",
-           "layer": "层", "after_token": "在这个词元之后", "probability": "概率"},
+           "layer": "层", "after_token": "在这个词元之后", "probability": "概率",
+           "trace_grid": "残差流", "trace_attention": "注意力输出", "trace_mlp": "MLP 输出",
+           "trace_effect": "恢复后对 p({answer}) 的效果", "effect": "归一化效果",
+           "token": "词元", "token_noised": "词元（* 加了噪声）", "trace_unit": "层"},
 }
+# The line above a trace's heatmaps: the answer traced and its probabilities, clean and corrupted.
+TRACE_LINE = {"en": "answer {answer} · p_clean {p_clean:.3g} · p_corrupted {p_corrupted:.3g}",
+              "zh": "答案 {answer} · 干净运行的概率 p_clean {p_clean:.3g} · 损坏运行的概率 p_corrupted {p_corrupted:.3g}"}
 MODEL_LINE_QUANTIZED = {"en": " · {quantize} weights", "zh": " · {quantize} 权重"}
 MODEL_LINE_DECODING = {"en": " · decoding on {path}", "zh": " · 解码方式：{path}"}
 

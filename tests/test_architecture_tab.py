@@ -254,3 +254,71 @@ def test_a_long_prompt_wraps_the_lens_onto_even_rows_no_wider_than_one():
     assert starts(two_rows) == ["t0", "t11"]  # not 20 and a lone token
     heights = [figure.get_figheight() for figure in (full, two, wrapped)]
     assert heights[1] - heights[0] == pytest.approx(heights[2] - heights[1]) and heights[1] - heights[0] > 1  # a row's
+
+
+# --- the trace (activation patching) ---------------------------------------------------------------
+
+def test_a_trace_figure_has_the_tokens_as_rows_the_layers_as_columns_and_a_range_about_zero():
+    from ui.tabs.architecture import TRACE_GRIDS, trace_figure
+    from serve.tracing import Trace
+
+    grid = torch.tensor([[0.0, 0.2, 0.0], [1.3, -0.4, 0.1]])
+    trace = Trace(tokens=["The", "␣bird"], layers=3, grid=grid, attention=grid / 2, mlp=-grid, p_clean=0.5,
+                  p_corrupted=0.1, answer="␣sang", noised=[1])
+    for kind in TRACE_GRIDS:
+        figure = trace_figure(trace, kind)
+        ax, bar = figure.axes  # the heatmap and its colour bar
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["The", "␣bird *"]  # the noised token starred
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "3"]
+        assert ax.get_xlabel() == "layer" and "p(␣sang)" in ax.get_title()
+        low, high = ax.images[0].get_clim()
+        assert low == -high and high == pytest.approx(1.3 if kind != "attention" else 1.0)  # -1..1 and beyond
+        assert bar.get_ylabel() == "normalised effect"
+
+
+def test_a_trace_refuses_a_corrupted_prompt_of_another_length_naming_both_counts(host):
+    from ui.tabs.architecture import trace_view
+    shown = trace_view(host)("The little bird sang", "A bird", "", "")
+    assert shown == {"residual": None, "attention": None, "mlp": None, "probabilities": None,
+                     "outcome": shown["outcome"]}
+    assert status_line(shown["outcome"], "en") == ("⚠️ the corrupted prompt has 2 tokens and the clean prompt 4: "
+                                                   "a trace needs as many in both")
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("width", [1400, 390], ids=["desktop", "phone"])
+def test_a_trace_shows_three_heatmaps_and_the_probabilities(browser, studio_url, width):
+    """The example traced (noise on a span of it): three heatmaps, readable at the page's width,
+    and the line naming p_clean and p_corrupted; a corrupted prompt of another length is refused in
+    the status line, naming both counts, and the heatmaps go."""
+    page = browser.new_context(viewport={"width": width, "height": 900}).new_page()
+    try:
+        page.goto(studio_url)
+        page.get_by_role("tab", name="Architecture").click()
+        page.locator("#trace-run").click()
+        heatmaps = [page.locator(f"#trace-{kind} img") for kind in ("residual", "attention", "mlp")]
+        for heatmap, name in zip(heatmaps, ("Residual stream restored", "Attention output restored",
+                                            "MLP output restored")):
+            expect(heatmap).to_be_visible(timeout=TIMEOUT_MS)
+            expect(heatmap).to_have_attribute("alt", re.compile(f"^{name}"))
+            natural, shown = heatmap.evaluate("i => [i.naturalWidth, i.clientWidth]")
+            assert shown >= 0.85 * natural, (natural, shown)  # not shrunk past reading
+            assert heatmap.bounding_box()["x"] + shown <= width  # and on the screen
+        expect(page.locator("#trace-probabilities")).to_contain_text(re.compile(r"p_clean [\d.e-]+ · p_corrupted [\d.e-]+"))
+        expect(page.locator("#trace-status")).to_have_text("")
+        tops = {round(heatmap.bounding_box()["y"]) for heatmap in heatmaps}
+        assert len(tops) == (1 if width > 768 else 3)  # side by side, or one under another on a phone
+        page.locator("#trace-residual").scroll_into_view_if_needed()
+        screenshot(page, f"architecture-trace-{width}")
+        if width > 768:
+            page.locator("#trace-corrupted textarea").fill("A bird")
+            page.locator("#trace-run").click()
+            expect(page.locator("#trace-status")).to_contain_text(
+                re.compile(r"the corrupted prompt has \d+ tokens and the clean prompt \d+: a trace needs as many"))
+            for heatmap in heatmaps:
+                expect(heatmap).to_have_count(0)
+            expect(page.locator("#trace-probabilities")).to_have_text("")
+            assert page.get_by_test_id("toast-body").count() == 0
+            screenshot(page, "architecture-trace-refused")
+    finally:
+        page.context.close()

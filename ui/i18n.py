@@ -8,6 +8,7 @@ import re
 import gradio as gr
 
 from serve.inspection import MAX_TOKENS
+from serve.tracing import NOISE_SAMPLES
 from serve.messages import LABELS_ZH
 
 ENGLISH = {
@@ -183,6 +184,28 @@ attends to), and the ten likeliest next tokens.""",
     "residual_norms": "Residual stream norm",
     "attention_map": "Attention map",
     "top_tokens": "Top-10 next tokens, of the base model (the adapter below changes the logit lens only)",
+    "trace_intro": f"""## Trace: where the answer is carried
+
+Activation patching (causal tracing, as in ROME, Meng et al. 2022), on the base model: the clean
+prompt is run, and a corrupted one; then, for each layer and each token, the clean run's activation
+there is restored into the corrupted run, and the map shows how much of the answer's probability
+comes back: (p_patched − p_corrupted) / (p_clean − p_corrupted), 1 where that activation alone
+brings the clean answer back, 0 where it changes nothing. The corruption is another prompt of as
+many tokens, or noise on a span of the clean prompt (3 × the embeddings' standard deviation,
+averaged over {NOISE_SAMPLES} seeded samples). Three maps, rows the clean prompt's tokens (up to {MAX_TOKENS}),
+columns the layers: each block's output (the residual stream), its attention output and its MLP
+output.""",
+    "clean_prompt": "Clean prompt",
+    "corrupted_prompt": "Corrupted prompt",
+    "corrupted_prompt_info": "optional: as many tokens as the clean prompt; given, it is used instead of the noise span",
+    "noise_span": "Noise span",
+    "noise_span_info": "text within the clean prompt whose tokens get noise, where no corrupted prompt is given",
+    "answer": "Answer",
+    "answer_info": "optional: one token; empty: the clean run's likeliest next token",
+    "trace": "Trace",
+    "trace_residual": "Residual stream restored (each block's output)",
+    "trace_attention": "Attention output restored",
+    "trace_mlp": "MLP output restored",
 }
 
 CHINESE = {
@@ -306,6 +329,24 @@ GPT-2 是 **Pre-LN**（前置层归一化）Transformer：每个块先对注意�
     "residual_norms": "残差流范数",
     "attention_map": "注意力图",
     "top_tokens": "前 10 个候选词元，来自基础模型（下方的适配器只影响 logit 透镜）",
+    "trace_intro": f"""## 追踪：答案由哪里携带
+
+激活修补（activation patching，即 ROME 中的因果追踪，Meng 等人 2022），在基础模型上进行：分别运行干净提示词和损坏提示词；
+然后对每一层、每个词元，把干净运行在该处的激活恢复到损坏运行中，图中显示答案的概率恢复了多少：
+(p_patched − p_corrupted) / (p_clean − p_corrupted)，为 1 表示仅恢复这一处激活就能找回干净运行的答案，为 0 表示毫无改变。
+损坏可以是另一个词元数相同的提示词，也可以是在干净提示词的一段上加噪声（嵌入标准差的 3 倍，对 {NOISE_SAMPLES} 个固定种子的样本取平均）。
+三张图的行是干净提示词的词元（最多 {MAX_TOKENS} 个），列是层：每个块的输出（残差流）、注意力输出和 MLP 输出。""",
+    "clean_prompt": "干净提示词",
+    "corrupted_prompt": "损坏提示词",
+    "corrupted_prompt_info": "可选：词元数须与干净提示词相同；给出时使用它，而不使用噪声片段",
+    "noise_span": "噪声片段",
+    "noise_span_info": "干净提示词中的一段文字，未给出损坏提示词时，对其词元加噪声",
+    "answer": "答案",
+    "answer_info": "可选：一个词元；留空则为干净运行最可能的下一个词元",
+    "trace": "追踪",
+    "trace_residual": "恢复残差流（每个块的输出）",
+    "trace_attention": "恢复注意力输出",
+    "trace_mlp": "恢复 MLP 输出",
 }
 
 

@@ -2,6 +2,7 @@
 `python -m train.lab` (docs/img), and a live look inside the loaded model for the user's prompt."""
 from __future__ import annotations
 
+import contextvars
 import math
 import re
 from pathlib import Path
@@ -15,9 +16,10 @@ from matplotlib.figure import Figure  # not pyplot: figures made per request mus
 from matplotlib.patches import Rectangle
 
 from serve.inspection import Inspection, LogitLens
-from serve.messages import PLOT_TEXT, TOP_HEADERS, said
+from serve.messages import PLOT_TEXT, TOP_HEADERS, TRACE_LINE, said
 from serve.host import Host
 from serve.outcome import Outcome, status_line
+from serve.tracing import Trace
 
 from ..i18n import ENGLISH, i18n
 from ..messages import Page, language
@@ -204,6 +206,72 @@ def look_inside(host: Host):
     return run
 
 
+# The trace's example: the bundled model's likeliest next token after it is " loved", and noise on
+# the name takes most of its probability away (0.58 to 0.19), which the name's own position and
+# the last token's later layers bring back.
+TRACE_EXAMPLE = "Once upon a time, there was a little girl named Lily. She"
+TRACE_EXAMPLE_SPAN = "Lily"
+TRACE_GRIDS = {"residual": "grid", "attention": "attention", "mlp": "mlp"}  # a heatmap's name: its Trace field
+
+
+def trace_figure(trace: Trace, kind: str, lang: str = "en") -> Figure:
+    """One of a trace's grids (TRACE_GRIDS) as a heatmap: rows the clean prompt's tokens (the noised
+    ones starred, as ROME marks them), columns the layers. A diverging map centred on 0, whose
+    range holds -1..1 and any effect beyond it: white is no effect, red brings the answer back,
+    blue takes it further away. Sized to be read at a phone's width for a model of a dozen layers."""
+    text = PLOT_TEXT[lang]
+    effects = getattr(trace, TRACE_GRIDS[kind]).numpy()
+    positions, layers = effects.shape
+    reach = max(1.0, float(abs(effects).max()))
+    fig = Figure(figsize=(2.3 + min(0.3 * layers, 4.5), 1.4 + 0.24 * positions), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(effects, cmap="RdBu_r", vmin=-reach, vmax=reach, aspect="auto")
+    noised = set(trace.noised)
+    labels = [in_a_cell(token, 12) + (" *" if position in noised else "") for position, token in enumerate(trace.tokens)]
+    ax.set_yticks(range(positions), labels, fontsize=9, parse_math=False)  # tokens are text: "$" too
+    step = math.ceil(layers / 16)  # a 48-layer model's numbers every third layer, not on top of each other
+    ax.set_xticks(range(0, layers, step), [str(layer + 1) for layer in range(0, layers, step)], fontsize=9)
+    ax.set_xlabel(text["layer"])
+    ax.set_ylabel(text["token_noised" if noised else "token"])
+    ax.set_title(text[f"trace_{TRACE_GRIDS[kind]}"] + "\n" + text["trace_effect"].format(answer=trace.answer),
+                 fontsize=10, parse_math=False)
+    fig.colorbar(image, ax=ax, label=text["effect"], shrink=min(1.0, 0.4 + 0.06 * positions))
+    return fig
+
+
+def markdown_text(text: str) -> str:
+    """Text said as it is in Markdown: a token may be "*" or "`"."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~])", r"\\\1", text)
+
+
+TRACED = (*TRACE_GRIDS, "probabilities")  # what a trace shows
+
+
+def trace_view(host: Host):
+    """The trace's run: by the name of each part it shows (TRACED), its new value, and its outcome
+    (refused: the outcome, and None for each part, which would pass for the new request's)."""
+    def run(clean: str, corrupted: str = "", noise_span: str = "", answer: str = "",
+            request: gr.Request | None = None, progress=None) -> dict:
+        lang = language(request)
+        told = None
+        if progress is not None:
+            # The host reports from a thread of its own, where Gradio's context for this event
+            # (which a gr.Progress reads) is not set: each report runs in a copy of this thread's.
+            context = contextvars.copy_context()
+
+            def told(done: int, total: int) -> None:
+                context.run(progress, (done, total), unit=PLOT_TEXT[lang]["trace_unit"])
+        try:
+            trace = host.trace(clean, corrupted, answer, noise_span, progress=told)
+        except ValueError as error:  # said in the trace's status line
+            return {**dict.fromkeys(TRACED), "outcome": Outcome.refused(error)}
+        line = TRACE_LINE[lang].format(answer=markdown_text(trace.answer), p_clean=trace.p_clean,
+                                       p_corrupted=trace.p_corrupted)
+        return {**{kind: trace_figure(trace, kind, lang) for kind in TRACE_GRIDS}, "probabilities": line,
+                "outcome": None}
+    return run
+
+
 def measurement(image: str, caption: str) -> None:
     path = IMAGES / image
     gr.Markdown(i18n(caption))  # above the figure: as the image's label it covered the plot's title
@@ -315,4 +383,35 @@ def architecture_tab(page: Page, host: Host) -> tuple[gr.Dropdown, list[gr.Butto
                 return gr.skip()
             return {**run(prompt_text, layer_value, head_value, adapter, request), drawn: True}
         tab.select(first_look, [drawn, prompt, layer, head, lens_adapter], {*outputs, drawn}, **one_at_a_time)
-    return lens_adapter, [run_button]
+
+        gr.Markdown(i18n("trace_intro"))
+        # Two boxes a row on a wide screen, one on a phone (min_width), where two were too narrow to read.
+        with gr.Row():
+            clean = gr.Textbox(TRACE_EXAMPLE, label=i18n("clean_prompt"), lines=2, min_width=300, elem_id="trace-clean")
+            corrupted = gr.Textbox(label=i18n("corrupted_prompt"), info=i18n("corrupted_prompt_info"), lines=2,
+                                   min_width=300, elem_id="trace-corrupted")
+        with gr.Row(equal_height=True):
+            noise_span = gr.Textbox(TRACE_EXAMPLE_SPAN, label=i18n("noise_span"), info=i18n("noise_span_info"),
+                                    min_width=300, elem_id="trace-noise-span")
+            answer = gr.Textbox(label=i18n("answer"), info=i18n("answer_info"), min_width=300, elem_id="trace-answer")
+        trace_button = gr.Button(i18n("trace"), variant="primary", elem_id="trace-run")
+        trace_status = gr.Markdown(elem_id="trace-status")
+        probabilities = gr.Markdown(elem_id="trace-probabilities")
+        with gr.Row():  # side by side on a wide screen, one under another on a phone
+            heatmaps = {}
+            for kind in TRACE_GRIDS:
+                with gr.Column(min_width=300):
+                    heatmaps[kind] = captioned_plot(f"trace_{kind}", f"trace-{kind}")
+        traced = {**heatmaps, "probabilities": probabilities}
+        trace_run = trace_view(host)
+
+        def run_trace(clean_text: str, corrupted_text: str, span: str, answer_text: str, request: gr.Request,
+                      progress=gr.Progress()) -> dict:
+            shown = trace_run(clean_text, corrupted_text, span, answer_text, request, progress)
+            return {**{traced[name]: shown[name] for name in TRACED},
+                    trace_status: status_line(shown["outcome"], language(request))}
+        # One at a time with the live view: both draw figures (one_at_a_time says why).
+        for event in (trace_button.click, clean.submit, corrupted.submit, noise_span.submit, answer.submit):
+            event(run_trace, [clean, corrupted, noise_span, answer], {*traced.values(), trace_status},
+                  **one_at_a_time)
+    return lens_adapter, [run_button, trace_button]
