@@ -2,6 +2,7 @@
 
     python -m train.lab gradnorm [--json PATH] [--plot PNG] [--markdown MD]
     python -m train.lab train [--json PATH] [--plot PNG] [--markdown MD] [grid options]
+    python -m train.lab steering [--json PATH] [--plot PNG] [--markdown MD] [options]
 
 gradnorm reproduces the measurement of Xiong et al. (2020), "On Layer Normalization in the
 Transformer Architecture", Figure 3, on a decoder-only GPT-2 and real text: at initialisation, the
@@ -18,6 +19,12 @@ warmup x learning rate x depth x seed. A run diverged when its loss went non-fin
 validation loss is above its validation loss at initialisation. A run already in --json is not
 repeated, so an interrupted grid continues where it stopped; --parts takes finished runs from
 other files, so parts of a grid can run in parallel (say one per --lrs value) and be joined.
+
+steering asks where an added vector reaches the output: Pre-LN and Post-LN models, briefly trained
+on the pretraining prose (--steps 0: at initialisation), get one steering vector (happy minus sad
+sentences, engine/steering.py) at each layer L, scaled to the same relative strength (strength *
+|v| = c * the typical residual norm at L), added after block L; the measure is the KL divergence
+KL(steered || unsteered) of the next-token distribution after a few prompts, per layer and seed.
 
 --markdown replaces this command's section of the file (between its marker comments) with the
 tables, and leaves the rest of the file, the prose, as it is.
@@ -38,6 +45,7 @@ import torch
 import torch.nn as nn
 
 from engine.residual import residual_stream
+from engine.steering import Steering, steered, steering_vector
 from model.checkpoint import BUNDLED_DIR, pick_device
 from model.config import GPT2Config
 from model.gpt2 import GPT2
@@ -432,6 +440,136 @@ def plot_training(results: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
+# --- steering ----------------------------------------------------------------------------------
+
+# Happy minus sad, in the words of the stories the lab models read.
+STEERING_POSITIVE = ("She was very happy and loved to play with her friends.", "The day was sunny and fun.",
+                     "Tom smiled and laughed.", "I love my new toy, it is great!")
+STEERING_NEGATIVE = ("She was very sad and did not want to play with her friends.", "The day was dark and scary.",
+                     "Tom cried and shouted.", "I hate my old toy, it is bad!")
+STEERING_PROMPTS = ("Once upon a time, there was a little girl named Lily. She felt",
+                    "The dog ran to the park and", "Tom looked at the sky and said", "Mom gave Ben a big",
+                    "One day, a little bird", "The old man opened the door and")
+
+
+@dataclass(frozen=True)
+class SteeringLab:
+    variants: tuple[str, ...] = ("pre", "post")
+    seeds: int = 3
+    n_layer: int = 6
+    n_embd: int = 64
+    n_head: int = 4
+    block_size: int = 64
+    batch_size: int = 8
+    # Of training before measuring (0: at initialisation); sized so the 6 models train in about 5
+    # minutes on 2 CPU cores: the 8192-token head is most of a step.
+    steps: int = 120
+    lr: float = 2e-3
+    init: str = "gpt2"
+    relative_strength: float = 1.0  # c: strength * |v| = c * the typical residual norm at the layer
+    train_chars: int = 1_000_000  # of each pretraining source
+
+
+@torch.no_grad()
+def next_token_log_probs(model: GPT2, prompts: list[list[int]]) -> torch.Tensor:
+    """(prompts, vocab): log p of the token after each prompt, in float64."""
+    return torch.stack([model(torch.tensor([ids]), last_only=True)[0, -1].double().log_softmax(-1)
+                        for ids in prompts])
+
+
+def steering_kl_by_layer(model: GPT2, tokenizer: Tokenizer, relative_strength: float,
+                         positive=STEERING_POSITIVE, negative=STEERING_NEGATIVE,
+                         prompts=STEERING_PROMPTS) -> dict[str, list[float]]:
+    """For each layer L = 0 .. n_layer: the vector's norm, the typical residual norm there, and the
+    mean over prompts of KL(steered || unsteered) of the next token, steered at L with strength
+    relative_strength * typical / |v|. And, unsteered, the mean KL between two prompts' next tokens."""
+    ids = [tokenizer.encode(prompt) for prompt in prompts]
+    plain = next_token_log_probs(model, ids)
+    # How much the unsteered output depends on the input at all: the mean KL between two prompts'.
+    between = (plain.exp()[:, None] * (plain[:, None] - plain[None, :])).sum(-1)
+    prompt_kl = float(between.sum() / (len(ids) * (len(ids) - 1)))
+    kls, vector_norms, residual_norms = [], [], []
+    for layer in range(model.config.n_layer + 1):
+        vector, typical = steering_vector(model, tokenizer, list(positive), list(negative), layer)
+        norm = float(vector.norm())
+        with steered(model, Steering(layer, vector, relative_strength * typical / norm)):
+            log_p = next_token_log_probs(model, ids)
+        kls.append(float((log_p.exp() * (log_p - plain)).sum(-1).mean()))
+        vector_norms.append(norm)
+        residual_norms.append(typical)
+    return {"kl": kls, "vector_norm": vector_norms, "residual_norm": residual_norms, "prompt_kl": prompt_kl}
+
+
+def lab_model(lab: SteeringLab, variant: str, seed: int, tokenizer: Tokenizer,
+              train_data: dict | None) -> tuple[GPT2, float | None]:
+    """A model of the lab, trained lab.steps steps on the pretraining prose (warmup and clipping on:
+    this asks what steering does to a model that trained, not whether it trains), and its last
+    training loss (None: untrained)."""
+    config = GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=lab.block_size, n_embd=lab.n_embd,
+                        n_head=lab.n_head, n_layer=lab.n_layer, eos_token_id=tokenizer.eos_id, **VARIANTS[variant])
+    model = build(config, lab.init, seed)
+    if not lab.steps:
+        return model.eval(), None
+    settings = TrainSettings(max_steps=lab.steps, lr=lab.lr, warmup_steps=lab.steps // 5, seed=seed)
+    next_batch = mixed_batches(train_data, dict.fromkeys(train_data, 1 / len(train_data)), lab.batch_size,
+                               lab.block_size, seed, "cpu")
+    history = train(model, next_batch, settings, log=lambda record: None, progress=False)
+    return model.eval(), round(history[-1]["loss"], 4)
+
+
+def steering_kl(lab: SteeringLab = SteeringLab()) -> dict:
+    """The measurements, as the JSON `python -m train.lab steering --json` writes: per variant, the
+    KL of every seed at every layer, their mean and std, and the norms behind the strengths."""
+    tokenizer = bundled_tokenizer()
+    train_data = pretraining_streams(tokenizer, "train", lab.train_chars) if lab.steps else None
+    results = {"settings": {**asdict(lab), "positive": STEERING_POSITIVE, "negative": STEERING_NEGATIVE,
+                            "prompts": STEERING_PROMPTS, "kl": "KL(steered || unsteered), nats, next token after "
+                                                               "each prompt, mean over prompts"},
+               "layers": list(range(lab.n_layer + 1))}
+    for variant in lab.variants:
+        runs = []
+        for seed in range(lab.seeds):
+            model, final_loss = lab_model(lab, variant, seed, tokenizer, train_data)
+            runs.append({"seed": seed, "final_train_loss": final_loss,
+                         **steering_kl_by_layer(model, tokenizer, lab.relative_strength)})
+        mean, std = mean_std([run["kl"] for run in runs])
+        results[variant] = {"kl_mean": mean, "kl_std": std, "runs": runs}
+    return results
+
+
+def format_steering(results: dict) -> str:
+    s = results["settings"]
+    trained = f"trained {s['steps']} steps on the pretraining prose" if s["steps"] else "at initialisation"
+    lines = [f"{s['n_layer']} layers, width {s['n_embd']}, {s['init']} initialisation, {trained}; strength * |v| = "
+             f"{s['relative_strength']:g} × the typical residual norm at the layer. KL(steered ‖ unsteered) of the "
+             f"next token (nats), mean over {len(s['prompts'])} prompts, mean ± std over {s['seeds']} seeds.\n"]
+    lines += markdown_table(["variant", *(f"after {'embeddings' if L == 0 else f'block {L}'}" for L in results["layers"])],
+                            [[v, *(f"{m:.3g} ± {sd:.2g}" for m, sd in zip(results[v]["kl_mean"], results[v]["kl_std"]))]
+                             for v in s["variants"]])
+    lines.append("\nUnsteered, the mean KL between two prompts' next-token distributions (how much the output "
+                 "depends on the input at all): " + ", ".join(
+                     f"{v} {statistics.fmean(r['prompt_kl'] for r in results[v]['runs']):.3g}" for v in s["variants"]))
+    lines.append("\nTypical residual norm at each layer (mean over seeds), what the strength is relative to:\n")
+    lines += markdown_table(["variant", *map(str, results["layers"])],
+                            [[v, *(f"{m:.3g}" for m in mean_std([r["residual_norm"] for r in results[v]["runs"]])[0])]
+                             for v in s["variants"]])
+    return "\n".join(lines) + "\n"
+
+
+def plot_steering(results: dict, path: Path) -> None:
+    s = results["settings"]
+    fig, ax = pyplot().subplots(figsize=(7, 4.5))
+    for variant in s["variants"]:
+        ax.errorbar(results["layers"], results[variant]["kl_mean"], yerr=results[variant]["kl_std"], marker="o",
+                    capsize=3, label=variant)
+    ax.set(xlabel="steered after block L (0 = after the embeddings)", ylabel="KL(steered ‖ unsteered), nats",
+           yscale="log", xticks=results["layers"],
+           title=f"One steering vector at {s['relative_strength']:g}× the residual norm, {s['seeds']} seeds")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save_figure(fig, path)
+
+
 # --- command line ------------------------------------------------------------------------------
 
 def write_json(path: Path, results: dict) -> None:
@@ -484,7 +622,22 @@ def main(argv=None) -> None:
     t.add_argument("--parts", type=Path, nargs="+", default=[],
                    help="JSON files of runs to take instead of training them again: parts of this grid run "
                         "in parallel (each with a subset of --variants, --warmups, --lrs or --depths)")
-    for command in (g, t):
+    st = commands.add_parser("steering", help="KL of one steering vector injected at each layer, Pre-LN vs Post-LN")
+    ds = SteeringLab()
+    st.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(ds.variants))
+    st.add_argument("--seeds", type=int, default=ds.seeds, help="models per variant, seeds 0 .. N-1")
+    st.add_argument("--n-layer", type=int, default=ds.n_layer, help="number of layers")
+    st.add_argument("--n-embd", type=int, default=ds.n_embd, help="model width")
+    st.add_argument("--n-head", type=int, default=ds.n_head, help="attention heads")
+    st.add_argument("--block-size", type=int, default=ds.block_size, help="tokens per training sequence")
+    st.add_argument("--batch-size", type=int, default=ds.batch_size, help="sequences per training step")
+    st.add_argument("--steps", type=int, default=ds.steps, help="training steps before measuring (0: at initialisation)")
+    st.add_argument("--lr", type=float, default=ds.lr, help="peak learning rate")
+    st.add_argument("--init", choices=INITS, default=ds.init, help="initialisation (see above)")
+    st.add_argument("--relative-strength", type=float, default=ds.relative_strength,
+                    help="c: strength * |v| = c * the typical residual norm at the layer")
+    st.add_argument("--train-chars", type=int, default=ds.train_chars, help="characters of each pretraining source")
+    for command in (g, t, st):
         command.add_argument("--json", type=Path, help="write the results to this JSON file"
                              + (" (and resume from it)" if command is t else ""))
         command.add_argument("--plot", type=Path, help="draw the results into this PNG file")
@@ -495,6 +648,11 @@ def main(argv=None) -> None:
         results = gradnorm(args.seeds, args.n_embd, args.n_head, args.block_size, args.batch_size, args.depths,
                            args.per_layer_depth)
         save_outputs(results, args, plot_gradnorm, format_gradnorm(results), "gradnorm")
+    elif args.command == "steering":
+        lab = SteeringLab(tuple(args.variants), args.seeds, args.n_layer, args.n_embd, args.n_head, args.block_size,
+                          args.batch_size, args.steps, args.lr, args.init, args.relative_strength, args.train_chars)
+        results = steering_kl(lab)
+        save_outputs(results, args, plot_steering, format_steering(results), "steering")
     else:
         if args.threads:
             torch.set_num_threads(args.threads)
