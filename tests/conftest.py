@@ -80,6 +80,12 @@ def need_data(path: Path, what: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def pretraining_data() -> Path:
+    """The training text (../shared/data/pretrain), which the tests that train or evaluate on it read."""
+    return need_data(DATA_DIR / "pretrain", "the training data")
+
+
+@pytest.fixture(scope="session")
 def task_splits() -> dict[str, dict[str, list[dict]]]:
     """Every task's real splits (train.data.BUILDERS), built once: each takes seconds. Read only."""
     from train import data

@@ -347,7 +347,7 @@ def run_eval(*args: str, **env: str) -> subprocess.CompletedProcess:
                           timeout=60, env={**os.environ, **env})
 
 
-def test_eval_without_task_data_says_what_is_missing_and_how_to_make_it_before_any_work(tmp_path):
+def test_eval_without_task_data_says_what_is_missing_and_how_to_make_it_before_any_work(tmp_path, pretraining_data):
     """Checked before the model is even loaded: a missing model would otherwise be named first."""
     done = run_eval("--model", str(tmp_path / "no-model"), "--data", str(tmp_path / "no-data"))
     assert done.returncode != 0

@@ -156,6 +156,9 @@ VALID = {
     "repetition_penalty": st.floats(0.5, 3), "no_repeat_ngram_size": st.integers(0, 10),
     "max_new_tokens": st.integers(1, 8), "seed": st.none() | st.integers(-1, MAX_SEED), "adapter": st.booleans(),
     "adapter_scale": st.floats(0, 2), "logprobs": st.integers(0, 20),
+    # steering: lines that pair up or not, any layer the small models have, any strength the app takes
+    "steer_positive": odd_text(60), "steer_negative": odd_text(60), "steer_layer": st.none() | st.integers(0, 2),
+    "steer_strength": st.floats(-10, 10),
 }
 
 

@@ -76,7 +76,7 @@ def test_residual_squared_norm_starts_at_the_embeddings():
     assert norms[-1] > norms[0]  # Pre-LN only ever adds to the stream
 
 
-def test_gradnorm_command_writes_the_measurements(tmp_path):
+def test_gradnorm_command_writes_the_measurements(tmp_path, pretraining_data):
     out = tmp_path / "gradnorm.json"
     doc = tmp_path / "pre-ln.md"
     doc.write_text("# Notes\n\nProse written by a person.\n")
@@ -108,7 +108,7 @@ def test_gradnorm_command_writes_the_measurements(tmp_path):
     assert "| pre_no_final_norm |" in text and "L=3" in text
 
 
-def test_train_command_runs_the_grid_and_resumes(tmp_path, capsys):
+def test_train_command_runs_the_grid_and_resumes(tmp_path, capsys, pretraining_data):
     out = tmp_path / "train.json"
     doc = tmp_path / "pre-ln.md"
     command = ["train", "--variants", "pre", "post", "--warmups", "0", "4", "--lrs", "3e-3", "50", "--depths", "1",
@@ -139,7 +139,7 @@ def test_train_command_runs_the_grid_and_resumes(tmp_path, capsys):
         main([*command, "--steps", "9"])
 
 
-def test_train_parts_run_apart_join_into_the_whole_grid(tmp_path, capsys):
+def test_train_parts_run_apart_join_into_the_whole_grid(tmp_path, capsys, pretraining_data):
     grid = ["train", "--variants", "pre", "post", "--warmups", "0", "--depths", "1", "--seeds", "1", "--steps", "4",
             *TINY_MODEL, "--eval-every", "4", "--val-windows", "2", "--train-chars", "40000", "--device", "cpu"]
     parts = []

@@ -23,7 +23,7 @@ TINY = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--block-size", "32
         "--warmup-steps", "5", "--lr", "3e-3", "--eval-every", "10", "--save-every", "10", "--device", "cpu"]
 
 
-def test_pretraining_runs_saves_resumes_and_loads(tmp_path):
+def test_pretraining_runs_saves_resumes_and_loads(tmp_path, pretraining_data):
     text = tmp_path / "stories.txt"
     text.write_text(tinystories_validation_text()[:60_000])
     out = tmp_path / "run"
@@ -54,7 +54,7 @@ def log_of(out):
     return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
 
-def test_a_resumed_run_has_the_loss_curve_of_an_uninterrupted_one(tmp_path):
+def test_a_resumed_run_has_the_loss_curve_of_an_uninterrupted_one(tmp_path, pretraining_data):
     text = tmp_path / "stories.txt"
     text.write_text(tinystories_validation_text()[:60_000])
     flags = ["--text", str(text), "--max-steps", "30", "--eval-every", "5", *TINY[:-6], "--device", "cpu",
@@ -145,7 +145,7 @@ def test_the_tokenizer_reads_no_held_out_sentence(task_splits):
     assert not any(fingerprint(r["text"]) in lines or fingerprint(r["translation"]) in lines for r in held_out)
 
 
-def test_init_continues_from_a_checkpoint_with_a_fresh_schedule_and_counts_every_token(tmp_path):
+def test_init_continues_from_a_checkpoint_with_a_fresh_schedule_and_counts_every_token(tmp_path, pretraining_data):
     text = tmp_path / "stories.txt"
     text.write_text(tinystories_validation_text()[:60_000])
     main(["--out", str(tmp_path / "first"), "--text", str(text), "--max-steps", "20", *TINY])
