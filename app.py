@@ -158,7 +158,8 @@ class ModelParts:
     @property
     def outputs(self) -> set:
         return {self.line, self.choice, self.lens_adapter, *(tab.adapter for tab in self.tabs),
-                *(tab.insight.compare for tab in self.tabs), *self.bundled_notes}
+                *(tab.insight.compare for tab in self.tabs), *self.bundled_notes,
+                *(part for tab in self.tabs for part in (tab.steer.layer, *tab.steer.presets))}
 
     @property
     def bundled_notes(self) -> list[gr.Markdown]:
@@ -181,7 +182,8 @@ def show_model(host: Host, parts: ModelParts, on_load: bool = False):
                 parts.lens_adapter: lens_choices(loaded, lang),
                 **{tab.adapter: switch_state(tab, loaded) for tab in parts.tabs},
                 **{tab.insight.compare: gr.update(**compare_props(tab.view.task, loaded)) for tab in parts.tabs},
-                **{note: gr.update(visible=serves_bundled(loaded)) for note in parts.bundled_notes}}
+                **{note: gr.update(visible=serves_bundled(loaded)) for note in parts.bundled_notes},
+                **{part: update for tab in parts.tabs for part, update in tab.steer.for_model(loaded).items()}}
     return model_state
 
 

@@ -180,6 +180,12 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "steered": ("steered at layer {layer}, strength {strength:g}: {pairs} pairs, vector norm {norm:.1f} against a "
                 "residual norm of {typical:.1f}",
                 "在第 {layer} 层转向，强度 {strength:g}：{pairs} 对文本，向量范数 {norm:.1f}，该层残差范数约 {typical:.1f}"),
+    # a steered comparison's note (serve/running.py, compared_outcome): the status line is the steered side's
+    "steer_compared": ("compared with the same run unsteered", "已与未转向的同一运行对比"),
+    # the Steer section's line once a run has computed the vector (ui/steer.py)
+    "steer_norm": ("layer {layer}: vector norm {norm:.1f} against a residual norm of {typical:.1f} there, so strength "
+                   "{strength:g} adds {share:.0%} of it", "第 {layer} 层：向量范数 {norm:.1f}，该层残差范数约 {typical:.1f}；"
+                   "强度 {strength:g} 加上它的 {share:.0%}"),
     # steering texts that do not pair up (serve/running.py, steering_asked)
     "steer_pairs": ("steering takes pairs of lines, the i-th positive with the i-th negative: got {positive} positive "
                     "and {negative} negative",
@@ -218,7 +224,7 @@ NAMES_ZH: dict[str, str] = {
     "no C++ compiler": "没有 C++ 编译器",
     "STUDIO_DECODE_KERNELS=0": "已由 STUDIO_DECODE_KERNELS=0 关闭",
     "not JSON": "不是 JSON", "not a JSON object": "不是 JSON 对象", "no history": "没有对话历史",  # an import that is no conversation
-    "adapter on": "适配器开", "adapter off": "适配器关", "output": "输出",
+    "adapter on": "适配器开", "adapter off": "适配器关", "unsteered": "未转向", "steered": "已转向", "output": "输出",
     "steer_positive": "转向正例", "steer_negative": "转向反例", "steer_layer": "转向层", "steer_strength": "转向强度",
     "steering pairs": "转向文本对",
     "clean prompt": "干净提示词", "corrupted prompt": "损坏提示词", "noise span": "噪声片段", "answer": "答案",

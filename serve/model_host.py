@@ -272,9 +272,10 @@ class ModelHost:
 
     def run_compare(self, api: TaskAPI, values: dict[str, Any],
                     cancel: threading.Event | None = None) -> Iterator[CompareUpdate]:
-        """The request twice at once, adapter off and on, under one seed, so both draw the same random
-        numbers at every step: (both texts so far, None, None) as often as the Pacer lets, then the
-        texts, the outcome of the side the adapter switch picks (compared_outcome) and the comparison
+        """The request twice at once under one seed, so both draw the same random numbers at every
+        step: steering off and on (the adapter as its switch says) where the request is steered,
+        otherwise the adapter off and on. (Both texts so far, None, None) as often as the Pacer
+        lets, then the texts, the outcome of the side shown (compared_outcome) and the comparison
         (compare_sides). Stop (cancel) ends both; refusals and faults end it with their outcome, as
         in `run`."""
         loaded = self.current
@@ -282,9 +283,11 @@ class ModelHost:
             params = sampling_params(api.task, values)
             params = replace(params, seed=resolve_seed(params.seed), logprobs=max(params.logprobs, TOP_SHOWN))
             inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
-            steering, steered = steering_of(loaded, values)  # both sides alike
+            steering, steered = steering_of(loaded, values)
+            adapter = bool(values.get("adapter", False))
+            switches = [(False, None), (True, None)] if steering is None else [(adapter, None), (adapter, steering)]
             sides = [run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter_on, cancel,
-                              steering=steering) for adapter_on in (False, True)]
+                              steering=side_steering) for adapter_on, side_steering in switches]
             texts, done, pacer = ["", ""], [None, None], Pacer(MAX_UPDATES_PER_SECOND)
             with closing(sides[0]), closing(sides[1]):
                 while None in done:
@@ -296,9 +299,8 @@ class ModelHost:
                                 done[side] = event
                     if None in done and pacer.due(time.monotonic()):
                         yield list(texts), None, None
-            comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params, steering))
-            yield ([d.text for d in done], compared_outcome(done, api.task, params, bool(values["adapter"]), steered),
-                   comparison)
+            comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params, switches))
+            yield [d.text for d in done], compared_outcome(done, api.task, params, adapter, steered), comparison
         except ValueError as error:
             yield ["", ""], Outcome.refused(error), None
         except GeneratorExit:
@@ -368,17 +370,18 @@ def steering_of(loaded: LoadedModel, values: dict[str, Any]) -> tuple[Steering |
 
 
 def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], params: SamplingParams,
-                  steering: Steering | None = None) -> dict:
+                  switches: list[tuple[bool, Steering | None]]) -> dict:
     """Each side's tokens with their log-probabilities, the same tokens' log-probabilities under
-    the other side (its prompt, its adapter setting; both sides' steering), and the first token
-    where they part."""
-    off, on = done
-    tokens = [off.result.token_ids, on.result.token_ids]
+    the other side (its prompt, its adapter `switches` and steering), the first token where they
+    part, and what was switched: "steering" (off and on) or "adapter"."""
+    tokens = [side.result.token_ids for side in done]
     eos_id = loaded.tokenizer.eos_id
-    with steered(loaded.model, steering):
-        under_other = [score_tokens(loaded.model, on.prompt.ids, tokens[0], params, adapter, eos_id),
-                       score_tokens(loaded.model, off.prompt.ids, tokens[1], params, None, eos_id)]
-    return {"entries": [off.result.logprobs, on.result.logprobs], "under_other": under_other,
-            "prompts": [off.prompt.text, on.prompt.text], "diverges_at": first_difference(*tokens)}
-
-
+    under_other = []
+    for mine, other in ((0, 1), (1, 0)):
+        adapter_on, steering = switches[other]
+        with steered(loaded.model, steering):
+            under_other.append(score_tokens(loaded.model, done[other].prompt.ids, tokens[mine], params,
+                                            adapter if adapter_on else None, eos_id))
+    return {"entries": [side.result.logprobs for side in done], "under_other": under_other,
+            "prompts": [side.prompt.text for side in done], "diverges_at": first_difference(*tokens),
+            "switch": "adapter" if switches[1][1] is None else "steering"}

@@ -247,16 +247,20 @@ class TaskAPI:
                                  return_annotation=tuple[str, str, str, list])
 
 
-def compared_outcome(done: list[TaskDone], task: Task, params: SamplingParams, shown_on: bool,
+def compared_outcome(done: list[TaskDone], task: Task, params: SamplingParams, adapter_on: bool,
                      steering: Message | None = None) -> Outcome:
-    """A comparison's outcome: the shown side's (`shown_on`: the adapter-on side), with the notes
-    only the other side made, marked as its own (the English a French -> German run went
-    through, the example pairs it dropped to fit)."""
-    shown, other = (done[1], done[0]) if shown_on else (done[0], done[1])
-    outcome = outcome_of(shown, task, params, compared_state(params.adapter_scale, shown_on), steering)
+    """A comparison's outcome. Steered (`steering`, run_compare's steering off and on): the steered
+    side's, noted as compared with the unsteered run. Otherwise adapter off and on: the side the
+    switch picks (`adapter_on`), with the notes only the other side made, marked as its own (the
+    English a French -> German run went through, the example pairs it dropped to fit)."""
+    if steering is not None:
+        state = adapter_state(adapter_on, params.adapter_scale)
+        return outcome_of(done[1], task, params, state, steering).noted(Message.keyed("steer_compared"))
+    shown, other = (done[1], done[0]) if adapter_on else (done[0], done[1])
+    outcome = outcome_of(shown, task, params, compared_state(params.adapter_scale, adapter_on), steering)
     for note in other.prompt.notes:
         if note not in shown.prompt.notes:
-            other_side = "off_side_note" if shown_on else "on_side_note"
+            other_side = "off_side_note" if adapter_on else "on_side_note"
             outcome = outcome.noted(Message.keyed(other_side, note=note))
     return outcome
 

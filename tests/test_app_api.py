@@ -344,9 +344,11 @@ def test_every_interface_text_is_in_english_and_chinese(app_models):
     # without a task's adapter (this one has them all), "example_pairs_unsent" with the translate
     # adapter on (this one starts it off), "example_pairs_through_english" for French <-> German;
     # "switch_model_info" in an app started with several models (this one has one). A symbol
-    # button's name is the page script's (ui/accessibility.py).
+    # button's name is the page script's (ui/accessibility.py). Compare's steering words once a
+    # steering strength is set ("compare_steer_info") and a steered comparison has run ("unsteered", "steered").
     shown_later = {"generating", "not_measured", "example_pairs_kept", "no_adapter_model", "example_pairs_unsent",
-                   "example_pairs_through_english", "switch_model_info", *SYMBOL_BUTTONS.values()}
+                   "example_pairs_through_english", "switch_model_info", "compare_steer_info", "unsteered",
+                   "steered", *SYMBOL_BUTTONS.values()}
     assert used | shown_later == ENGLISH.keys()
 
 

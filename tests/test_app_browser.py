@@ -444,7 +444,8 @@ def test_adapter_controls_show_only_on_tabs_whose_task_has_an_adapter(page):
     expect(page.locator("#generate-show-tokens")).to_be_visible()
     expect(page.locator("#generate-adapter")).to_be_hidden()
     expect(page.locator("#generate-adapter_scale")).to_be_hidden()
-    expect(page.locator("#generate-compare")).to_be_hidden()
+    # Compare is there to switch steering off and on, once a steering strength is set
+    expect(page.locator("#generate-compare input")).to_be_disabled()
     page.get_by_role("tab", name="Summarise").click()
     expect(page.locator("#summarize-insight")).to_contain_text("adapter off vs on")
     page.locator("#tab-summarize").get_by_text("Why this output").click()
@@ -964,6 +965,60 @@ def test_compare_streams_two_columns_and_stop_stops_both(page):
     page.wait_for_timeout(1000)
     assert (off.input_value(), on.input_value()) == stopped  # both stopped
     screenshot(page, "compare-stopped")
+
+
+def set_steer_strength(page: Page, task: str, value: float) -> None:
+    box = page.locator(f"#{task}-steer_strength input[type=number]")
+    box.fill(str(value))
+    box.press("Tab")
+    expect(page.locator(f"#{task}-steer_strength input[type=range]")).to_have_value(str(value))
+
+
+def test_steering_names_itself_and_compares_unsteered_with_steered(page):
+    """The Steer section: a strength steers the run, the status line names the steering and the
+    section gives the vector's norm beside the residual's; strength 0 is the run without steering
+    (Compare's unsteered side, same seed); Compare shows unsteered and steered side by side under
+    one seed, the first token where they part marked."""
+    page.locator("#generate-prompt textarea").fill("Once upon a time, there was a little girl named Lily. She felt")
+    set_setting(page, "generate", "seed", 5)
+    set_setting(page, "generate", "max_new_tokens", 24)
+    output, line = page.locator("#generate-output textarea"), page.locator("#generate-status")
+    page.locator("#generate-steer").get_by_text("Steer", exact=True).click()
+    # the presets were measured on the bundled model only: not offered for this one
+    expect(page.locator("#generate-steer_happier")).to_be_hidden()
+    page.locator("#generate-steer_positive textarea").fill("She was very happy.\nWhat a great day.")
+    page.locator("#generate-steer_negative textarea").fill("She was very sad.\nWhat a terrible day.")
+    set_steer_strength(page, "generate", 8)
+    screenshot(page, "steer-section")
+    page.locator("#generate-run").click()
+    assert "steered at layer 1, strength 8: 2 pairs, vector norm" in wait_for_run(page, "generate", 5)
+    steered = output.input_value()
+    expect(page.locator("#generate-steer-norm")).to_contain_text("layer 1: vector norm")
+    set_steer_strength(page, "generate", 0)
+    page.locator("#generate-run").click()
+    expect(line).not_to_contain_text("steered")
+    unsteered = output.input_value() if wait_for_run(page, "generate", 5) else ""
+    assert steered != unsteered
+    set_steer_strength(page, "generate", 8)
+    page.locator("#generate-insight").get_by_text("Why this output").click()
+    compare = page.locator("#generate-compare input")
+    expect(compare).to_be_enabled()
+    compare.check()
+    page.locator("#generate-run").click()
+    expect(line).to_contain_text("compared with the same run unsteered")
+    assert "steered at layer 1" in wait_for_run(page, "generate", 5)
+    off, on = page.locator("#generate-adapter_off"), page.locator("#generate-adapter_on")
+    expect(off).to_contain_text("Unsteered")
+    expect(on).to_contain_text("Steered")
+    # strength 0 drew what the unsteered side draws under the same seed; the steered side, the steered run
+    assert off.locator("textarea").input_value() == unsteered and on.locator("textarea").input_value() == steered
+    expect(page.locator("#generate-tokens .tok.diverges")).to_have_count(2)
+    expect(page.locator("#generate-tokens .token-row-label").first).to_have_text("unsteered")
+    expect(output).to_have_value(steered)  # the output box: the steered side, as without Compare
+    screenshot(page, "steer-compare")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.locator("#generate-steer").scroll_into_view_if_needed()
+    screenshot(page, "steer-section-phone")
 
 
 def test_continue_goes_on_past_the_prompts_limit_sending_its_end(page):

@@ -301,3 +301,21 @@ def test_v1_takes_steering_in_the_body_and_studio_passes_it_through(host):
     plain_last = [json.loads(line) for line in http.post("/studio/run/generate", json=values).text.splitlines()]
     assert last[-1]["outcome"]["steering"]["key"] == "steered" and plain_last[-1]["outcome"]["steering"] is None
     assert last[-1]["text"] != plain_last[-1]["text"]
+
+
+def test_a_steered_compare_is_steering_off_and_on_under_one_seed(host):
+    """With a strength set, Compare runs the request unsteered and steered (the adapter as its switch
+    says) under one seed: each side is the run alone, the first token where they part is marked,
+    and the line is the steered side's, naming the steering and the comparison."""
+    from serve.apis import APIS
+    from serve.outcome import english_status
+
+    api, prompt = APIS["generate"], dict(prompt="Once upon a time", max_new_tokens=16, seed=7)
+    bound = api.signature.bind(**prompt, **STEER)
+    bound.apply_defaults()
+    *_, (texts, outcome, comparison) = host.run_compare(api, bound.arguments)
+    assert comparison["switch"] == "steering"
+    assert texts == [final_of(host, "generate", **prompt)[0], final_of(host, "generate", **prompt, **STEER)[0]]
+    assert texts[0] != texts[1] and comparison["diverges_at"] is not None
+    status = english_status(outcome)
+    assert "steered at layer 1, strength 4" in status and "compared with the same run unsteered" in status

@@ -14,9 +14,11 @@ from serve.outcome import Outcome
 @dataclass(frozen=True)
 class TokenRow:
     """One row of the token view: the run's tokens (Result.logprobs' entries, each with its
-    alternatives), drawn with the adapter on or off (Compare has a row of each)."""
+    alternatives), drawn with the adapter on or off (Compare has a row of each), and steered as the
+    run asked or not at all (a steered Compare's unsteered row)."""
     entries: list[dict]
     adapter: bool
+    steered: bool = True
 
 
 @dataclass(frozen=True)

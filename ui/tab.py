@@ -20,6 +20,7 @@ from serve.running import (MAX_CHARS, RANDOM_SEED, SETTING_RANGES, SETTINGS, Sto
 from .i18n import i18n
 from .last_run import LastRun, TokenRow
 from .messages import Page, language, word
+from .steer import Steer, norm_line
 from .tokens import TOP_SHOWN, Insight
 
 # A refused run leaves the last result where it was (a typo costs no output), faded, since it no
@@ -122,6 +123,7 @@ class Tab:
     prompt_sent: gr.Textbox
     insight: "Insight"
     examples: gr.Examples
+    steer: Steer
     page_state: gr.Component | None = None  # the view's state kept at the page's top level (Chat's)
     bundled_note: gr.Markdown | None = None  # TaskView.bundled_note's line
     # The events that run the task, by name: "run" (the run button, Enter), "from_token" (an
@@ -132,7 +134,7 @@ class Tab:
     def named_inputs(self) -> dict[str, gr.Component]:
         """Every component a run reads, by API parameter name."""
         return {**self.widgets.inputs, **self.settings, "adapter": self.adapter,
-                "adapter_scale": self.insight.adapter_scale}
+                "adapter_scale": self.insight.adapter_scale, **self.steer.inputs}
 
     @property
     def run_buttons(self) -> tuple[gr.Button, ...]:
@@ -142,7 +144,7 @@ class Tab:
     @property
     def buttons(self) -> list[gr.Button]:
         """Every button the tab lays out (the page test holds the page to this list)."""
-        return [*self.run_buttons, self.stop_button,
+        return [*self.run_buttons, self.stop_button, *self.steer.presets,
                 *(c for c in self.widgets.more.values() if isinstance(c, (gr.Button, gr.DownloadButton,
                                                                           gr.UploadButton)))]
 
@@ -189,7 +191,7 @@ class Tab:
         # pressed meanwhile would join a text to the prompt that the running one joins too.
         outputs = {self.widgets.output, self.status, self.last_run, self.prompt_sent, insight.view,
                    *insight.compare_texts, insight.alternatives, *self.widgets.cleared, *self.run_buttons,
-                   self.stop_button}
+                   self.stop_button, self.steer.norm}
         reads = {*self.named_inputs.values(), insight.show_tokens, insight.compare, self.last_run,
                  insight.alternatives}
         handler = dict(fn=self.run_handler(prepare, continuing, appends), inputs=reads, outputs=outputs,
@@ -261,12 +263,14 @@ class Tab:
                 adapter = run.values["adapter"]
                 ran = LastRun(outcome, run.ran_with, text, (TokenRow(entries, adapter),), run.appends)
                 yield {output: view.present(run.values, text), **self.shown(ran, lang), self.prompt_sent: prompt,
+                       self.steer.norm: norm_line(outcome, lang),
                        insight.view: insight.single(entries, adapter, run.asked_tokens, lang),
                        insight.alternatives: insight.hidden_alternatives(), **cleared, **self.held(False)}
 
     def compared(self, run: "ReadyRun", cancel, lang: str):
-        """A comparison's updates: both sides' texts as they stream, then the side the adapter switch
-        says in the output box, both prompts, and both rows of tokens."""
+        """A comparison's updates: both sides' texts as they stream, then the side a run without
+        Compare would show in the output box (steered; or as the adapter switch says), both prompts,
+        and both rows of tokens, under labels that say what was switched."""
         view, insight = self.view, self.insight
         for texts, outcome, comparison in self.host.run_compare(view.api, run.values, cancel):
             if outcome is None:
@@ -274,13 +278,17 @@ class Tab:
             elif not outcome.ran:
                 yield from self.refused_or_failed(run.before, outcome, lang)
             else:
-                shown = texts[1] if run.values["adapter"] else texts[0]
-                rows = tuple(map(TokenRow, comparison["entries"], (False, True)))
+                steering, adapter = comparison.get("switch") == "steering", run.values["adapter"]
+                shown = texts[1] if steering or adapter else texts[0]
+                rows = ((TokenRow(comparison["entries"][0], adapter, steered=False),
+                         TokenRow(comparison["entries"][1], adapter)) if steering else
+                        tuple(map(TokenRow, comparison["entries"], (False, True))))
                 ran = LastRun(outcome, run.ran_with, shown, rows, run.appends)
+                sides = compared_sides(comparison)
                 yield {self.widgets.output: view.present(run.values, shown), **self.shown(ran, lang),
-                       self.prompt_sent: both_prompts(comparison["prompts"], lang),
-                       insight.view: insight.compared(comparison, lang, texts),
-                       **dict(zip(insight.compare_texts, texts)),
+                       self.prompt_sent: both_prompts(comparison["prompts"], lang, sides),
+                       insight.view: insight.compared(comparison, lang, texts, sides),
+                       **insight.compared_texts(texts, sides), self.steer.norm: norm_line(outcome, lang),
                        insight.alternatives: insight.hidden_alternatives(),
                        **{box: "" for box in self.widgets.cleared}, **self.held(False)}
 
@@ -309,10 +317,14 @@ def notice(outcome: Outcome, lang: str) -> gr.Error:
     return gr.Error(render(outcome.message, lang), title=word("error", lang), print_exception=False)
 
 
-def both_prompts(prompts: list[str], lang: str) -> str:
+def compared_sides(comparison: dict) -> tuple[str, str]:
+    """The names of a comparison's two sides: what it switched off and on."""
+    return ("unsteered", "steered") if comparison.get("switch") == "steering" else ("adapter off", "adapter on")
+
+
+def both_prompts(prompts: list[str], lang: str, sides: tuple[str, str] = ("adapter off", "adapter on")) -> str:
     """What Compare sent, side by side in one box: each side's prompt under its name."""
-    return "\n\n".join(f"[{said(side, lang)}]\n{prompt}" for side, prompt in zip(("adapter off", "adapter on"),
-                                                                                        prompts))
+    return "\n\n".join(f"[{said(side, lang)}]\n{prompt}" for side, prompt in zip(sides, prompts))
 
 
 def rewind(name: str, text: str, last_run: LastRun):
@@ -391,9 +403,12 @@ def adapter_props(task: Task, loaded: ServedModel) -> dict[str, Any]:
     return dict(value=on, interactive=True, info=i18n("adapter_info" if on else "adapter_info_off"))
 
 
-def compare_props(task: Task, loaded: ServedModel) -> dict[str, Any]:
-    """Compare adapter off and on: offered where the adapter switch can be used; otherwise off
-    and greyed out, with the switch's reason."""
+def compare_props(task: Task, loaded: ServedModel, steering: bool = False) -> dict[str, Any]:
+    """Compare: steering off and on where a steering strength is set; otherwise adapter off and
+    on, offered where the adapter switch can be used, and else off and greyed out, with the
+    switch's reason."""
+    if steering:
+        return dict(interactive=True, info=i18n("compare_steer_info"))
     switch = adapter_props(task, loaded)
     if switch["interactive"]:
         return dict(interactive=True, info=i18n("compare_info"))
@@ -465,6 +480,7 @@ def laid_out(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches
     insight = Insight.build(task.name, has_adapter=task.adapter is not None, adapter_on=adapter_now["value"])
     with gr.Accordion(i18n("settings"), open=False):
         settings = settings_widgets(task)
+    steer = Steer.build(task.name, host.current)
     with gr.Accordion(i18n("prompt_sent"), open=False) as prompt_folded:
         prompt_sent = gr.Textbox(label=i18n("prompt_sent"), show_label=False, lines=4, max_lines=12,
                                  interactive=False, buttons=["copy"], elem_id=f"{task.name}-prompt-sent")
@@ -472,7 +488,7 @@ def laid_out(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches
     prompt_folded.expand(None, js=scrolled_to_end(prompt_sent.elem_id), **RUNS_IN_THE_BROWSER)
     examples = labelled_examples(view, widgets, page)
     return Tab(view, page, host, stop_switches, widgets, settings, adapter, run_button, continue_button, stop_button,
-               status, last_run, prompt_sent, insight, examples, page_state, bundled_note)
+               status, last_run, prompt_sent, insight, examples, steer, page_state, bundled_note)
 
 
 def run_row(view: TaskView) -> tuple[gr.Button, gr.Button | None, gr.Button]:
@@ -502,6 +518,11 @@ def wire_runs(tab: Tab) -> None:
     # The strength acts only on an adapter that runs: switched on, or the on side of a comparison.
     gr.on([tab.adapter.change, tab.insight.compare.change], strength_live, [tab.adapter, tab.insight.compare],
           tab.insight.adapter_scale, **private)
+    tab.steer.wire()
+    # Compare switches steering off and on while a strength is set (Tab.compared).
+    tab.steer.strength.change(lambda strength: gr.update(**compare_props(tab.view.task, tab.host.current,
+                                                                          bool(strength))),
+                              tab.steer.strength, tab.insight.compare, **private)
 
 
 def wire_notebook(tab: Tab) -> None:

@@ -146,7 +146,7 @@ class Insight:
                 show_tokens = gr.Checkbox(True, label=i18n("show_tokens"), info=i18n("show_tokens_info"),
                                           elem_id=f"{task}-show-tokens")
                 compare = gr.Checkbox(False, label=i18n("compare"), info=i18n("compare_info"),
-                                      visible=has_adapter, elem_id=f"{task}-compare")
+                                      elem_id=f"{task}-compare")
             with gr.Row(visible=False) as compare_row:
                 texts = tuple(gr.Textbox(label=i18n(label), lines=4, interactive=False, elem_id=f"{task}-{label}")
                               for label in ("adapter_off", "adapter_on"))
@@ -196,6 +196,8 @@ class Insight:
             raise Refusal("pick_alternative")
         shown_before = row.entries[:index] + [{**chosen, "top": row.entries[index]["top"]}]
         values = {**last_run.values, "adapter": row.adapter, "forced": [entry["id"] for entry in shown_before]}
+        if not row.steered:  # a steered comparison's unsteered row
+            values["steer_strength"] = 0.0
         return values, shown_before, Message.keyed("continued_from", index=index + 1, token=listed(chosen))
 
     @staticmethod
@@ -207,13 +209,15 @@ class Insight:
         return {"rows": [row_of(entries, label, 0)], "note": render(TOKENS_NOTE, lang)}
 
     @staticmethod
-    def compared(comparison: dict, lang: str, texts: list[str]) -> dict:
-        """Both rows of a comparison; `texts`: the two outputs as shown, which the task's tidying
-        (Summarise's sentences, a reply's spaces) can make the same where the tokens differ."""
+    def compared(comparison: dict, lang: str, texts: list[str],
+                 sides: tuple[str, str] = ("adapter off", "adapter on")) -> dict:
+        """Both rows of a comparison, under the names of its `sides`; `texts`: the two outputs as
+        shown, which the task's tidying (Summarise's sentences, a reply's spaces) can make the same
+        where the tokens differ."""
         off, on = comparison["entries"]
         under_off, under_on = comparison["under_other"]
         at = comparison["diverges_at"]
-        labels = [said("adapter off", lang), said("adapter on", lang)]
+        labels = [said(side, lang) for side in sides]
         rows = [row_of(off, labels[0], 0, under_off, at, labels[1]), row_of(on, labels[1], 1, under_on, at, labels[0])]
         if at is None:
             note = Message.keyed("same")
@@ -222,6 +226,11 @@ class Insight:
         else:
             note = Message.keyed("differ_from", index=at + 1)
         return {"rows": rows, "note": render(note, lang)}
+
+    def compared_texts(self, texts: list[str], sides: tuple[str, str]) -> dict:
+        """Compare's two boxes with their texts, each labelled with its side."""
+        return {box: gr.update(value=text, label=i18n(side.replace(" ", "_")))
+                for box, text, side in zip(self.compare_texts, texts, sides)}
 
     @property
     def of_the_shown_run(self) -> list[gr.Component]:
