@@ -187,8 +187,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                    "{strength:g} adds {share:.0%} of it", "第 {layer} 层：向量范数 {norm:.1f}，该层残差范数约 {typical:.1f}；"
                    "强度 {strength:g} 加上它的 {share:.0%}"),
     # steering texts that do not pair up (serve/running.py, steering_asked)
-    "steer_pairs": ("steering takes pairs of lines, the i-th positive with the i-th negative: got {positive} positive "
-                    "and {negative} negative",
+    "steer_pairs": ("steer_positive and steer_negative are pairs of lines, the i-th positive with the i-th negative: "
+                    "got {positive} positive and {negative} negative",
                     "转向按行成对：第 i 行正例与第 i 行反例为一对；收到正例 {positive} 行、反例 {negative} 行"),
     # an error no key was given for (a library's, say): its own text, in every language
     "text": ("{text}", "{text}"),
