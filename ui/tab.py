@@ -37,6 +37,8 @@ button.label-wrap > .icon {{ flex: none; }}
 # What a handler that changes nothing returns: Gradio takes an empty {component: value} dict for
 # one value, and a lone skip leaves every output as it is.
 NOTHING = gr.skip()
+# The page's own events (and JavaScript alone): not queued behind the runs, and not in the API.
+PAGE_EVENT = dict(queue=False, api_visibility="private")
 GENERATION = "generation"  # the concurrency group of every request that runs the model
 STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
 GENERATING = str(i18n("generating"))  # a status the browser translates
@@ -201,7 +203,7 @@ class Tab:
         # A handler that readies the tab first (Chat's edit): the run goes after it.
         events += [before.then(**handler) for before in triggers if isinstance(before, gr.events.Dependency)]
         for event in events:  # Compare's two prompts, or a long notebook's, end below the box's height
-            event.then(None, js=scrolled_to_end(self.prompt_sent.elem_id), **RUNS_IN_THE_BROWSER)
+            event.then(None, js=scrolled_to_end(self.prompt_sent.elem_id), **PAGE_EVENT)
         self.runs[name] = events
         return events
 
@@ -360,8 +362,6 @@ def without_refusal(tab: Tab):
     return forget
 
 
-# A handler of JavaScript alone: nothing goes to the server.
-RUNS_IN_THE_BROWSER = dict(queue=False, api_visibility="private")
 
 
 def scrolled_to_end(elem_id: str) -> str:
@@ -485,7 +485,7 @@ def laid_out(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches
         prompt_sent = gr.Textbox(label=i18n("prompt_sent"), show_label=False, lines=4, max_lines=12,
                                  interactive=False, buttons=["copy"], elem_id=f"{task.name}-prompt-sent")
     # its end, where the prompt asks the model (and Compare's second prompt), in view when unfolded too
-    prompt_folded.expand(None, js=scrolled_to_end(prompt_sent.elem_id), **RUNS_IN_THE_BROWSER)
+    prompt_folded.expand(None, js=scrolled_to_end(prompt_sent.elem_id), **PAGE_EVENT)
     examples = labelled_examples(view, widgets, page)
     return Tab(view, page, host, stop_switches, widgets, settings, adapter, run_button, continue_button, stop_button,
                status, last_run, prompt_sent, insight, examples, steer, page_state, bundled_note)
@@ -505,10 +505,9 @@ def run_row(view: TaskView) -> tuple[gr.Button, gr.Button | None, gr.Button]:
 
 def wire_runs(tab: Tab) -> None:
     """The runs every task tab has, and what goes with them."""
-    private = dict(queue=False, api_visibility="private")
     # A refusal spoke of the input an example has just replaced; a run's line stays (its seed).
     tab.examples.load_input_event.then(without_refusal(tab), tab.last_run,
-                                       {tab.status, tab.last_run, tab.widgets.output, tab.insight.view}, **private)
+                                       {tab.status, tab.last_run, tab.widgets.output, tab.insight.view}, **PAGE_EVENT)
     tab.add_run("run", [tab.run_button.click] + [box.submit for box in tab.widgets.submit])
     if tab.continue_button is None:
         tab.add_run("from_token", [tab.insight.alternatives.input], continuing=True)
@@ -517,12 +516,12 @@ def wire_runs(tab: Tab) -> None:
     tab.insight.wire(tab.last_run)
     # The strength acts only on an adapter that runs: switched on, or the on side of a comparison.
     gr.on([tab.adapter.change, tab.insight.compare.change], strength_live, [tab.adapter, tab.insight.compare],
-          tab.insight.adapter_scale, **private)
+          tab.insight.adapter_scale, **PAGE_EVENT)
     tab.steer.wire()
     # Compare switches steering off and on while a strength is set (Tab.compared).
     tab.steer.strength.change(lambda strength: gr.update(**compare_props(tab.view.task, tab.host.current,
                                                                           bool(strength))),
-                              tab.steer.strength, tab.insight.compare, **private)
+                              tab.steer.strength, tab.insight.compare, **PAGE_EVENT)
 
 
 def wire_notebook(tab: Tab) -> None:
@@ -534,14 +533,13 @@ def wire_notebook(tab: Tab) -> None:
     the input first, and the new text waits to join it as a Generate run's does."""
     name, last_run = tab.view.notebook, tab.last_run
     notebook = tab.widgets.inputs[name]
-    private = dict(queue=False, api_visibility="private")
-    rewound = tab.insight.alternatives.input(partial(rewind, name), [notebook, last_run], notebook, **private)
+    rewound = tab.insight.alternatives.input(partial(rewind, name), [notebook, last_run], notebook, **PAGE_EVENT)
     tab.add_run("from_token", [rewound], continuing=True)
     joined = tab.continue_button.click(partial(join_pending, name), [notebook, last_run], [notebook, last_run],
-                                       **private)
+                                       **PAGE_EVENT)
     for run in tab.add_run("continue", [joined], appends=True):
-        appended = run.then(append_run, [notebook, last_run], notebook, **private)
-        appended.then(None, js=scrolled_to_end(notebook.elem_id), **RUNS_IN_THE_BROWSER)  # where the new text is
+        appended = run.then(append_run, [notebook, last_run], notebook, **PAGE_EVENT)
+        appended.then(None, js=scrolled_to_end(notebook.elem_id), **PAGE_EVENT)  # where the new text is
 
 
 def wire_stop(tab: Tab) -> None:
@@ -552,6 +550,6 @@ def wire_stop(tab: Tab) -> None:
     def stop(request: gr.Request):
         tab.stop_switches.stop(request.session_hash, tab.view.task.name, STOP_WAIT_S)
 
-    tab.stop_button.click(stop, queue=False, api_visibility="private").then(
+    tab.stop_button.click(stop, **PAGE_EVENT).then(
         lambda: tab.held(False), None, {*tab.run_buttons, tab.stop_button}, cancels=tab.all_runs, queue=False,
         api_visibility="private")

@@ -37,7 +37,7 @@ from ..conversation import Conversation, Reply
 from ..i18n import i18n
 from ..last_run import LastRun
 from ..messages import language, warn
-from ..tab import NOTHING, Tab, TaskView, Widgets, adapter_props
+from ..tab import NOTHING, PAGE_EVENT, Tab, TaskView, Widgets, adapter_props
 from ..tokens import Insight
 
 # The conversation's height is capped on the messages' own scrolling box, not on the Chatbot's
@@ -421,10 +421,9 @@ class KeptInBrowser:
         and restored on load; each of the events that shows another conversation makes the export
         button's file too, and forgets what spoke of the one it replaces (forget_shown_run)."""
         tab, kept, store, more = self.tab, self.kept, self.tab.page_state, self.tab.widgets.more
-        private = dict(queue=False, api_visibility="private")
         restored = {*kept, *shown_parts(tab), more["earlier"], tab.status, tab.last_run}
-        tab.page.blocks.load(self.restore, store, restored, **private).then(**export)
-        saving = dict(fn=self.save, inputs=[store, *kept], outputs=store, **private)
+        tab.page.blocks.load(self.restore, store, restored, **PAGE_EVENT).then(**export)
+        saving = dict(fn=self.save, inputs=[store, *kept], outputs=store, **PAGE_EVENT)
         for change in changed:
             change.then(**saving)
         gr.on([tab.adapter.input,
@@ -432,8 +431,8 @@ class KeptInBrowser:
               **saving)
         replacing = {*kept, *shown_parts(tab), store, more["earlier"], tab.status, tab.last_run, tab.prompt_sent}
         for replaced in (
-                more["new"].click(self.new_chat, [store, *kept], replacing, **private),
-                more["earlier"].input(self.reopen, [more["earlier"], store, *kept], replacing, **private),
+                more["new"].click(self.new_chat, [store, *kept], replacing, **PAGE_EVENT),
+                more["earlier"].input(self.reopen, [more["earlier"], store, *kept], replacing, **PAGE_EVENT),
                 # Queued, as a notice (gr.Warning) needs: a refused file says so beside the button too.
                 more["import"].upload(self.imported, [more["import"], store, tab.last_run, *kept], replacing,
                                       api_visibility="private")):
@@ -441,7 +440,6 @@ class KeptInBrowser:
             replaced.then(**forget_shown_run)
 
 
-PRIVATE = dict(queue=False, api_visibility="private")  # the page's own events, none of them a run
 
 
 def chat_extras(tab: Tab) -> None:
@@ -450,7 +448,7 @@ def chat_extras(tab: Tab) -> None:
     conversation = tab.widgets.more["conversation"]
     # The token view, Compare's texts and a clicked token's alternatives speak of the reply last
     # drawn: they go when it goes (undo, clear, another conversation) or another reply is shown.
-    forget_shown_run = dict(fn=Insight.forgotten, inputs=None, outputs=tab.insight.of_the_shown_run, **PRIVATE)
+    forget_shown_run = dict(fn=Insight.forgotten, inputs=None, outputs=tab.insight.of_the_shown_run, **PAGE_EVENT)
     edited = wire_edit(tab)
     tab.add_run("retry", [tab.widgets.output.retry], prepare=take_back_last_turn)
     switches, taken_back = wire_reply_switcher(tab), wire_undo_and_clear(tab)
@@ -460,7 +458,7 @@ def chat_extras(tab: Tab) -> None:
     # every change of the chatbot: a streaming reply changes it with every chunk. (Stop lets the
     # run end by itself, so its partial reply is recorded and exported too; a run cancelled while
     # queued had changed nothing.)
-    export = dict(fn=export_conversation, inputs=conversation, outputs=tab.widgets.more["export"], **PRIVATE)
+    export = dict(fn=export_conversation, inputs=conversation, outputs=tab.widgets.more["export"], **PAGE_EVENT)
     changed = [*wire_answers(tab), *switches, *taken_back, edited, wire_persona(tab)]
     for change in changed:
         change.then(**export)
@@ -479,7 +477,7 @@ def wire_answers(tab: Tab) -> list:
         return {**showing(tab, conversation), **tab.shown(last_run.with_outcome(outcome), language(request))}
 
     return [run.then(recorded, [tab.widgets.more["conversation"], tab.last_run],
-                     {*shown_parts(tab), tab.status, tab.last_run}, **PRIVATE)
+                     {*shown_parts(tab), tab.status, tab.last_run}, **PAGE_EVENT)
             for run in tab.all_runs]
 
 
@@ -497,7 +495,7 @@ def wire_reply_switcher(tab: Tab) -> list:
         return to_reply
 
     return [button.click(switch(step), [conversation, tab.last_run], {*shown_parts(tab), tab.status, tab.last_run},
-                         **PRIVATE)
+                         **PAGE_EVENT)
             for step, button in ((-1, more["previous"]), (1, more["next"]))]
 
 
@@ -512,9 +510,9 @@ def wire_edit(tab: Tab):
         return {**showing(tab, before), message: text, draft: kept_draft}
 
     edited = chatbot.edit(branched, [more["conversation"], message, draft], {*shown_parts(tab), message, draft},
-                          **PRIVATE)
+                          **PAGE_EVENT)
     for new_turn in [*tab.runs["run"], *tab.add_run("edit", [edited])]:  # a message sent, or an edited one
-        new_turn.then(draft_back, [draft, message], [message, draft], **PRIVATE)
+        new_turn.then(draft_back, [draft, message], [message, draft], **PAGE_EVENT)
     return edited
 
 
@@ -529,16 +527,16 @@ def wire_undo_and_clear(tab: Tab) -> tuple:
         kept, text = undo(kept)
         return {**showing(tab, kept), message: text, **gone}
 
-    return (chatbot.undo(undone, conversation, {*outputs, message}, **PRIVATE),
+    return (chatbot.undo(undone, conversation, {*outputs, message}, **PAGE_EVENT),
             chatbot.clear(lambda kept: {**showing(tab, Conversation(kept.persona)), **gone}, conversation, outputs,
-                          **PRIVATE))
+                          **PAGE_EVENT))
 
 
 def wire_persona(tab: Tab):
     """The persona, once typed (not per keystroke), becomes the record's: its event."""
     persona, conversation = tab.widgets.inputs["persona"], tab.widgets.more["conversation"]
     return gr.on([persona.blur, persona.submit], lambda kept, text: replace(kept, persona=text),
-                 [conversation, persona], conversation, **PRIVATE)
+                 [conversation, persona], conversation, **PAGE_EVENT)
 
 
 CHAT = TaskView(

@@ -10,7 +10,7 @@ from serve.messages import LABELS_ZH
 
 from ..i18n import i18n
 from ..last_run import LastRun
-from ..tab import Tab, TaskView, Widgets, output_box
+from ..tab import PAGE_EVENT, Tab, TaskView, Widgets, output_box
 from ..tokens import Insight
 
 
@@ -143,10 +143,10 @@ def translate_extras(tab: Tab) -> None:
         setattr(examples, name, starting[name])
     switches = [tab.adapter, tab.insight.compare]
     gr.on([tab.adapter.change, tab.insight.compare.change], pairs_sent, [*switches, source, target], examples,
-          queue=False, api_visibility="private").then(None, js=FIT_PAIRS_BOX_JS)
+          **PAGE_EVENT).then(None, js=FIT_PAIRS_BOX_JS)
     # The hint that the user's own pairs were kept goes once the box holds none.
     examples.change(lambda text, *on: gr.skip() if users_own(text) else pairs_sent(*on),
-                    [examples, *switches, source, target], examples, queue=False, api_visibility="private")
+                    [examples, *switches, source, target], examples, **PAGE_EVENT)
     text, output = inputs["text"], tab.widgets.output
 
     def moved(source_value: str, target_value: str, text_value: str, translation: str, last_run: LastRun) -> dict:
@@ -178,10 +178,10 @@ def translate_extras(tab: Tab) -> None:
     run_shown = [text, output]
     changes = {text, output, tab.status, tab.last_run, tab.prompt_sent, *tab.insight.of_the_shown_run}
     tab.widgets.more["swap"].click(swap, [source, target, *run_shown, tab.last_run], {source, target, *changes},
-                                   queue=False, api_visibility="private")
+                                   **PAGE_EVENT)
     for changed, dropdown in (("source", source), ("target", target)):
         dropdown.change(pick(changed), [source, target, last_pair, examples, *switches, *run_shown, tab.last_run],
-                        {source, target, last_pair, examples, *changes}, queue=False, api_visibility="private")
+                        {source, target, last_pair, examples, *changes}, **PAGE_EVENT)
 
 
 # One a direction, drawn from the validation split by a rule rather than picked for what the model
