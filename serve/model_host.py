@@ -107,12 +107,15 @@ class LoadedModel:
         return line
 
 
+DETAIL_OF = {"no_avx2": "capability", "build_failed": "kind"}  # the field a reason's detail fills
+
+
 def path_message(path: kernels.DecodePath) -> Message:
     """Which path decodes, as the model line says it."""
     if not path.why:
         return Message.keyed("kernels_on", capability=kernels.CAPABILITY)
-    if path.why in ("no_avx2", "build_failed"):  # their own message, with the CPU's capability or the error
-        return Message.keyed("kernels_off", reason=Message.keyed(path.why, capability=path.detail, kind=path.detail))
+    if path.why in DETAIL_OF:  # its own message, with the CPU's capability or the build's error
+        return Message.keyed("kernels_off", reason=Message.keyed(path.why, **{DETAIL_OF[path.why]: path.detail}))
     return Message.keyed("kernels_off", reason=kernels.WHY_NOT[path.why])
 
 
