@@ -11,6 +11,7 @@ import os
 import re
 import socket
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -73,22 +74,32 @@ def load_pretrained(name_or_path: str | os.PathLike | None = None, device: str |
     return model, load_tokenizer(directory)
 
 
-def resolve_checkpoint(name_or_path) -> Path:
-    """The local directory that holds a checkpoint, downloading from the hub when needed."""
+def accept_any(directory: Path) -> None:
+    """resolve_checkpoint's default check: every checkpoint is wanted."""
+
+
+def resolve_checkpoint(name_or_path, check_config: Callable[[Path], None] = accept_any) -> Path:
+    """The local directory that holds a checkpoint, downloading from the hub when needed.
+
+    check_config(the directory that holds config.json) may raise to refuse the checkpoint before
+    its weights are downloaded (a server checks that they fit in its memory)."""
     if name_or_path in BUNDLED_NAMES:
+        check_config(BUNDLED_DIR)
         return BUNDLED_DIR
     path = Path(name_or_path).expanduser()
     if path.is_dir():
+        check_config(path)
         return path
     if path.exists():
         raise CheckpointError(f"{path}: is a file; expected a checkpoint directory")
     if not HUB_ID.match(str(name_or_path)):
         raise CheckpointError(f"{path}: directory does not exist")
-    return download_from_hub(str(name_or_path))
+    return download_from_hub(str(name_or_path), check_config)
 
 
-def download_from_hub(repo_id: str) -> Path:
-    """Fetch a GPT-2 repo's files through huggingface_hub, from the local cache first."""
+def download_from_hub(repo_id: str, check_config: Callable[[Path], None] = accept_any) -> Path:
+    """Fetch a GPT-2 repo's files through huggingface_hub, from the local cache first; config.json
+    first, which check_config reads before the weights come."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (HfHubHTTPError, LocalEntryNotFoundError, RemoteEntryNotFoundError,
                                         RepositoryNotFoundError)
@@ -120,6 +131,8 @@ def download_from_hub(repo_id: str) -> Path:
             raise CheckpointError(f"{repo_id}: the hub refused {filename}: {e}") from None
 
     config = fetch("config.json")
+    if config is not None:
+        check_config(config.parent)
     weights = next((path for path in map(fetch, WEIGHT_FILES) if path is not None), None)
     if config is None or weights is None:
         if unreachable:

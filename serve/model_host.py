@@ -203,8 +203,8 @@ class ModelHost:
         """The model as it will serve: loaded, quantised if asked, with the engine's fast paths on
         (the kernels build in the background; until then it decodes on PyTorch)."""
         progress("download")
-        directory = resolve_checkpoint(None if name == BUNDLED else name)
-        check_memory(name, GPT2Config.load(directory))
+        directory = resolve_checkpoint(None if name == BUNDLED else name,
+                                       check_config=lambda directory: check_memory(name, GPT2Config.load(directory)))
         progress("load")
         model, tokenizer = load_pretrained(directory, device=self.device)
         progress("kernels")

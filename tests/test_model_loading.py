@@ -5,7 +5,9 @@ leaves the list and its memory is freed; and none of it where loading is not all
 from __future__ import annotations
 
 import gc
+import shutil
 import weakref
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -94,6 +96,27 @@ def test_a_model_too_big_for_the_memory_free_is_refused_before_its_weights_are_r
     assert host.current is served and second_checkpoint not in host.names
     monkeypatch.setattr(model_host.psutil, "virtual_memory", lambda: SimpleNamespace(available=needed))
     assert host.load(second_checkpoint).name == second_checkpoint  # where it fits, it loads
+
+
+def test_a_hub_model_too_big_is_refused_from_its_config_before_its_weights_are_fetched(host, second_checkpoint,
+                                                                                      tmp_path, monkeypatch):
+    """Only the config of `someone/huge` is in the local cache, offline: the memory check reads it and
+    refuses, where fetching the weights first would have failed on the missing weights (or, online,
+    downloaded gigabytes it could not load)."""
+    import huggingface_hub.constants as constants
+
+    repo = tmp_path / "cache" / "models--someone--huge"
+    (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    shutil.copy(Path(second_checkpoint) / "config.json", repo / "snapshots" / ("0" * 40) / "config.json")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(model_host.psutil, "virtual_memory", lambda: SimpleNamespace(available=1))
+    served = host.current
+    with refused("not_enough_memory", name="someone/huge"):
+        host.load("someone/huge")
+    assert host.current is served and "someone/huge" not in host.names
 
 
 def test_without_allow_load_nothing_is_loaded_nor_unloaded(tiny_checkpoint, second_checkpoint):
