@@ -187,10 +187,12 @@ class Sampler:
         # come. Masked in the row's scores before its group's processors (pick_tokens), so the row
         # still picks with others; a processor reading the history would make it pick alone.
         self.eos_id, self.end_held_back = end_of_text(params, eos_id), params.min_new_tokens
-        # Samplers with the same key pick together (see pick_tokens); None: this one reads its
+        # Samplers with the same key pick together, through the first one's processors (see
+        # pick_tokens): the key holds every setting those depend on. None: this one reads its
         # sequence's history (repetition penalty, n-gram blocking), so it picks alone.
         reads_history = params.repetition_penalty != 1.0 or params.no_repeat_ngram_size > 0
-        self.key = None if reads_history else (params.temperature, params.top_k, params.top_p)
+        self.key = None if reads_history else (params.temperature, params.top_k, params.top_p, params.min_p,
+                                               params.typical_p)
 
     def uniform(self) -> float:
         """The next of this sequence's uniform random numbers in [0, 1), from its own generator.

@@ -114,3 +114,17 @@ def test_min_p_and_typical_p_draw_only_what_transformers_keeps(params, kept):
     draws = torch.cat([sampler(logits, torch.zeros(1, 1, dtype=torch.long)) for _ in range(4_000)])
     observed = torch.bincount(draws, minlength=4) / len(draws)
     assert (observed - expected).abs().max() < 0.03  # about four standard deviations of 4,000 draws
+
+
+def test_rows_that_differ_only_in_min_p_or_typical_p_each_pick_with_their_own():
+    """Rows that pick together go through one row's processors: rows whose min-p or typical-p
+    differ must not share them (they did, when the group was told by temperature, top-k and top-p
+    alone, and a row with min-p off drew tokens min-p would have dropped for the row beside it)."""
+    cpu = torch.device("cpu")
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(3, 1)
+    settings = [SamplingParams(), SamplingParams(min_p=0.5), SamplingParams(typical_p=0.3)]
+    crowd = [Sampler(params, 0, cpu) for params in settings]
+    alone = [Sampler(params, 0, cpu) for params in settings]
+    for _ in range(200):
+        together = [int(token) for token in pick_tokens(crowd, logits, [None] * 3)]
+        assert together == [int(alone[row](logits[row:row + 1], None)) for row in range(3)]
