@@ -42,7 +42,8 @@ NARROW_SHARE = 64
 DRAWS_AHEAD = 64  # random numbers a Sampler draws at once
 
 
-FLOAT_SETTINGS = ("temperature", "top_p", "min_p", "typical_p", "repetition_penalty", "adapter_scale")
+FLOAT_SETTINGS = ("temperature", "top_p", "min_p", "typical_p", "repetition_penalty", "presence_penalty",
+                  "frequency_penalty", "adapter_scale")
 
 
 class ContextLengthError(ValueError):
@@ -62,6 +63,8 @@ class SamplingParams:
     min_p: float = 0.0  # 0 means off; else drop tokens less likely than min_p times the likeliest
     typical_p: float = 1.0  # 1 means off; else keep the tokens nearest the expected surprise, up to this mass
     repetition_penalty: float = 1.0  # 1 means off
+    presence_penalty: float = 0.0  # 0 means off; OpenAI's: see GeneratedTokenPenalty
+    frequency_penalty: float = 0.0  # 0 means off; OpenAI's: see GeneratedTokenPenalty
     no_repeat_ngram_size: int = 0  # 0 means off
     max_new_tokens: int = 64
     min_new_tokens: int = 0  # the model's end of text cannot come before this many new tokens
@@ -83,12 +86,23 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def logits_processors(self) -> list[LogitsProcessor]:
+    @property
+    def reads_history(self) -> bool:
+        """Whether a processor reads the sequence's tokens so far: such a row picks alone (Sampler)."""
+        return (self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    def logits_processors(self, prompt_length: int = 0) -> list[LogitsProcessor]:
         """transformers' own, well-tested implementations of each setting, in the order its
-        generate() applies them (min_new_tokens is held back apart: see Sampler)."""
+        generate() applies them (min_new_tokens is held back apart: see Sampler); the presence and
+        frequency penalties, which transformers has not, beside the repetition penalty. The
+        processors are given the sequence's tokens so far, of which the first `prompt_length` are
+        its prompt (GeneratedTokenPenalty counts only those after it)."""
         processors = []
         if self.repetition_penalty != 1.0:
             processors.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
+        if self.presence_penalty != 0.0 or self.frequency_penalty != 0.0:
+            processors.append(GeneratedTokenPenalty(self.presence_penalty, self.frequency_penalty, prompt_length))
         if self.no_repeat_ngram_size > 0:
             processors.append(NoRepeatNGramLogitsProcessor(self.no_repeat_ngram_size))
         if not self.greedy:
@@ -105,14 +119,36 @@ class SamplingParams:
         return processors
 
 
+class GeneratedTokenPenalty(LogitsProcessor):
+    """OpenAI's presence and frequency penalties: each token's score less frequency_penalty times
+    the number of times it was generated so far, and less presence_penalty once it has been
+    generated at all (negative values favour repeats).
+
+    Only the tokens this request generated count, not its prompt (the first prompt_length of the
+    tokens it is given), as OpenAI counts them and vLLM does: a summary must be free to copy the
+    article's names, a reply the persona's words, and a prompt cut to fit the context would
+    otherwise change the penalty with how much of it was kept. (The repetition penalty, as
+    transformers has it, counts the prompt too.)
+    """
+
+    def __init__(self, presence_penalty: float, frequency_penalty: float, prompt_length: int):
+        self.presence_penalty, self.frequency_penalty = presence_penalty, frequency_penalty
+        self.prompt_length = prompt_length
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        generated = input_ids[:, self.prompt_length:]
+        counts = torch.zeros_like(scores).scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        return scores - self.frequency_penalty * counts - self.presence_penalty * (counts > 0).to(scores.dtype)
+
+
 class BatchDecoder(Protocol):
     """What `stream` decodes on besides the network itself: a Scheduler (engine/scheduler.py),
     which runs each request in one batch with others and yields its tokens as decode_tokens does."""
     config: GPT2Config
 
     def decode(self, prompt: list[int], params: SamplingParams, seed: int, adapter: str | None = None,
-               trace: list | None = None, eos_id: int | None = None,
-               steering: Steering | None = None) -> Iterator[torch.Tensor]: ...
+               trace: list | None = None, eos_id: int | None = None, steering: Steering | None = None,
+               drawn_before: int = 0) -> Iterator[torch.Tensor]: ...
 
 
 @dataclass
@@ -175,12 +211,14 @@ class Sampler:
     any batch."""
 
     def __init__(self, params: SamplingParams, seed: int, device: torch.device, trace: list | None = None,
-                 eos_id: int | None = None):
+                 eos_id: int | None = None, prompt_length: int = 0):
+        """`prompt_length`: how many of the tokens its history starts with are the prompt, which the
+        presence and frequency penalties do not count."""
         self.greedy = params.greedy
         # With params.logprobs, each pick appends (token, its log-probability, [(alternative,
         # log-probability), ...]) here; None costs nothing.
         self.logprobs, self.trace = params.logprobs, trace if params.logprobs else None
-        self.processors = params.logits_processors()
+        self.processors = params.logits_processors(prompt_length)
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self._uniforms: list[float] = []  # drawn ahead, next last
         # min_new_tokens: for this many more picks the end of text (the tokenizer's eos_id) cannot
@@ -189,10 +227,9 @@ class Sampler:
         self.eos_id, self.end_held_back = end_of_text(params, eos_id), params.min_new_tokens
         # Samplers with the same key pick together, through the first one's processors (see
         # pick_tokens): the key holds every setting those depend on. None: this one reads its
-        # sequence's history (repetition penalty, n-gram blocking), so it picks alone.
-        reads_history = params.repetition_penalty != 1.0 or params.no_repeat_ngram_size > 0
-        self.key = None if reads_history else (params.temperature, params.top_k, params.top_p, params.min_p,
-                                               params.typical_p)
+        # sequence's history (the penalties, n-gram blocking), so it picks alone.
+        self.key = None if params.reads_history else (params.temperature, params.top_k, params.top_p,
+                                                      params.min_p, params.typical_p)
 
     def uniform(self) -> float:
         """The next of this sequence's uniform random numbers in [0, 1), from its own generator.
@@ -369,13 +406,16 @@ def pick_rows_apart(samplers: list[Sampler], logits: torch.Tensor, history: torc
 @torch.inference_mode()
 def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams, seeds: list[int],
                   pad_id: int = 0, adapter: str | None = None, traces: list[list] | None = None,
-                  eos_id: int | None = None, steering: Steering | None = None) -> Iterator[torch.Tensor]:
+                  eos_id: int | None = None, steering: Steering | None = None,
+                  drawn_before: int = 0) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, step after step, until the context is full.
 
     Prompts of different lengths are left-padded. Each row samples with its own generator, so a
     seeded row gives the same tokens alone or in a batch. `adapter` names the LoRA adapter to run
     with (None: the base model), at params.adapter_scale; `steering` steers every row
     (engine/steering.py). With params.logprobs, traces[row] gets each of that row's picks (Sampler).
+    `drawn_before`: the last tokens of each prompt that this run drew before (a run continued from
+    a chosen token), which the presence and frequency penalties count as generated.
     The caller decides when to stop; closing this generator frees the cache at once.
     """
     check_adapter(model, adapter)
@@ -391,8 +431,8 @@ def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams,
     for row, (start, p) in enumerate(zip(starts, prompts)):
         tokens[row, start:width] = torch.tensor(p)
     is_real = torch.arange(width, device=device) >= torch.tensor(starts, device=device)[:, None]
-    samplers = [Sampler(params, seed, device, None if traces is None else traces[row], eos_id)
-                for row, seed in enumerate(seeds)]
+    samplers = [Sampler(params, seed, device, None if traces is None else traces[row], eos_id,
+                        prompt_length=len(prompts[row]) - drawn_before) for row, seed in enumerate(seeds)]
     adapter = as_choice(adapter, params.adapter_scale)
     cache = new_cache(model, len(prompts), width + budget)
     try:
@@ -416,12 +456,13 @@ def decode_tokens(model: GPT2, prompts: list[list[int]], params: SamplingParams,
 
 def stream(model: GPT2 | BatchDecoder, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams,
            cancel: threading.Event | None = None, adapter: str | None = None,
-           steering: Steering | None = None) -> Iterator[Chunk | Result]:
+           steering: Steering | None = None, drawn_before: int = 0) -> Iterator[Chunk | Result]:
     """Yield Chunks of new text as tokens arrive, then one Result.
 
     `model` is the network itself, or a Scheduler that runs this request in one batch with others.
     Text that could be the start of a stop string is held back until it is known not to be one,
-    so a stop string is never shown, even when it spans several tokens.
+    so a stop string is never shown, even when it spans several tokens. `drawn_before`: as
+    decode_tokens takes it.
     """
     prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     check_prompt_fits(model, len(prompt_ids))
@@ -436,10 +477,11 @@ def stream(model: GPT2 | BatchDecoder, tokenizer: Tokenizer, prompt: str | list[
     start = time.perf_counter()
     if isinstance(model, GPT2):
         tokens = decode_tokens(model, [prompt_ids], params, [seed], pad_id=tokenizer.eos_id, adapter=adapter,
-                               traces=None if trace is None else [trace], eos_id=tokenizer.eos_id, steering=steering)
+                               traces=None if trace is None else [trace], eos_id=tokenizer.eos_id, steering=steering,
+                               drawn_before=drawn_before)
     else:
         tokens = model.decode(prompt_ids, params, seed, adapter=adapter, trace=trace, eos_id=tokenizer.eos_id,
-                              steering=steering)
+                              steering=steering, drawn_before=drawn_before)
     try:
         for next_tokens in tokens:
             if cancel is not None and cancel.is_set():
@@ -498,7 +540,7 @@ def score_tokens(model: GPT2, prompt: list[int], tokens: list[int], params: Samp
     ids = torch.tensor([prompt + tokens], device=model.device)
     with active_adapter(as_choice(adapter, params.adapter_scale)):
         logits = model(ids[:, :-1])[0, len(prompt) - 1:].float()
-    processors, eos_id = params.logits_processors(), end_of_text(params, eos_id)
+    processors, eos_id = params.logits_processors(len(prompt)), end_of_text(params, eos_id)
     held = list(range(min(params.min_new_tokens, len(tokens))))  # as a Sampler holds the end back
     if held:
         logits = without_end_of_text(logits, held, [eos_id] * len(held))

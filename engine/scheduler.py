@@ -168,11 +168,11 @@ class Scheduler:
 
     def decode(self, prompt: list[int], params: SamplingParams, seed: int,
                adapter: str | None = None, trace: list | None = None, eos_id: int | None = None,
-               steering: Steering | None = None) -> "RequestTokens":
+               steering: Steering | None = None, drawn_before: int = 0) -> "RequestTokens":
         """Queue one request now; its tokens (one (1,)-shaped tensor per step) arrive through the
-        returned iterator, as `decode_tokens` yields them for a batch of one. Closing the iterator
-        retires the request before the next step (also before its first token); the other requests
-        go on as they were."""
+        returned iterator, as `decode_tokens` yields them for a batch of one (`drawn_before` too).
+        Closing the iterator retires the request before the next step (also before its first
+        token); the other requests go on as they were."""
         check_adapter(self.model, adapter)
         check_steering(self.model, steering)
         check_prompt_fits(self.model, len(prompt))
@@ -180,8 +180,9 @@ class Scheduler:
         budget = len(prompt) + new_token_budget(params.max_new_tokens, len(prompt), self.config.n_positions)
         tokens = torch.empty(1, budget, dtype=torch.long, device=device)
         tokens[0, :len(prompt)] = torch.tensor(prompt)
-        request = Request(Sampler(params, seed, device, trace, eos_id), as_choice(adapter, params.adapter_scale),
-                          as_steering(steering), tokens, len(prompt), budget, queue.SimpleQueue())
+        sampler = Sampler(params, seed, device, trace, eos_id, prompt_length=len(prompt) - drawn_before)
+        request = Request(sampler, as_choice(adapter, params.adapter_scale), as_steering(steering), tokens,
+                          len(prompt), budget, queue.SimpleQueue())
         with self._lock:
             if self._closed:
                 raise RuntimeError("the scheduler was closed")

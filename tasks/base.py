@@ -231,8 +231,9 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
 
     Generation stops early once post-processing has all it will keep (e.g. 3 whole sentences).
     `forced` tokens come first, as if the model had drawn them (continuing from a chosen
-    alternative): they count in max_new_tokens and in the Result's generated tokens, as in the
-    run they come from, but the Result's token_ids are the ones drawn after them; forced tokens
+    alternative): they count in max_new_tokens, in the Result's generated tokens and in the
+    presence and frequency penalties, as in the run they come from, but the Result's token_ids are
+    the ones drawn after them; forced tokens
     that already fill max_new_tokens (the run's last token, replaced) draw none. `steering` is
     added to the residual stream of every step (engine/steering.py).
     """
@@ -258,7 +259,7 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
     shown, result = "", None
     text = start
     for event in stream(model, tokenizer, prompt.ids + list(forced), params, stop,
-                        adapter=task.adapter if adapter_on else None, steering=steering):
+                        adapter=task.adapter if adapter_on else None, steering=steering, drawn_before=len(forced)):
         if isinstance(event, Result):
             result = event
             continue
