@@ -19,6 +19,8 @@ LIMITS = {
     "min_p": (0.0, 1.0),
     "typical_p": (0.01, 1.0),
     "repetition_penalty": (0.5, 3.0),
+    "presence_penalty": (-2.0, 2.0),  # OpenAI's range for both
+    "frequency_penalty": (-2.0, 2.0),
     "no_repeat_ngram_size": (0, 10),
     "max_new_tokens": (1, 2048),
     "min_new_tokens": (0, 2048),
@@ -31,6 +33,8 @@ LIMITS = {
     "steer_strength": (-10.0, 10.0),
 }
 INTEGER_SETTINGS = ("top_k", "no_repeat_ngram_size", "max_new_tokens", "min_new_tokens", "seed", "logprobs")
+# Stop strings a run may have, the task's own included, and their length: each is looked for in
+# the text after every token.
 MAX_STOP_STRINGS, MAX_STOP_LENGTH = 8, 100
 # Between 0 (greedy) and this, sampling is greedy in all but name, and far below it the scores
 # divided by the temperature overflow to infinity, which no sampler can draw from.
@@ -64,10 +68,18 @@ def check_temperature(value: float) -> float:
     return value
 
 
-def check_stop(stop: tuple[str, ...]) -> tuple[str, ...]:
-    if len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LENGTH for s in stop):
-        raise Refusal("stop_strings", count=MAX_STOP_STRINGS, length=MAX_STOP_LENGTH)
-    return stop
+def added_stops(asked: tuple[str, ...], own: tuple[str, ...]) -> tuple[str, ...]:
+    """The stop strings a request asks for besides the task's `own` (which always apply), checked:
+    with those, at most MAX_STOP_STRINGS, none empty or longer than MAX_STOP_LENGTH characters. A
+    Refusal (its field named "stop") says how many the request may add."""
+    own = tuple(dict.fromkeys(own))
+    fits = all(isinstance(stop, str) and 0 < len(stop) <= MAX_STOP_LENGTH for stop in asked)
+    added = tuple(stop for stop in dict.fromkeys(asked) if stop not in own) if fits else ()
+    room = MAX_STOP_STRINGS - len(own)
+    if not fits or len(added) > room:
+        limits = dict(name="stop", count=room, length=MAX_STOP_LENGTH)
+        raise Refusal("stop_strings_own", **limits, own=len(own)) if own else Refusal("stop_strings", **limits)
+    return added
 
 
 def checked_params(base: SamplingParams, **settings) -> SamplingParams:
@@ -75,9 +87,7 @@ def checked_params(base: SamplingParams, **settings) -> SamplingParams:
     or a Refusal naming the first one out of its range."""
     checked = {}
     for name, value in settings.items():
-        if name == "stop":
-            checked[name] = check_stop((value,) if isinstance(value, str) else tuple(value))
-        elif not (name == "seed" and value is None):
+        if not (name == "seed" and value is None):
             low, high = LIMITS[name]
             checked[name] = check_setting(name, value, low, high, integer=name in INTEGER_SETTINGS)
     if "temperature" in checked:

@@ -11,6 +11,7 @@ text of the user's or the model's, said as it is.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from engine.generate import ContextLengthError
@@ -29,6 +30,10 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                         "温度必须为 0（贪心）或至少 {low}，收到的是 {value}"),
     "stop_strings": ("stop must be at most {count} non-empty strings of at most {length} characters",
                      "停止串最多 {count} 个，每个须非空且不超过 {length} 个字符"),
+    "stop_strings_own": ("stop must be at most {count} non-empty strings of at most {length} characters (the task "
+                         "adds its own {own})", "除任务自带的 {own} 个外，停止串最多 {count} 个，每个须非空且不超过 {length} 个字符"),
+    "stop_kind": ("stop must be text, one stop string a line, or a list of strings; got {kind}",
+                  "停止串必须是文本（每行一个）或字符串列表，收到的是 {kind}"),
     "not_integer": ("{name} must be an integer, got {value}", "{name}必须是整数，收到的是 {value}"),
     "not_number": ("{name} must be a number, got {value}", "{name}必须是数字，收到的是 {value}"),
     "out_of_range": ("{name} must be between {low:,} and {high:,}, got {value}",
@@ -198,7 +203,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
 # a message names a setting or a box as the page labels it.
 LABELS_ZH = {
     "temperature": "温度", "top_k": "Top-k", "top_p": "Top-p", "min_p": "Min-p", "typical_p": "典型采样 p",
-    "repetition_penalty": "重复惩罚",
+    "repetition_penalty": "重复惩罚", "presence_penalty": "存在惩罚", "frequency_penalty": "频率惩罚",
+    "stop": "停止串",
     "no_repeat_ngram_size": "禁止重复的 n-gram 长度", "max_new_tokens": "最多生成的词元数", "seed": "随机种子",
     "prompt": "提示词", "message": "消息", "persona": "角色设定", "article": "文章", "conversation": "对话",
     "English": "英语", "French": "法语", "German": "德语", "source_text": "待翻译文本",
@@ -208,8 +214,9 @@ LABELS_ZH = {
 # their interface label), the phrases `too_long` is given, units, and why a run stopped.
 NAMES_ZH: dict[str, str] = {
     **{name: LABELS_ZH[name] for name in ("temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty",
-                                          "no_repeat_ngram_size", "max_new_tokens", "seed", "prompt", "message",
-                                          "persona", "article", "English", "French", "German")},
+                                          "presence_penalty", "frequency_penalty", "no_repeat_ngram_size",
+                                          "max_new_tokens", "seed", "stop", "prompt", "message", "persona", "article",
+                                          "English", "French", "German")},
     "text": LABELS_ZH["source_text"], "text to translate": LABELS_ZH["source_text"],
     "source": LABELS_ZH["source_language"], "target": LABELS_ZH["target_language"],
     "examples": LABELS_ZH["example_pairs"], "history": LABELS_ZH["conversation"],
@@ -287,7 +294,8 @@ def shown(name: str, value: Any, lang: str) -> Any:
     if isinstance(value, Message):
         return render(value, lang)
     if isinstance(value, tuple):  # settings with their values: ((name, value), ...)
-        return ("，" if lang == "zh" else ", ").join(f"{said(setting, lang)} {number:g}" for setting, number in value)
+        return ("，" if lang == "zh" else ", ").join(f"{said(setting, lang)} {setting_value(setting_is)}"
+                                                     for setting, setting_is in value)
     if not isinstance(value, str) or lang != "zh" or name in AS_GIVEN:
         return value
     items = value.split(", ")
@@ -295,6 +303,14 @@ def shown(name: str, value: Any, lang: str) -> Any:
     if len(items) > 1 and any(new == old for new, old in zip(translated, items)):
         return value  # not a list of names the app uses (model names, say): as it is
     return "，".join(translated)
+
+
+def setting_value(value: Any) -> str:
+    """A setting's value as a status line says it: a number as short as it goes; stop strings as a
+    JSON list, their line ends and quotes escaped, as the API takes them back."""
+    if isinstance(value, tuple):
+        return json.dumps(list(value), ensure_ascii=False)
+    return f"{value:g}"
 
 
 def said(name: str, lang: str) -> str:

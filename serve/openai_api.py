@@ -38,9 +38,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from engine.generate import prompt_trace, token_logprobs
 from engine.scheduler import in_thread_of_its_own
 from tasks import LANGUAGES, TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, Task, TranslateInputs
-from tasks.base import ADAPTER_END, room_to_generate
+from tasks.base import room_to_generate
 
-from .limits import LIMITS, MAX_STOP_LENGTH, MAX_STOP_STRINGS, check_setting, check_temperature
+from .limits import LIMITS, check_setting, check_temperature
 from .messages import Refusal, english, message_of
 from .model_host import ModelHost
 from .outcome import REFUSED, Outcome
@@ -54,6 +54,7 @@ RETRY_AFTER_S = 5  # what a 429 or a 503 asks the client to wait
 SETTINGS = {"temperature": ("temperature", 1.0), "top_p": ("top_p", 1.0), "max_tokens": ("max_new_tokens", 16),
             "max_completion_tokens": ("max_new_tokens", 16), "top_k": ("top_k", 0), "min_p": ("min_p", 0.0),
             "typical_p": ("typical_p", 1.0), "repetition_penalty": ("repetition_penalty", 1.0),
+            "presence_penalty": ("presence_penalty", 0.0), "frequency_penalty": ("frequency_penalty", 0.0),
             "no_repeat_ngram_size": ("no_repeat_ngram_size", 0), "adapter_scale": ("adapter_scale", 1.0)}
 INTEGER = {"top_k", "max_new_tokens", "no_repeat_ngram_size"}
 
@@ -257,9 +258,7 @@ def task_for(host: ModelHost, body: dict, endpoint: Endpoint) -> tuple[Task, boo
         settings = {name: getattr(adapters_task.defaults, name) for name, _ in SETTINGS.values()}
     else:  # OpenAI's defaults, and the extra settings off, as the docs say, rather than the tab's
         settings = {**{name: default for name, default in SETTINGS.values()}, "max_new_tokens": endpoint.max_tokens}
-    # The task's own stops count in the engine's limit, and so does the end an adapter adds (run_task).
-    own = task.defaults.stop + ((ADAPTER_END,) if adapter else ())
-    defaults = replace(task.defaults, **settings, stop=stop_strings(body.get("stop"), own))
+    defaults = replace(task.defaults, **settings)
     return replace(task, defaults=defaults, adapter=adapter or task.adapter), adapter is not None
 
 
@@ -268,20 +267,13 @@ def not_served(host: ModelHost, model: Any) -> BadRequest:
                       param="model", status=404, code="model_not_found")
 
 
-def stop_strings(stop: Any, own: tuple[str, ...]) -> tuple[str, ...]:
-    """The task's own stop strings and the request's (one string or a list), refused as a 400 past
-    the engine's limits, which count the task's own."""
-    if stop is None:
-        return own
-    stops = [stop] if isinstance(stop, str) else stop
+def stop_list(stop: Any) -> list[str]:
+    """OpenAI's `stop` (one string, or a list of strings, each as it is) as the list the task's run
+    takes (serve.running.asked_stops), which adds them to the task's own and checks them."""
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise BadRequest("stop must be a string or a list of strings", param="stop")
-    own = tuple(dict.fromkeys(own))
-    room = MAX_STOP_STRINGS - len(own)
-    if len(set(stops) - set(own)) > room or not all(0 < len(s) <= MAX_STOP_LENGTH for s in stops):
-        raise BadRequest(f"stop must be at most {room} non-empty strings of at most {MAX_STOP_LENGTH} characters"
-                         + (f" (the task adds its own {len(own)})" if own else ""), param="stop")
-    return tuple(dict.fromkeys(own + tuple(stops)))
+    return stops
 
 
 def chat_inputs(task: Task, body: dict):
@@ -430,7 +422,7 @@ async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, i
     if seed is None:
         seed = int.from_bytes(uuid.uuid4().bytes[:4], "little")
     defaults = api.task.defaults
-    base = {**{name: getattr(defaults, name) for name, _ in TASK_SETTINGS},
+    base = {**{name: getattr(defaults, name) for name, _ in TASK_SETTINGS}, "stop": stop_list(body.get("stop")),
             # the engine's logprobs 0 is none at all: 1 gives each token's own, its alternatives cut to `top`
             **settings, **steering_values(body, host.current.config.n_layer), **inputs, "adapter": adapter, "logprobs": max(top, 1) if top >= 0 else 0}
     values = [{**base, "seed": (seed + i) % (LIMITS["seed"][1] + 1)} for i in range(n)]

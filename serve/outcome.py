@@ -35,12 +35,13 @@ class Outcome:
     tokens_per_second: float | None = None
     stop_reason: str = ""  # STOP_REASON_WORDS's key
     adapter: Message | None = None  # adapter off / on / at a strength / compared; None: the task has none
-    changed: tuple[tuple[str, float], ...] = ()  # the decoding settings that differ from the task's defaults
+    # the decoding settings that differ from the task's defaults, and the stop strings added to its own (a tuple)
+    changed: tuple[tuple[str, float | tuple[str, ...]], ...] = ()
     notes: tuple[Message, ...] = ()  # what the prompt had to drop, what a run was continued from, ...
     steering: Message | None = None  # serve.running.steering_state; None: not steered
 
     @classmethod
-    def done(cls, result: Result, adapter: Message | None, changed: list[tuple[str, float]],
+    def done(cls, result: Result, adapter: Message | None, changed: list[tuple[str, float | tuple[str, ...]]],
              notes: list[Message], steering: Message | None = None) -> "Outcome":
         return cls(DONE, seed=result.seed, prompt_tokens=result.prompt_tokens,
                    generated_tokens=result.generated_tokens, tokens_per_second=result.tokens_per_second,
@@ -76,7 +77,8 @@ class Outcome:
             return None if value is None else message_from_json(value)
         return cls(**{**data, "message": message(data["message"]), "adapter": message(data["adapter"]),
                       "steering": message(data.get("steering")),  # (a record kept before steering has none)
-                      "changed": tuple(map(tuple, data["changed"])),
+                      "changed": tuple((name, tuple(value) if isinstance(value, list) else value)
+                                       for name, value in data["changed"]),
                       "notes": tuple(map(message, data["notes"]))})
 
     def reproduces(self, other: "Outcome | None") -> bool:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from engine.generate import SamplingParams, resolve_seed
@@ -17,7 +18,7 @@ from engine.steering import Steering
 from tasks import Task, TaskDone
 
 from .inspection import Inspection, LogitLens
-from .limits import LIMITS, check_setting, checked_params
+from .limits import LIMITS, added_stops, check_setting, checked_params
 from .messages import Message, Refusal
 from .outcome import Outcome
 
@@ -29,7 +30,7 @@ REQUIRED = inspect.Parameter.empty
 # than GPT-2's 1024-token context holds (some 4 characters a token); a persona is one line.
 MAX_CHARS = {"prompt": 20_000, "article": 50_000, "message": 4_000, "persona": 1_000, "history": 100_000,
              "text": 4_000, "source": 20, "target": 20, "examples": 20_000, "steer_positive": 4_000,
-             "steer_negative": 4_000}
+             "steer_negative": 4_000, "stop": 2_000}
 SAID_AS = {"text": "text to translate", "clean": "clean prompt", "corrupted": "corrupted prompt",
            "noise_span": "noise span"}  # a field a message names as the tab does, not by its bare API name
 MAX_CHAT_TURNS = 200  # [user, bot] pairs in a /chat history
@@ -73,8 +74,16 @@ class Param:
 
 # The decoding settings every task takes, after its own parameters, in this order.
 SETTINGS = (("temperature", float), ("top_k", int), ("top_p", float), ("min_p", float), ("typical_p", float),
-            ("repetition_penalty", float), ("no_repeat_ngram_size", int), ("max_new_tokens", int))
+            ("repetition_penalty", float), ("presence_penalty", float), ("frequency_penalty", float),
+            ("no_repeat_ngram_size", int), ("max_new_tokens", int))
 RANDOM_SEED = -1  # as well as None: what the UI's empty seed box sends
+# Stop strings besides the task's own, which every task takes after SETTINGS: text, one a line
+# (stop_lines), or a list of strings; none by default.
+STOP_PARAM = Param("stop", str | list[str], "")
+# What a backslash and the character after it stand for on a line of stop strings: a line end or a
+# tab cannot be typed on a line of a text box; a doubled backslash is one, where it comes before
+# an n or a t that are meant as letters.
+STOP_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
 
 def asks_random_seed(seed: Any) -> bool:
@@ -100,7 +109,8 @@ def setting_params(task: Task) -> list[Param]:
     adapter = [] if task.adapter is None else [Param("adapter", bool, False),
                                                Param("adapter_scale", float, defaults.adapter_scale)]
     return ([Param(name, kind, getattr(defaults, name)) for name, kind in SETTINGS]
-            + [Param("seed", int | None, None), *adapter, Param("logprobs", int, defaults.logprobs), *STEERING_PARAMS])
+            + [STOP_PARAM, Param("seed", int | None, None), *adapter, Param("logprobs", int, defaults.logprobs),
+               *STEERING_PARAMS])
 
 
 @dataclass(frozen=True)
@@ -142,9 +152,34 @@ def steering_state(asked: SteeringAsked, steering: Steering, typical_norm: float
                          positive="\n".join(asked.positive), negative="\n".join(asked.negative))
 
 
+def stop_lines(text: str) -> tuple[str, ...]:
+    """Stop strings written one a line, as the tabs' box and the API's text take them: every line
+    that is not empty, as it is (spaces too), with the escapes STOP_ESCAPES reads (a backslash
+    before any other character stays as it is)."""
+    return tuple(re.sub(r"\\([nt\\])", lambda escape: STOP_ESCAPES[escape[1]], line)
+                 for line in text.splitlines() if line)
+
+
+def asked_stops(value: Any) -> tuple[str, ...]:
+    """The request's `stop` (STOP_PARAM): text, one a line (stop_lines), or a list of strings, each
+    as it is; a Refusal naming `stop` where it is neither."""
+    if isinstance(value, str):
+        return stop_lines(checked_text("stop", value))
+    if isinstance(value, (list, tuple)):
+        return tuple(value)  # (added_stops checks each)
+    raise Refusal("stop_kind", name="stop", kind=type(value).__name__)
+
+
+def request_stops(task: Task, values: dict[str, Any]) -> tuple[str, ...]:
+    """The task's own stop strings, then those the request adds (checked: added_stops), as a run's
+    params hold them; the line end an adapter adds (Task.stops) counts in the limit."""
+    own = task.stops(bool(values.get("adapter", False)))
+    return task.defaults.stop + added_stops(asked_stops(values.get("stop", STOP_PARAM.default)), own)
+
+
 def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
-    """The task's defaults with the caller's settings, each checked against its range, and
-    max_new_tokens held to this app's cap."""
+    """The task's defaults with the caller's settings, each checked against its range, its stop
+    strings with the request's (request_stops), and max_new_tokens held to this app's cap."""
     seed = values["seed"]
     if not asks_random_seed(seed):
         try:
@@ -153,9 +188,10 @@ def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
             raise Refusal("random_seed", error=error.message) from None
     check_setting("max_new_tokens", values["max_new_tokens"], *SETTING_RANGES["max_new_tokens"], integer=True)
     settings = {name: values[name] for name, _ in SETTINGS}
-    return checked_params(task.defaults, **settings, seed=None if asks_random_seed(seed) else seed,
-                          adapter_scale=values.get("adapter_scale", task.defaults.adapter_scale),
-                          logprobs=values.get("logprobs", task.defaults.logprobs))
+    params = checked_params(task.defaults, **settings, seed=None if asks_random_seed(seed) else seed,
+                            adapter_scale=values.get("adapter_scale", task.defaults.adapter_scale),
+                            logprobs=values.get("logprobs", task.defaults.logprobs))
+    return replace(params, stop=request_stops(task, values))
 
 
 def checked_text(name: str, value: Any, limit: int | None = None) -> str:
@@ -191,9 +227,13 @@ def outcome_of(done: TaskDone, task: Task, params: SamplingParams, adapter: Mess
                         changed_settings(params, task.defaults), done.prompt.notes, steering)
 
 
-def changed_settings(params: SamplingParams, defaults: SamplingParams) -> list[tuple[str, float]]:
-    """Each decoding setting that differs from the task's default, with its value."""
-    return [(name, getattr(params, name)) for name, _ in SETTINGS if getattr(params, name) != getattr(defaults, name)]
+def changed_settings(params: SamplingParams, defaults: SamplingParams) -> list[tuple[str, float | tuple[str, ...]]]:
+    """Each decoding setting that differs from the task's default, with its value; and the stop
+    strings the request added to the task's own, as a tuple (`stop` as asked_again sends it)."""
+    changed = [(name, getattr(params, name)) for name, _ in SETTINGS
+               if getattr(params, name) != getattr(defaults, name)]
+    added = tuple(stop for stop in params.stop if stop not in defaults.stop)
+    return changed + ([(STOP_PARAM.name, added)] if added else [])
 
 
 def adapter_state(adapter_on: bool, adapter_scale: float) -> Message:
@@ -226,8 +266,8 @@ def asked_again(outcome: Outcome, task: Task) -> dict[str, Any]:
     steering = {"steer_strength": 0.0} if steered is None else {
         "steer_positive": steered.field("positive"), "steer_negative": steered.field("negative"),
         "steer_layer": steered.field("layer"), "steer_strength": steered.field("strength")}
-    return {**{name: getattr(task.defaults, name) for name, _ in SETTINGS}, **dict(outcome.changed),
-            "seed": outcome.seed, **adapter, **steering}
+    return {**{name: getattr(task.defaults, name) for name, _ in SETTINGS}, STOP_PARAM.name: (),
+            **dict(outcome.changed), "seed": outcome.seed, **adapter, **steering}
 
 
 @dataclass(frozen=True)

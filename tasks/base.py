@@ -50,6 +50,11 @@ class Task:
     # run_task gives the first step's text and counts), or None.
     two_steps: Callable[[Any, bool], tuple[Any, Callable[[str], Any], Message] | None] | None = None
 
+    def stops(self, adapter_on: bool) -> tuple[str, ...]:
+        """The stop strings every run of the task has, whatever its params say: its own, and with
+        the adapter on, the line end the adapter writes when it is done."""
+        return self.defaults.stop + ((ADAPTER_END,) if adapter_on else ())
+
     def prompt(self, inputs, tokenizer: Tokenizer, n_ctx: int, max_new_tokens: int, adapter_on: bool) -> Prompt:
         """build_prompt in the room that max_new_tokens leaves the prompt (room_to_generate). A
         prompt that cannot fit says what would make it fit: the largest max_new_tokens that
@@ -244,8 +249,7 @@ def run_task(task: Task, model: GPT2, tokenizer: Tokenizer, inputs, params: Samp
         yield from run_in_two_steps(task, model, tokenizer, steps, params, adapter_on, cancel, forced, steering)
         return
     prompt = task.prompt(inputs, tokenizer, model.config.n_positions, params.max_new_tokens, adapter_on)
-    stops = task.defaults.stop + ((ADAPTER_END,) if adapter_on else ()) + params.stop
-    params = replace(params, stop=tuple(dict.fromkeys(stops)))
+    params = replace(params, stop=tuple(dict.fromkeys(task.stops(adapter_on) + params.stop)))
     if adapter_on and task.adapter is None:
         raise Refusal("no_task_adapter", task=task.name)
     start = tokenizer.decode(list(forced)) if forced else ""

@@ -53,8 +53,8 @@ def test_the_api_names_its_endpoints_and_parameters(client):
     trace = endpoints.pop("/trace")
     assert [p["parameter_name"] for p in trace["parameters"]] == ["clean", "corrupted", "answer", "noise_span"]
     assert "p_clean" in trace["description"]
-    settings = ["temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "no_repeat_ngram_size",
-                "max_new_tokens", "seed"]
+    settings = ["temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "presence_penalty",
+                "frequency_penalty", "no_repeat_ngram_size", "max_new_tokens", "stop", "seed"]
     adapter = ["adapter", "adapter_scale"]  # only where the task has an adapter: Generate has none
     steering = ["steer_positive", "steer_negative", "steer_layer", "steer_strength"]
     own = {"/generate": ["prompt"], "/chat": ["message", "history", "persona", *adapter],
@@ -68,6 +68,7 @@ def test_the_api_names_its_endpoints_and_parameters(client):
     # Settings default to the task's own decoding defaults: the GPT-2 paper's top-k 2 for summaries.
     summarize = {p["parameter_name"]: p["parameter_default"] for p in endpoints["/summarize"]["parameters"]}
     assert summarize["top_k"] == 2 and summarize["max_new_tokens"] == 100 and summarize["seed"] is None
+    assert summarize["stop"] == "" and summarize["presence_penalty"] == summarize["frequency_penalty"] == 0
 
 
 @pytest.mark.parametrize("api_name", REQUESTS)
@@ -177,6 +178,45 @@ BAD_REQUESTS = [
     ("/translate", dict(text="a" + " a" * 999), "the text to translate: 1,001 tokens, but only 960 fit"),
     ("/chat", dict(message=""), "message is empty"),
 ]
+
+
+def test_stop_strings_and_penalties_through_the_api_end_the_text_and_are_said_in_the_status_line(client):
+    """`stop` as text (one a line, escapes read) or as a list ends the text before the first one
+    written; the penalties change the text; the status line names all three; too many stop strings
+    are refused."""
+    greedy = dict(temperature=0, max_new_tokens=24, api_name="/generate")
+    free, *_ = client.predict("Once upon a time", **greedy)
+    word = free[len(free) // 2:][:3]  # from the middle of what it wrote
+    assert len(word) == 3 and word.strip() == word and "\ufffd" not in word, free
+    for stop in (f"nothing like it\n{word}", ["nothing like it", word]):
+        text, status, *_ = client.predict("Once upon a time", stop=stop, **greedy)
+        assert text == free[:free.index(word)] and "stopped: stop string" in status
+        assert f'stop ["nothing like it", "{word}"]' in status
+    penalised, status, *_ = client.predict("Once upon a time", presence_penalty=1.5, frequency_penalty=2, **greedy)
+    assert penalised != free and "presence_penalty 1.5, frequency_penalty 2" in status
+    with pytest.raises(AppError, match="stop must be at most 8 non-empty strings of at most 100 characters"):
+        client.predict("Once upon a time", stop="\n".join("abcdefghi"), **greedy)
+
+
+def test_a_page_in_front_of_replicas_passes_stop_strings_and_penalties_on(plain_host):
+    """`app.py --backend`: the RemoteHost sends the values as they are to a replica's /studio/run,
+    which runs them as the host here does: the same text and the same record of the settings."""
+    from fastapi.testclient import TestClient
+
+    from serve.apis import CHAT_API
+    from serve.backend import RemoteHost
+    from serve.replica import replica_app
+
+    remote = object.__new__(RemoteHost)  # a RemoteHost whose HTTP client is the replica's app in-process
+    remote.url, remote.http = "http://testserver", TestClient(replica_app(plain_host, "replica-1"))
+    values = {**{name: p.default for name, p in CHAT_API.signature.parameters.items()}, "message": "Hello there!",
+              "temperature": 0.9, "seed": 4, "presence_penalty": 1.0, "frequency_penalty": -0.5,
+              "stop": "never\\n\\n"}
+    *_, (text, outcome, _, _) = remote.run(CHAT_API, values)
+    *_, (here, expected, _, _) = plain_host.run(CHAT_API, values)
+    assert outcome.ran and (text, outcome.changed) == (here, expected.changed)
+    assert dict(outcome.changed) == {"temperature": 0.9, "presence_penalty": 1.0, "frequency_penalty": -0.5,
+                                     "stop": ("never\n\n",)}
 
 
 def test_a_prompt_longer_than_the_context_is_read_from_its_newest_tokens(client):
@@ -438,8 +478,8 @@ def test_a_reload_brings_back_the_conversation_with_each_replys_outcome():
     from ui.tabs.chat import conversation_title, stored_conversation
 
     def outcome(seed):
-        return Outcome.done(Result("", seed, 5, 3, 80.0, "stop_string"), ADAPTER_ON, [("top_k", 20.0)],
-                            [Message.keyed("dropped_turn", count=1)])
+        return Outcome.done(Result("", seed, 5, 3, 80.0, "stop_string"), ADAPTER_ON,
+                            [("top_k", 20.0), ("stop", ("!", "\n\n"))], [Message.keyed("dropped_turn", count=1)])
     conversation = Conversation("Bot is kind.", (
         Turn("Hi", (Reply("Yo", outcome(3)),)),
         Turn("Hi again", (Reply("Hello!", outcome(1)), Reply("Good day.", outcome(2))), shown=1)))
@@ -487,13 +527,15 @@ def test_an_earlier_turn_is_drawn_again_exactly_from_its_record():
         return text, outcome
 
     asked = dict(message="Hi, I'd like to order a coffee, please.", history=[], persona="Bot is a barista.",
-                 temperature=0.9, top_k=30, max_new_tokens=24, seed=1234, adapter=True, adapter_scale=0.5)
+                 temperature=0.9, top_k=30, max_new_tokens=24, seed=1234, adapter=True, adapter_scale=0.5,
+                 presence_penalty=0.4, frequency_penalty=0.2, stop="!\n\\n\\n")
     text, outcome = run(asked)
     conversation = Conversation("Bot is a barista.").answered(0, asked["message"], Reply(text, outcome))
     later, later_outcome = run({**asked, "message": "A latte.", "history": conversation.pairs, "seed": None})
     conversation = conversation.answered(1, "A latte.", Reply(later, later_outcome))
     again = conversation.replayed(0, CHAT_API.task)
     assert again["seed"] == 1234 and again["temperature"] == 0.9 and again["adapter_scale"] == 0.5
+    assert (again["presence_penalty"], again["frequency_penalty"], again["stop"]) == (0.4, 0.2, ("!", "\n\n"))
     replayed, replayed_outcome = run(again)
     assert replayed == text and replayed_outcome.reproduces(outcome)
     assert run(conversation.replayed(1, CHAT_API.task))[0] == later  # a drawn seed is kept too

@@ -153,7 +153,8 @@ VALID = {
     "source": st.sampled_from(LANGUAGES), "target": st.sampled_from(LANGUAGES), "examples": st.none() | LINES,
     "temperature": st.floats(0, 5), "top_k": st.integers(0, 1000), "top_p": st.floats(0.01, 1),
     "min_p": st.floats(0, 1), "typical_p": st.floats(0.01, 1),
-    "repetition_penalty": st.floats(0.5, 3), "no_repeat_ngram_size": st.integers(0, 10),
+    "repetition_penalty": st.floats(0.5, 3), "presence_penalty": st.floats(-2, 2), "frequency_penalty": st.floats(-2, 2),
+    "no_repeat_ngram_size": st.integers(0, 10), "stop": odd_text(40) | st.lists(odd_text(10), max_size=4),
     "max_new_tokens": st.integers(1, 8), "seed": st.none() | st.integers(-1, MAX_SEED), "adapter": st.booleans(),
     "adapter_scale": st.floats(0, 2), "logprobs": st.integers(0, 20),
     # steering: lines that pair up or not, any layer the small models have, any strength the app takes

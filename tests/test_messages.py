@@ -15,7 +15,7 @@ from model import GPT2, GPT2Config
 from serve import backend
 from serve.apis import example_pairs, history_pairs
 from serve.inspection import inspect_prompt
-from serve.limits import checked_params
+from serve.limits import added_stops, checked_params
 from serve.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, Message, Refusal, english, message_of, render
 from serve.model_host import LOAD_STEPS, ModelHost, check_memory, path_message
 from serve.outcome import GREEDY_SAME, SAME_SEED, STOP_REASON_WORDS, Outcome, status_line
@@ -120,7 +120,9 @@ def made_messages() -> list[Message]:
         refusal(lambda: checked_params(SamplingParams(), temperature=0.001)),
         refusal(lambda: checked_params(SamplingParams(), top_k=1.5)),
         refusal(lambda: checked_params(SamplingParams(), top_p="high")),
-        refusal(lambda: checked_params(SamplingParams(), stop=("",))),
+        refusal(lambda: added_stops(("",), ())),
+        refusal(lambda: added_stops(tuple("abcdefg"), ("\nUser:", "\nBot:"))),
+        refusal(lambda: sampling_params(TASKS["generate"], {**api_defaults("generate"), "stop": 3})),
         message_of(ContextLengthError(16, 16)),
         refusal(lambda: host.look_inside("Hi", 1, 1, "chat")),
         # the Architecture tab's trace (serve/tracing.py)

@@ -259,6 +259,8 @@ def test_a_completion_with_a_task_adapters_id_takes_its_tabs_decoding_defaults(b
     (dict(temperature=0.005), "temperature"),  # the engine's own check: between greedy and sampling
     (dict(stop=[f"x{i}" for i in range(9)]), "stop"),
     (dict(stop="x" * 101), "stop"),
+    (dict(presence_penalty=2.5), "presence_penalty"),
+    (dict(frequency_penalty="high"), "frequency_penalty"),
 ])
 def test_a_bad_field_is_a_400_that_names_it_and_the_server_goes_on(client, model, request_, param):
     request_ = {"prompt": PROMPT, **request_}
@@ -292,6 +294,29 @@ def test_stop_as_one_string_cuts_the_text_there(client, model):
     assert len(word) == 3 and "\ufffd" not in word, free
     cut = client.completions.create(model=model, prompt=PROMPT, temperature=0, max_tokens=20, stop=word).choices[0]
     assert cut.text == free[:free.index(word)] and cut.finish_reason == "stop"
+
+
+def test_presence_and_frequency_penalties_and_a_stop_list_apply_as_the_gradio_api_applies_them(client, served, model):
+    """OpenAI's presence_penalty and frequency_penalty change the text, to what /generate gives with
+    the same settings; with a stop list, the text ends before the first stop written. Chat takes
+    them too."""
+    _, url = served
+    greedy = dict(model=model, prompt=PROMPT, temperature=0, max_tokens=20, seed=3)
+    free = client.completions.create(**greedy).choices[0].text
+    penalised = client.completions.create(**greedy, presence_penalty=1.5, frequency_penalty=2.0).choices[0].text
+    assert penalised != free
+    gradio_text, status, *_ = Client(url, verbose=False).predict(
+        PROMPT, temperature=0, max_new_tokens=20, seed=3, presence_penalty=1.5, frequency_penalty=2.0,
+        api_name="/generate")
+    assert gradio_text == penalised and "presence_penalty 1.5, frequency_penalty 2" in status
+    word = penalised[len(penalised) // 2:][:3]
+    assert len(word) == 3 and "\ufffd" not in word, penalised
+    cut = client.completions.create(**greedy, presence_penalty=1.5, frequency_penalty=2.0,
+                                    stop=["never written", word]).choices[0]
+    assert cut.text == penalised[:penalised.index(word)] and cut.finish_reason == "stop"
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], temperature=0,
+                                           presence_penalty=-2, frequency_penalty=2, stop=["\n\n"], max_tokens=4)
+    assert reply.choices[0].message.content is not None
 
 
 def test_logprobs_without_alternatives_still_give_each_tokens_own(client, model):
