@@ -197,6 +197,37 @@ def test_generate_shows_the_text_as_it_arrives(page):
     assert len(lines) == 2 and lines[0] == "generating…" and lines[1].startswith("seed 12 · "), lines
 
 
+def test_a_stop_string_typed_in_the_settings_ends_the_text_there_and_every_tab_has_the_penalties(page):
+    """Generate, greedy: a word from the middle of the text, typed on the second line of Stop
+    strings (the first never written), ends the next run before it; the status line names the stop
+    strings and the penalties set, as the API takes them back. Every task tab has the three."""
+    page.locator("#generate-prompt textarea").fill("Once upon a time")
+    set_setting(page, "generate", "temperature", 0)
+    set_setting(page, "generate", "max_new_tokens", 24)
+    free = press(page, "generate", "run", 5)
+    word = free[len(free) // 2:][:3]
+    assert len(word) == 3 and word.strip() == word and "\ufffd" not in word, free
+    stops = page.locator("#generate-stop-strings textarea")
+    stops.fill(f"never\\nwritten\n{word}")
+    stops.press("Tab")
+    expect(stops).to_have_value(f"never\\nwritten\n{word}")
+    assert press(page, "generate", "run", 7) == free[:free.index(word)]  # greedy: the same text, up to the stop
+    line = status(page, "generate")
+    assert "stopped: stop string" in line and f'stop ["never\\nwritten", "{word}"]' in line, line
+    set_setting(page, "generate", "presence_penalty", 0.5)
+    set_setting(page, "generate", "frequency_penalty", -0.25)
+    press(page, "generate", "run", 6)
+    assert "presence_penalty 0.5, frequency_penalty -0.25, " in status(page, "generate")
+    screenshot(page, "generate-stop-strings")
+    for task, label in (("dialogue", "Chat"), ("translate", "Translate"), ("summarize", "Summarise")):
+        page.get_by_role("tab", name=label).click()
+        page.locator(f"#tab-{task}").get_by_text("Decoding settings").click()
+        for setting in ("stop-strings", "presence_penalty", "frequency_penalty"):
+            expect(page.locator(f"#{task}-{setting}")).to_be_visible()
+    expect(page.locator("#dialogue-stop-strings")).to_contain_text('"\\nUser:", "\\nBot:"')  # its own, always
+    screenshot(page, "summarize-stop-strings")
+
+
 def chat_turns(page: Page) -> tuple[list[str], list[str]]:
     chatbot = page.locator("#dialogue-chatbot")
     return (chatbot.locator("[data-testid=user]").all_inner_texts(),

@@ -11,6 +11,11 @@ from serve.inspection import MAX_TOKENS
 from serve.tracing import NOISE_SAMPLES
 from serve.messages import LABELS_ZH
 
+# How the stop strings box reads its lines (serve.running.stop_lines).
+STOP_HOW = ("One a line; type \\n for a line end, \\t for a tab, \\\\ for a backslash. The text ends where one "
+            "is written, without it.")
+STOP_HOW_ZH = "每行一个；用 \\n 表示换行，\\t 表示制表符，\\\\ 表示反斜杠。文本在写出其中之一处结束，且不含它。"
+
 ENGLISH = {
     "title": "# Pre-LN GPT-2 Studio",
     "subtitle": "GPT-2 written from scratch with Pre-Layer Normalization, tried on four tasks. "
@@ -153,8 +158,18 @@ ENGLISH = {
     "typical_p_info": "1 = off; keeps the tokens nearest the expected surprise, up to this probability mass",
     "repetition_penalty": "Repetition penalty",
     "repetition_penalty_info": "1 = off",
+    "presence_penalty": "Presence penalty",
+    "presence_penalty_info": "0 = off; lowers each token already written by this much (negative: raises it)",
+    "frequency_penalty": "Frequency penalty",
+    "frequency_penalty_info": "0 = off; lowers each token already written by this much for every time it was "
+                              "written (the prompt does not count)",
     "no_repeat_ngram_size": "No-repeat n-gram size",
     "no_repeat_ngram_size_info": "0 = off",
+    "stop_strings": "Stop strings",
+    "stop_strings_info": STOP_HOW,
+    "stop_strings_info_own": STOP_HOW + " The task's own always apply too: ",
+    "stop_strings_info_own_adapter": STOP_HOW + " The task's own always apply too (and with the adapter on, the line "
+                                                "end \\n): ",
     "max_new_tokens": "Max new tokens",
     "seed": "Seed",
     "seed_info": "-1 (or empty): a random seed, reported after the run",
@@ -324,6 +339,12 @@ CHINESE = {
     "typical_p_info": "1 = 关闭；保留信息量最接近期望的词元，直到累计概率达到此值",
     "repetition_penalty_info": "1 = 关闭",
     "no_repeat_ngram_size_info": "0 = 关闭",
+    "presence_penalty_info": "0 = 关闭；已写出的词元分数减去此值（负数则加上）",
+    "frequency_penalty_info": "0 = 关闭；已写出的词元每出现一次，分数减去一次此值（提示词不计）",
+    "stop_strings": "停止串",
+    "stop_strings_info": STOP_HOW_ZH,
+    "stop_strings_info_own": STOP_HOW_ZH + "任务自带的停止串也始终有效：",
+    "stop_strings_info_own_adapter": STOP_HOW_ZH + "任务自带的停止串也始终有效（开启适配器时还有换行 \\n）：",
     "seed_info": "-1（或留空）：随机种子，运行后会显示",
     "prompt_sent": "发送给模型的提示词",
     "examples": "示例",

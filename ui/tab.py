@@ -3,6 +3,7 @@ its `TaskView`; everything else (the run button and Stop, decoding settings, ada
 line, prompt sent, examples, copy button) is the same for all and is built here."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable
@@ -14,7 +15,7 @@ from serve.messages import Message, render, said
 from serve.host import Host, ServedModel
 from serve.model_host import BUNDLED
 from serve.outcome import FAULT, Outcome, status_line
-from serve.running import (MAX_CHARS, RANDOM_SEED, SETTING_RANGES, SETTINGS, StopSwitches, TaskAPI,
+from serve.running import (MAX_CHARS, RANDOM_SEED, SETTING_RANGES, SETTINGS, STOP_PARAM, StopSwitches, TaskAPI,
                            drawn_seed)
 
 from .i18n import i18n
@@ -43,8 +44,10 @@ GENERATION = "generation"  # the concurrency group of every request that runs th
 STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
 GENERATING = str(i18n("generating"))  # a status the browser translates
 BUTTON_MIN_WIDTH = 90  # three run buttons side by side on a 390 px phone
-SLIDER_STEPS = {"temperature": 0.05, "top_p": 0.01, "min_p": 0.01, "typical_p": 0.01, "repetition_penalty": 0.05}
-SETTINGS_WITH_INFO = {"temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "no_repeat_ngram_size"}
+SLIDER_STEPS = {"temperature": 0.05, "top_p": 0.01, "min_p": 0.01, "typical_p": 0.01, "repetition_penalty": 0.05,
+                "presence_penalty": 0.05, "frequency_penalty": 0.05}
+SETTINGS_WITH_INFO = {"temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "presence_penalty",
+                      "frequency_penalty", "no_repeat_ngram_size"}
 # Ctrl+Enter (⌘+Enter on a Mac) in any box of a tab presses its run button, as in notebooks and
 # text-generation-webui: a multi-line box, such as Generate's prompt, keeps Enter for a new line.
 # Every tab's panel is `tab-{name}` and its run button `{name}-run` (the Architecture tab's too).
@@ -421,19 +424,34 @@ def strength_live(adapter_on: bool, comparing: bool) -> dict:
 
 def settings_widgets(task: Task) -> dict[str, gr.Component]:
     """Sliders for the decoding settings, spanning the ranges the app accepts, set to the task's
-    defaults; and the seed."""
+    defaults; the stop strings the run adds to the task's own; and the seed."""
     widgets = {}
     for name, kind in SETTINGS:
         low, high = SETTING_RANGES[name]
         widgets[name] = gr.Slider(low, high, value=getattr(task.defaults, name), label=i18n(name),
                                   step=1 if kind is int else SLIDER_STEPS[name], elem_id=f"{task.name}-{name}",
                                   info=i18n(f"{name}_info") if name in SETTINGS_WITH_INFO else None)
+    # (not "{task}-stop": that is the tab's Stop button)
+    widgets[STOP_PARAM.name] = gr.Textbox(value=STOP_PARAM.default, label=i18n("stop_strings"), lines=2,
+                                          info=stop_strings_info(task), elem_id=f"{task.name}-stop-strings")
     # -1, not None: gradio draws an empty box as 0 once its accordion opens, and 0 is a fixed seed.
     # No precision: with precision=0 gradio rounded a typed 1.5 to seed 2 without a word; now the
     # run is refused and says that the seed must be an integer.
     widgets["seed"] = gr.Number(value=RANDOM_SEED, label=i18n("seed"), info=i18n("seed_info"),
                                 elem_id=f"{task.name}-seed")
     return widgets
+
+
+def stop_strings_info(task: Task) -> str:
+    """The stop strings box's hint: how to write them, and the task's own, which always apply (and
+    whether its adapter adds the line end), written as the box takes them. (One translated text:
+    the browser translates only the first of several in one string.)"""
+    own = task.defaults.stop
+    if not own:
+        return i18n("stop_strings_info")
+    adapter_adds = task.adapter is not None and set(task.stops(adapter_on=True)) != set(own)
+    return (i18n("stop_strings_info_own_adapter" if adapter_adds else "stop_strings_info_own")
+            + ", ".join(json.dumps(stop, ensure_ascii=False) for stop in own))
 
 
 def labelled_examples(view: TaskView, widgets: Widgets, page: Page) -> gr.Examples:

@@ -31,7 +31,7 @@ from serve import PERSONAS
 from serve.messages import Refusal, localized, message_of
 from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome
 from serve.apis import CHAT_API
-from serve.running import RANDOM_SEED
+from serve.running import RANDOM_SEED, setting_params
 
 from ..conversation import Conversation, Reply
 from ..i18n import i18n
@@ -362,7 +362,7 @@ class KeptInBrowser:
         defaults (the adapter as the model serving now starts it)."""
         tab = self.tab
         conversation = stored_conversation(kept)
-        defaults = {name: getattr(tab.view.task.defaults, name, None) for name in self.names} | {"seed": RANDOM_SEED}
+        defaults = {param.name: param.default for param in setting_params(tab.view.task)} | {"seed": RANDOM_SEED}
         settings = {**defaults, **kept.get("settings", {})}
         adapter = kept.get("adapter", adapter_props(tab.view.task, tab.host.current)["value"])
         return {**showing(tab, conversation), tab.widgets.inputs["persona"]: conversation.persona,
