@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
 
+import gradio as gr
 import pytest
 import torch
 from playwright.sync_api import Page, expect
@@ -1207,6 +1209,36 @@ def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(p
     screenshot(page, "chat-imported")
 
 
+def test_a_persona_typed_as_the_page_opens_is_not_put_back_by_the_restore(browser, app_models, monkeypatch):
+    """The page's restore of the conversation this browser kept lands a moment after the page
+    opens (here held back 2 s): a persona typed before it lands is not overwritten by the kept one."""
+    restore, restored = chat.KeptInBrowser.restore, threading.Event()
+
+    def late(self, saved, request: gr.Request):
+        time.sleep(2)
+        try:
+            return restore(self, saved, request)
+        finally:
+            restored.set()
+    monkeypatch.setattr(chat.KeptInBrowser, "restore", late)
+    with serve_studio(app_models) as url:  # built after the patch: its load event calls `late`
+        page = open_app(browser, url)
+        assert restored.wait(30)
+        restored.clear()
+        page.get_by_role("tab", name="Chat").click()
+        persona = page.locator("#dialogue-persona textarea")
+        persona.fill("Bot is a friendly sailor.")
+        persona.press("Enter")
+        page.wait_for_timeout(500)  # the save after the change
+        page.reload()
+        page.get_by_role("tab", name="Chat").click()
+        persona.fill("Bot is a pirate.")
+        assert restored.wait(30)
+        page.wait_for_timeout(1000)  # time for the restore's values to reach the page
+        expect(persona).to_have_value("Bot is a pirate.")
+        page.context.close()
+
+
 def test_a_reply_continued_from_a_chosen_token_keeps_the_one_it_replaces(page):
     """As a retry does: ◀ goes back to the reply as it was drawn first, with its status line."""
     page.get_by_role("tab", name="Chat").click()
@@ -1418,14 +1450,8 @@ def test_the_reply_chosen_with_the_arrows_is_the_one_exported_and_kept_over_a_re
 def test_a_file_that_is_no_conversation_is_refused_and_the_conversation_stays(page, tmp_path, content):
     page.get_by_role("tab", name="Chat").click()
     persona = page.locator("#dialogue-persona textarea")
-    # The page's restore of what this browser kept (on load) can still land on a persona typed in
-    # its first moments and put the default back (a known race, see the stop note): typed until kept.
-    for _ in range(20):
-        persona.fill("Bot is a friendly sailor.")
-        persona.press("Enter")
-        page.wait_for_timeout(300)
-        if persona.input_value() == "Bot is a friendly sailor.":
-            break
+    persona.fill("Bot is a friendly sailor.")
+    persona.press("Enter")
     set_setting(page, "dialogue", "seed", 53)
     page.locator("#dialogue-message textarea").fill("Hello there")
     page.locator("#dialogue-run").click()

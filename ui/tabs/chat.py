@@ -140,8 +140,10 @@ def chat_widgets() -> Widgets:
                                      elem_id="dialogue-import")
     # A first conversation starts with a persona, so that a greeting gets small talk back: with
     # none, the bundled model answers in whichever of its sources it drifts to (hotel bookings).
+    # It takes typing once the page's restore of what this browser kept has landed
+    # (KeptInBrowser.restore): text typed before then would be overwritten by the kept persona.
     persona = gr.Textbox(DEFAULT_PERSONA, label=i18n("persona"), placeholder=i18n("persona_placeholder"),
-                         elem_id="dialogue-persona")
+                         interactive=False, elem_id="dialogue-persona")
     # As high as the conversation, up to CHAT_CSS's height, then it scrolls: empty, it does not push
     # the message box below a phone's first screen.
     chatbot = gr.Chatbot(label=i18n("conversation"), height=None, min_height=100, buttons=["copy", "copy_all"],
@@ -379,14 +381,18 @@ class KeptInBrowser:
         return {**saved, "current": self.current(*values)}
 
     def restore(self, saved: dict, request: gr.Request) -> dict:
-        """The conversation kept, with the status line of its last reply's run."""
+        """The conversation kept, with the status line of its last reply's run; the persona box
+        takes typing from now on (chat_widgets), showing the kept persona where there is one."""
         conversation = (saved or {}).get("current")
-        listed = {self.tab.widgets.more["earlier"]: earlier_choices(saved or {})}
+        persona = self.tab.widgets.inputs["persona"]
+        ready = {self.tab.widgets.more["earlier"]: earlier_choices(saved or {}), persona: gr.update(interactive=True)}
         if not conversation:
-            return listed
+            return ready
         turns = stored_conversation(conversation).turns
         last_reply = LastRun(turns[-1].reply.outcome if turns else None)  # on load: no run in this page yet
-        return {**self.shown(conversation), **listed, **self.tab.shown(last_reply, language(request))}
+        shown = self.shown(conversation)
+        return {**shown, **ready, persona: gr.update(value=shown[persona], interactive=True),
+                **self.tab.shown(last_reply, language(request))}
 
     def new_chat(self, saved: dict, *values) -> dict:
         current = self.current(*values)
