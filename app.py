@@ -32,6 +32,7 @@ from ui.accessibility import NAMED_PARTS_JS
 from ui.api import api_endpoint, trace_endpoint
 from ui.i18n import CHINESE, ENGLISH, i18n
 from ui.messages import LANGUAGE_SWITCHED, PAGE_LANGUAGE_JS, Page, language, warn
+from ui.presets import PRESETS_CSS, presets_store
 from ui.tab import (GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, compare_props, serves_bundled,
                     task_tab)
 from ui.tabs.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
@@ -40,7 +41,7 @@ from ui.tabs.generate import GENERATE
 from ui.tabs.summarise import SUMMARIZE
 from ui.tabs.translate import TRANSLATE, TRANSLATE_CSS
 
-PAGE_CSS = TAB_CSS + CHAT_CSS + TRANSLATE_CSS + ARCHITECTURE_CSS
+PAGE_CSS = TAB_CSS + PRESETS_CSS + CHAT_CSS + TRANSLATE_CSS + ARCHITECTURE_CSS
 PAGE_JS = (f"() => {{ ({RUN_SHORTCUT_JS})(); ({EDIT_KEYS_JS})(); ({KEEP_MESSAGE_BOX_IN_VIEW_JS})(); "
            f"({PAGE_LANGUAGE_JS})(); ({NAMED_PARTS_JS})(); }}")
 VIEWS: dict[str, TaskView] = {view.task.name: view for view in (GENERATE, CHAT, TRANSLATE, SUMMARIZE)}
@@ -72,11 +73,13 @@ def build_app(host: Host, concurrency: int = DEFAULT_CONCURRENCY, queue_size: in
                     load_button = gr.Button(i18n("load_model_button"), variant="primary", elem_id="model-load")
                     unload_button = gr.Button(i18n("unload_model_button"), elem_id="model-unload")
         # Wrapped onto a second row rather than folded into an overflow menu: a phone sees every tab.
-        # A view's state kept at the page's top level (Chat's conversations): outside the tabs,
-        # whose only children must be tabs.
+        # A view's state kept at the page's top level (Chat's conversations), and each tab's presets
+        # kept in the browser: outside the tabs, whose only children must be tabs.
         page_states = {name: VIEWS[name].page_state() for name in TASKS if VIEWS[name].page_state}
+        preset_stores = {name: presets_store(name) for name in TASKS}
         with gr.Tabs(overflow_behavior="wrap"):
-            tabs = [task_tab(VIEWS[name], page, host, stop_switches, page_states.get(name)) for name in TASKS]
+            tabs = [task_tab(VIEWS[name], page, host, stop_switches, preset_stores[name], page_states.get(name))
+                    for name in TASKS]
             lens_adapter, architecture_buttons = architecture_tab(page, host)
 
         for tab in tabs:

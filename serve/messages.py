@@ -195,6 +195,20 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "steer_pairs": ("steer_positive and steer_negative are pairs of lines, the i-th positive with the i-th negative: "
                     "got {positive} positive and {negative} negative",
                     "转向按行成对：第 i 行正例与第 i 行反例为一对；收到正例 {positive} 行、反例 {negative} 行"),
+    # a task tab's decoding presets (ui/presets.py); {preset}: its name, said as it is
+    "preset_default": ("Default (built-in)", "默认（内置）"),
+    "preset_greedy": ("Greedy (built-in)", "贪心（内置）"),
+    "preset_saved": ("saved the preset {preset}", "已保存预设「{preset}」"),
+    "preset_applied": ("applied the preset {preset}", "已应用预设「{preset}」"),
+    "preset_deleted": ("deleted the preset {preset}", "已删除预设「{preset}」"),
+    "preset_left_out": ("applied the preset {preset} without what this version of the app has no setting for: "
+                        "{names}", "已应用预设「{preset}」，但略去了本版本应用没有的设置：{names}"),
+    "preset_refused": ("the preset {preset} was not applied: {error}", "未应用预设「{preset}」：{error}"),
+    "preset_unreadable": ("the preset {preset} could not be read: it was not saved by this version of the app",
+                          "无法读取预设「{preset}」：它不是由本版本的应用保存的"),
+    "preset_built_in": ("{preset} is a built-in preset: it cannot be saved over or deleted",
+                        "「{preset}」是内置预设：不能覆盖或删除"),
+    "no_preset_picked": ("pick a preset to delete first", "请先选择要删除的预设"),
     # an error no key was given for (a library's, say): its own text, in every language
     "text": ("{text}", "{text}"),
 }
@@ -235,6 +249,7 @@ NAMES_ZH: dict[str, str] = {
     "steer_positive": "转向正例", "steer_negative": "转向反例", "steer_layer": "转向层", "steer_strength": "转向强度",
     "steering pairs": "转向文本对",
     "clean prompt": "干净提示词", "corrupted prompt": "损坏提示词", "noise span": "噪声片段", "answer": "答案",
+    "preset name": "预设名称", "presets": "预设",
 }
 
 # The model line at the top of the page (serve/model_host.py, LoadedModel.describe), by language.
@@ -273,7 +288,7 @@ MODEL_LINE_QUANTIZED = {"en": " · {quantize} weights", "zh": " · {quantize} �
 MODEL_LINE_DECODING = {"en": " · decoding on {path}", "zh": " · 解码方式：{path}"}
 
 # Fields whose text is the user's, the model's or a token's, said as it is in every language.
-AS_GIVEN = {"token", "span", "answer"}
+AS_GIVEN = {"token", "span", "answer", "preset"}
 
 
 def render(message: Message, lang: str) -> str:

@@ -194,6 +194,13 @@ def sampling_params(task: Task, values: dict[str, Any]) -> SamplingParams:
     return replace(params, stop=request_stops(task, values))
 
 
+def check_settings(task: Task, settings: dict[str, Any]) -> None:
+    """Decoding settings kept apart from a run (a preset, ui/presets.py): a Refusal naming the first
+    that a run with them would refuse, as sampling_params checks it (the others take the task's
+    defaults; a setting it does not check is left to the run)."""
+    sampling_params(task, {**{name: getattr(task.defaults, name) for name, _ in SETTINGS}, **settings, "seed": None})
+
+
 def checked_text(name: str, value: Any, limit: int | None = None) -> str:
     """A text field as it came in (any unicode at all), or a Refusal naming the field and, for
     text longer than `limit` (None: the task field's MAX_CHARS), the limit."""

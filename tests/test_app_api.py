@@ -549,3 +549,47 @@ def test_an_edits_draft_comes_back_once_the_message_box_is_empty_again():
     # a refused edit stays in the box: the draft waits, to come back after a later send
     assert draft_back("my draft", "the refused edit") == (gr.skip(), gr.skip())
     assert draft_back("", "") == (gr.skip(), gr.skip())  # no draft: the box is left as it is
+
+
+def test_a_preset_sets_the_settings_it_holds_and_refuses_what_a_run_would():
+    """Presets as the browser keeps them (ui/presets.py): saved and read back over the tab's
+    opening settings; a setting this version has not is left out and named; a value a run would
+    refuse, a store of another shape, a built-in preset's name, are refused or read as empty."""
+    from serve import TASKS
+    from serve.messages import Message, Refusal
+    from ui.presets import MAX_PRESETS, preset_choices, preset_settings, with_preset, without_preset
+
+    task = TASKS["generate"]
+    opening = {"temperature": 1.0, "top_k": 40, "max_new_tokens": 100}
+    stored, name = with_preset({"presets": {}}, "  Calm ", {**opening, "temperature": 0.7}, task)
+    assert name == "Calm" and stored == {"presets": {"Calm": {**opening, "temperature": 0.7}}}
+    assert preset_settings("Calm", stored, opening, task) == ({**opening, "temperature": 0.7}, [])
+    assert preset_settings("Greedy", stored, opening, task) == ({**opening, "temperature": 0.0}, [])
+    assert preset_choices(stored, "zh") == [("默认（内置）", "Default"), ("贪心（内置）", "Greedy"), ("Calm", "Calm")]
+    # from another version: a setting this one has not is left out; one it has not saved takes the tab's own
+    older = {"presets": {"Old": {"temperature": 0.5, "mirostat": 2}}}
+    assert preset_settings("Old", older, opening, task) == ({**opening, "temperature": 0.5}, ["mirostat"])
+    with pytest.raises(Refusal) as refused:
+        preset_settings("Hot", {"presets": {"Hot": {"temperature": 9}}}, opening, task)
+    assert refused.value.message == Message.keyed("preset_refused", preset="Hot", error=Message.keyed(
+        "out_of_range", name="temperature", low=0.0, high=5.0, value="9"))
+    for odd in ({"presets": {"Odd": [1, 2]}}, {"presets": "x"}, "not a store", None):
+        with pytest.raises(Refusal) as refused:
+            preset_settings("Odd", odd, opening, task)
+        assert refused.value.message.key == "preset_unreadable"
+    assert [name for _, name in preset_choices({"presets": "x"}, "en")] == ["Default", "Greedy"]  # read as empty
+    for name, key in (("", "empty"), ("x" * 61, "too_big"), ("Default", "preset_built_in")):
+        with pytest.raises(Refusal) as refused:
+            with_preset(stored, name, opening, task)
+        assert refused.value.message.key == key
+    with pytest.raises(Refusal):  # a value a run would refuse is not saved either
+        with_preset(stored, "Hot", {**opening, "top_k": 1.5}, task)
+    full = {"presets": {str(n): opening for n in range(MAX_PRESETS)}}
+    with pytest.raises(Refusal):
+        with_preset(full, "one more", opening, task)
+    assert with_preset(full, "0", opening, task)[0] == full  # replacing one is no more
+    assert without_preset(stored, "Calm") == {"presets": {}}
+    for name, key in (("Greedy", "preset_built_in"), (None, "no_preset_picked"), ("Gone", "no_preset_picked")):
+        with pytest.raises(Refusal) as refused:
+            without_preset(stored, name)
+        assert refused.value.message.key == key

@@ -1138,6 +1138,64 @@ def test_continue_appends_to_the_prompt_and_goes_on_from_the_edited_text(page):
     expect(prompt).to_have_value(given + chosen + last)
 
 
+def settings_value(page: Page, task: str, name: str) -> str:
+    """A decoding setting as its number box shows it."""
+    return page.locator(f"#{task}-{name} input[type=number]").input_value()
+
+
+def test_a_saved_preset_survives_a_reload_and_sets_the_settings_a_run_reports(page):
+    """The settings saved as a named preset are kept in this browser: after a reload, picked from
+    the list, they set the sliders, and the next run's status line names them. A built-in preset
+    sets the tab's own settings back; a saved one can be deleted, a built-in one cannot."""
+    for name, value in (("temperature", 0.7), ("top_k", 12), ("max_new_tokens", 20)):
+        set_setting(page, "generate", name, value)
+    page.locator("#generate-preset-name input").fill("Short and calm")
+    page.locator("#generate-preset-save").click()
+    line = page.locator("#generate-preset-line")
+    expect(line).to_have_text("saved the preset Short and calm")
+    screenshot(page, "presets-saved")
+    page.reload()
+    page.wait_for_selector("#generate-run")
+    page.locator("#tab-generate").get_by_text("Decoding settings").click()
+    assert (settings_value(page, "generate", "temperature"), settings_value(page, "generate", "top_k")) == ("1", "40")
+    choose(page, "#generate-preset", "Short and calm")
+    expect(line).to_have_text("applied the preset Short and calm")
+    for name, value in (("temperature", "0.7"), ("top_k", "12"), ("max_new_tokens", "20")):
+        expect(page.locator(f"#generate-{name} input[type=number]")).to_have_value(value)
+        expect(page.locator(f"#generate-{name} input[type=range]")).to_have_value(value)
+    page.locator("#generate-prompt textarea").fill("Once upon a time")
+    line_of_run = press(page, "generate", "run", 61) and status(page, "generate")
+    assert line_of_run.endswith("changed settings: temperature 0.7, top_k 12, max_new_tokens 20"), line_of_run
+    choose(page, "#generate-preset", "Default (built-in)")
+    expect(page.locator("#generate-temperature input[type=number]")).to_have_value("1")
+    expect(page.locator("#generate-top_k input[type=number]")).to_have_value("40")
+    page.locator("#generate-preset-delete").click()
+    expect(line).to_have_text("Default is a built-in preset: it cannot be saved over or deleted")
+    choose(page, "#generate-preset", "Short and calm")
+    page.locator("#generate-preset-delete").click()
+    expect(line).to_have_text("deleted the preset Short and calm")
+    page.locator("#generate-preset input").click()
+    expect(page.get_by_role("option", name="Short and calm")).to_have_count(0)
+    expect(page.get_by_role("option", name="Greedy (built-in)")).to_have_count(1)
+
+
+@pytest.mark.parametrize("width", [1400, 390])
+def test_the_presets_fit_the_settings_at_every_width(browser, studio_url, width):
+    page = browser.new_context(viewport={"width": width, "height": 900}).new_page()
+    try:
+        page.goto(studio_url)
+        page.wait_for_selector("#generate-run")
+        page.get_by_role("tab", name="Chat").click()
+        page.locator("#tab-dialogue").get_by_text("Decoding settings").click()
+        expect(page.locator("#dialogue-preset-save")).to_be_visible()
+        page.locator("#dialogue-preset-name input").fill("Chatty")
+        page.locator("#dialogue-preset-save").click()
+        expect(page.locator("#dialogue-preset-line")).to_have_text("saved the preset Chatty")
+        screenshot(page, f"presets-chat-{width}")
+    finally:
+        page.context.close()
+
+
 def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(page, tmp_path):
     """The conversation, persona and settings are kept in the browser: a reload finds them;
     New chat empties the conversation (persona and settings go on) and lists it under Earlier

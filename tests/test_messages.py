@@ -22,7 +22,7 @@ from serve.outcome import GREEDY_SAME, SAME_SEED, STOP_REASON_WORDS, Outcome, st
 from serve.running import (RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text,
                            compared_state, sampling_params, setting_params)
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
-from ui import tab
+from ui import presets, tab
 from ui.tabs import chat
 from ui.messages import language, word
 
@@ -179,6 +179,16 @@ def made_messages() -> list[Message]:
             "", request=httpx.Request("GET", "http://x"), response=httpx.Response(503))),
         backend.cut_message("http://10.0.0.2:8000"), backend.STOPPED_NOTE,
         refusal(lambda: backend.RemoteHost.load(SimpleNamespace(url="http://10.0.0.2:8000"), "gpt2")),
+        # a tab's presets (ui/presets.py)
+        *(Message.keyed(key) for key in ("preset_default", "preset_greedy")),
+        *(Message.keyed(key, preset="Calm") for key in ("preset_saved", "preset_applied", "preset_deleted")),
+        Message.keyed("preset_left_out", preset="Calm", names="mirostat, temperature"),
+        refusal(lambda: presets.preset_settings("Hot", {"presets": {"Hot": {"top_k": 1.5}}}, {"top_k": 40},
+                                                TASKS["generate"])),
+        *(refusal(lambda: presets.with_preset({}, name, {}, TASKS["generate"])) for name in ("", "x" * 99, "Default")),
+        refusal(lambda: presets.with_preset({"presets": {str(n): {} for n in range(50)}}, "more", {}, TASKS["generate"])),
+        refusal(lambda: presets.preset_settings("Odd", {"presets": {"Odd": 3}}, {}, TASKS["generate"])),
+        refusal(lambda: presets.without_preset({}, None)),
     ]
 
 

@@ -10,6 +10,10 @@ import gradio as gr
 WORDS_ZH = {"error": "错误", "warning": "警告"}
 
 LANGUAGE_KEY = "pre-ln-gpt2-studio-language"  # the browser's storage of the language picked in Settings
+# What the page keeps in the browser (gr.BrowserState: Chat's conversations, each tab's presets) is
+# encrypted with this; a fixed one, so that it survives a restart of the app (a random one per
+# start would make it unreadable).
+BROWSER_SECRET = "pre-ln-gpt2-studio"
 LANGUAGE_SWITCHED = "page-language-switched"  # the hidden button the page presses when it is picked
 
 # Gradio's Settings can switch the page to another language than the browser's. Gradio then
@@ -51,6 +55,10 @@ PAGE_LANGUAGE_JS = f"""() => {{
 }}"""
 
 
+# The page's own events (and JavaScript alone): not queued behind the runs, and not in the API.
+PAGE_EVENT = dict(queue=False, api_visibility="private")
+
+
 @dataclass(frozen=True)
 class Page:
     """The page's own events that its parts join: its load, and its language switched in Settings
@@ -58,11 +66,10 @@ class Page:
     blocks: gr.Blocks
     language_switched: gr.Button
 
-    def on_language(self, fn, outputs) -> None:
-        """Run `fn` (given the request, whose language() it may write in) as the page opens, and
-        again whenever the page's language is switched in Settings."""
-        gr.on([self.blocks.load, self.language_switched.click], fn, None, outputs, queue=False,
-              api_visibility="private")
+    def on_language(self, fn, outputs, inputs=None) -> None:
+        """Run `fn` (given `inputs`' values and the request, whose language() it may write in) as the
+        page opens, and again whenever the page's language is switched in Settings."""
+        gr.on([self.blocks.load, self.language_switched.click], fn, inputs, outputs, **PAGE_EVENT)
 
 
 def language(request: gr.Request | None) -> str:

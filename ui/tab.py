@@ -20,7 +20,8 @@ from serve.running import (MAX_CHARS, RANDOM_SEED, SETTING_RANGES, SETTINGS, STO
 
 from .i18n import i18n
 from .last_run import LastRun, TokenRow
-from .messages import Page, language, word
+from .messages import PAGE_EVENT, Page, language, word
+from .presets import Presets
 from .steer import Steer, norm_line
 from .tokens import TOP_SHOWN, Insight
 
@@ -38,8 +39,6 @@ button.label-wrap > .icon {{ flex: none; }}
 # What a handler that changes nothing returns: Gradio takes an empty {component: value} dict for
 # one value, and a lone skip leaves every output as it is.
 NOTHING = gr.skip()
-# The page's own events (and JavaScript alone): not queued behind the runs, and not in the API.
-PAGE_EVENT = dict(queue=False, api_visibility="private")
 GENERATION = "generation"  # the concurrency group of every request that runs the model
 STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
 GENERATING = str(i18n("generating"))  # a status the browser translates
@@ -129,6 +128,7 @@ class Tab:
     insight: "Insight"
     examples: gr.Examples
     steer: Steer
+    presets: Presets
     page_state: gr.Component | None = None  # the view's state kept at the page's top level (Chat's)
     bundled_note: gr.Markdown | None = None  # TaskView.bundled_note's line
     # The events that run the task, by name: "run" (the run button, Enter), "from_token" (an
@@ -149,7 +149,7 @@ class Tab:
     @property
     def buttons(self) -> list[gr.Button]:
         """Every button the tab lays out (the page test holds the page to this list)."""
-        return [*self.run_buttons, self.stop_button, *self.steer.presets,
+        return [*self.run_buttons, self.stop_button, *self.presets.buttons, *self.steer.presets,
                 *(c for c in self.widgets.more.values() if isinstance(c, (gr.Button, gr.DownloadButton,
                                                                           gr.UploadButton)))]
 
@@ -467,12 +467,13 @@ def labelled_examples(view: TaskView, widgets: Widgets, page: Page) -> gr.Exampl
     return examples
 
 
-def task_tab(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches,
+def task_tab(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches, presets_store: gr.BrowserState,
              page_state: gr.Component | None = None) -> Tab:
-    """Lay out and wire one task's tab; call inside the page's gr.Blocks. `page_state`: the view's
-    state made at the page's top level (TaskView.page_state)."""
+    """Lay out and wire one task's tab; call inside the page's gr.Blocks. `presets_store` (the tab's
+    presets, ui/presets.py) and `page_state` (the view's state, TaskView.page_state): made at the
+    page's top level."""
     with gr.Tab(i18n(view.label), id=view.task.name, elem_id=f"tab-{view.task.name}"):
-        tab = laid_out(view, page, host, stop_switches, page_state)
+        tab = laid_out(view, page, host, stop_switches, presets_store, page_state)
         wire_runs(tab)
         if view.extras is not None:
             view.extras(tab)
@@ -480,7 +481,7 @@ def task_tab(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches
     return tab
 
 
-def laid_out(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches,
+def laid_out(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches, presets_store: gr.BrowserState,
              page_state: gr.Component | None) -> Tab:
     """The tab's components, top to bottom, and its states."""
     task = view.task
@@ -497,6 +498,7 @@ def laid_out(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches
                           elem_id=f"{task.name}-adapter")
     insight = Insight.build(task.name, has_adapter=task.adapter is not None, adapter_on=adapter_now["value"])
     with gr.Accordion(i18n("settings"), open=False):
+        presets = Presets.build(task.name, presets_store)
         settings = settings_widgets(task)
     steer = Steer.build(task.name, host.current)
     with gr.Accordion(i18n("prompt_sent"), open=False) as prompt_folded:
@@ -506,7 +508,7 @@ def laid_out(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches
     prompt_folded.expand(None, js=scrolled_to_end(prompt_sent.elem_id), **PAGE_EVENT)
     examples = labelled_examples(view, widgets, page)
     return Tab(view, page, host, stop_switches, widgets, settings, adapter, run_button, continue_button, stop_button,
-               status, last_run, prompt_sent, insight, examples, steer, page_state, bundled_note)
+               status, last_run, prompt_sent, insight, examples, steer, presets, page_state, bundled_note)
 
 
 def run_row(view: TaskView) -> tuple[gr.Button, gr.Button | None, gr.Button]:
@@ -532,6 +534,7 @@ def wire_runs(tab: Tab) -> None:
     else:
         wire_notebook(tab)
     tab.insight.wire(tab.last_run)
+    tab.presets.wire(tab.page, tab.view.task, tab.settings)
     # The strength acts only on an adapter that runs: switched on, or the on side of a comparison.
     gr.on([tab.adapter.change, tab.insight.compare.change], strength_live, [tab.adapter, tab.insight.compare],
           tab.insight.adapter_scale, **PAGE_EVENT)

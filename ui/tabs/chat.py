@@ -36,7 +36,7 @@ from serve.running import RANDOM_SEED, setting_params
 from ..conversation import Conversation, Reply
 from ..i18n import i18n
 from ..last_run import LastRun
-from ..messages import language, warn
+from ..messages import BROWSER_SECRET, language, warn
 from ..tab import NOTHING, PAGE_EVENT, Tab, TaskView, Widgets, adapter_props
 from ..tokens import Insight
 
@@ -97,9 +97,6 @@ EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations
 MAX_EXPORTS = 100
 MAX_EARLIER = 20  # conversations kept under "Earlier conversations", newest first
 STORAGE_KEY = "pre-ln-gpt2-studio-chat"
-# The browser keeps the conversations encrypted with this; a fixed one, so that they survive a
-# restart of the app (a random one per start would make them unreadable).
-STORAGE_SECRET = "pre-ln-gpt2-studio"
 DEFAULT_PERSONA = PERSONAS["chatterbot"]
 
 
@@ -334,7 +331,7 @@ def read_import(path: str | None) -> Conversation:
 def chat_store() -> gr.BrowserState:
     """Where the browser keeps the conversations; made at the page's top level (app.build_app),
     outside the tabs, so that its stored value is there when the page loads."""
-    return gr.BrowserState({"current": None, "earlier": []}, storage_key=STORAGE_KEY, secret=STORAGE_SECRET)
+    return gr.BrowserState({"current": None, "earlier": []}, storage_key=STORAGE_KEY, secret=BROWSER_SECRET)
 
 
 @dataclass(frozen=True)
@@ -430,7 +427,7 @@ class KeptInBrowser:
         restored = {*kept, *shown_parts(tab), more["earlier"], tab.status, tab.last_run}
         tab.page.blocks.load(self.restore, store, restored, **PAGE_EVENT).then(**export)
         saving = dict(fn=self.save, inputs=[store, *kept], outputs=store, **PAGE_EVENT)
-        for change in changed:
+        for change in [*changed, *tab.presets.applied]:
             change.then(**saving)
         gr.on([tab.adapter.input,
                *(slider.release if hasattr(slider, "release") else slider.blur for slider in tab.settings.values())],
