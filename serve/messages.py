@@ -85,6 +85,9 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "adapter_bool": ("adapter must be true or false, got {value}", "适配器必须为 true 或 false，收到的是 {value}"),
     "history_pairs": ("history must be a list of [user, bot] pairs of text", "对话历史必须是 [用户, 机器人] 文本对的列表"),
     "no_retry": ("there is no turn to retry", "没有可以重试的一轮"),
+    # a Chat reply written over by hand (serve.outcome.Outcome.edited): no run to describe
+    "edited_by_hand": ("edited by hand: the model reads it as its own reply; no seed or token probabilities, since "
+                       "no run wrote it", "已手动编辑：模型会把它当作自己的回复；没有种子和词元概率，因为它不是运行生成的"),
     "same_seed": ("the same seed gives the same reply: a seed of -1 draws a new one each time",
                   "相同的种子给出相同的回复：种子设为 -1 则每次抽取新的"),
     "greedy_same": ("greedy decoding (temperature 0 or top_k 1) gives the same reply each time",

@@ -15,7 +15,8 @@ from .messages import Message, message_of, render
 
 log = logging.getLogger(__name__)
 
-DONE, REFUSED, FAULT = "done", "refused", "fault"
+# EDITED: no run at all, a reply the user wrote over by hand (Chat): it has no seed, counts or tokens.
+DONE, REFUSED, FAULT, EDITED = "done", "refused", "fault", "edited"
 REFUSED_MARK = "⚠️ "  # how the line of a refusal or a fault starts
 # Why a run stopped, as its status line says it to a person (Result.stop_reason keeps the code).
 STOP_REASON_WORDS = {"eos": "end of text", "stop_string": "stop string", "max_tokens": "max_new_tokens reached",
@@ -27,7 +28,7 @@ RETRY_NOTES = {SAME_SEED.key, GREEDY_SAME.key}
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: str  # DONE, REFUSED or FAULT
+    kind: str  # DONE, REFUSED, FAULT or EDITED
     message: Message | None = None  # a refusal's or fault's: which field and why
     seed: int | None = None
     prompt_tokens: int = 0
@@ -59,6 +60,11 @@ class Outcome:
         """A failure of the app, not of the input: logged, and said without the app's internals."""
         log.error("%s: generation failed: %s: %s", where, type(error).__name__, error)
         return cls(FAULT, Message.keyed("generation_failed", kind=type(error).__name__))
+
+    @classmethod
+    def edited(cls) -> "Outcome":
+        """A reply edited by hand: what the model is given as its words from then on."""
+        return cls(EDITED, Message.keyed("edited_by_hand"))
 
     @property
     def ran(self) -> bool:
@@ -109,9 +115,11 @@ def message_from_json(data: dict) -> Message:
 def status_line(outcome: Outcome | None, lang: str) -> str:
     """The line under a tab's output for `outcome` (None: no run yet), in `lang`: how to reproduce
     the run (seed, counts, speed, why it stopped, the adapter, the steering, the settings changed) and its notes;
-    or, marked, why it was refused or failed."""
+    or, marked, why it was refused or failed; or that the reply was edited by hand."""
     if outcome is None:
         return ""
+    if outcome.kind == EDITED:
+        return render(outcome.message, lang)
     if not outcome.ran:
         return REFUSED_MARK + render(outcome.message, lang)
     speed = f"{outcome.tokens_per_second:.1f}" if outcome.tokens_per_second else "—"  # none drawn: no speed

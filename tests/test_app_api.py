@@ -593,3 +593,32 @@ def test_a_preset_sets_the_settings_it_holds_and_refuses_what_a_run_would():
         with pytest.raises(Refusal) as refused:
             without_preset(stored, name)
         assert refused.value.message.key == key
+
+
+def test_a_reply_edited_by_hand_goes_beside_the_one_drawn_and_says_so():
+    """Conversation.edited: an edit of a drawn reply is shown beside it (◀ ▶ back to it), an edit
+    of an edit replaces it, the turns after stay, and the next history holds the edited text; its
+    outcome says it was edited (no seed to replay), through JSON too."""
+    from engine.generate import Result
+    from serve.outcome import EDITED, Outcome, status_line
+    from ui.conversation import Conversation, Reply, Turn
+    from serve.apis import CHAT_API
+    from ui.tabs.chat import message_place
+
+    task = CHAT_API.task
+    drawn = Outcome.done(Result("", 3, 5, 3, 80.0, "stop_string"), None, [], [])
+    conversation = Conversation("Bot is kind.", (Turn("Hi", (Reply("Yo", drawn),)), Turn("Bye", (Reply("Ciao", drawn),))))
+    edited = conversation.edited(0, "Hello, friend.")
+    assert edited.pairs == [["Hi", "Hello, friend."], ["Bye", "Ciao"]]
+    first = edited.turns[0]
+    assert [reply.text for reply in first.replies] == ["Yo", "Hello, friend."] and first.shown == 1
+    assert first.reply.outcome == Outcome.edited() and first.reply.outcome.kind == EDITED
+    assert edited.edited(0, "Hello!").turns[0].replies == (Reply("Yo", drawn), Reply("Hello!", Outcome.edited()))
+    assert edited.edited(0, "Hello, friend.") == edited  # saved as it was
+    assert edited.replayed(0, task) is None and edited.replayed(1, task) is not None
+    assert Conversation.from_json(json.loads(json.dumps(edited.as_json()))) == edited
+    assert status_line(Outcome.edited(), "en").startswith("edited by hand") and "⚠" not in status_line(Outcome.edited(), "en")
+    # the Chatbot's messages: user, bot, user, bot; an empty reply is not drawn
+    assert [message_place(edited, index) for index in range(5)] == [(0, True), (0, False), (1, True), (1, False),
+                                                                     (2, True)]
+    assert message_place(Conversation("", (Turn("Hi", (Reply(""),)), Turn("Bye", (Reply("Ciao"),)))), 1) == (1, True)

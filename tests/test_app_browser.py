@@ -1368,7 +1368,7 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     message.fill("a draft of my next message")  # an edit sends the edited text, and keeps the draft
     user = page.locator("#dialogue-chatbot [data-testid=user]").last
     user.hover()
-    page.locator("#dialogue-chatbot [aria-label=Edit]").last.click()
+    page.locator("#dialogue-chatbot .message-buttons-right [aria-label=Edit]").last.click()  # the message's, not the reply's
     box = page.locator("#dialogue-chatbot textarea").last
     box.fill("Good evening")
     box.press("Enter")  # saves the edit, as the message box sends (not a new line in it)
@@ -1381,7 +1381,7 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     assert page.locator("#dialogue-prompt-sent textarea").input_value().endswith("User: Good evening\nBot:")
     screenshot(page, "chat-edited")
     user.hover()  # Escape leaves an edit unsaved
-    page.locator("#dialogue-chatbot [aria-label=Edit]").last.click()
+    page.locator("#dialogue-chatbot .message-buttons-right [aria-label=Edit]").last.click()
     box.fill("Never sent")
     status = page.locator("#dialogue-status").inner_text()
     box.press("Escape")
@@ -1426,6 +1426,75 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     expect(page.locator("#dialogue-chatbot [data-testid=user]").first).to_have_text("Good evening")
     expect(status).to_have_text("")
     expect(tokens).to_have_count(0)
+
+
+def edit_message(page: Page, role: str, text: str) -> None:
+    """Edit the conversation's last message of `role` ("user", "bot") to `text`, saved with Enter."""
+    chatbot = page.locator("#dialogue-chatbot")
+    chatbot.locator(f"[data-testid={role}]").last.hover()
+    buttons = chatbot.locator(".message-buttons-right" if role == "user" else ".message-buttons-left").last
+    buttons.locator("[aria-label=Edit]").click()
+    box = chatbot.locator("textarea.edit-textarea")
+    box.fill(text)
+    box.press("Enter")  # saves the edit, as the message box sends (not a new line in it)
+    expect(box).to_have_count(0)
+
+
+def test_an_edited_reply_is_what_the_model_reads_next_and_says_it_was_edited(page, tmp_path):
+    """A bot's reply edited by hand: shown and kept beside the reply the model drew (◀ ▶), its
+    status line says it was edited and has no tokens; the next prompt sent holds the edited text;
+    retry, undo and the export stay coherent with it."""
+    page.get_by_role("tab", name="Chat").click()
+    page.locator("#dialogue-insight").get_by_text("Why this output").click()
+    message = page.locator("#dialogue-message textarea")
+    set_setting(page, "dialogue", "seed", 71)
+    message.fill("Hello there")
+    page.locator("#dialogue-run").click()
+    wait_for_run(page, "dialogue", 71)
+    drawn = chat_turns(page)[1][-1]
+    expect(page.locator("#dialogue-tokens .tok").first).to_be_visible()
+    edit_message(page, "bot", "I am a sailor from Brest.")
+    expect(page.locator("#dialogue-chatbot [data-testid=bot]").last).to_have_text("I am a sailor from Brest.")
+    expect(page.locator("#dialogue-status")).to_contain_text("edited by hand")
+    expect(page.locator("#dialogue-tokens .tok")).to_have_count(0)  # no run wrote it: no tokens
+    which = page.locator("#dialogue-which-reply")
+    expect(which).to_contain_text("2 / 2")
+    assert chat_turns(page)[0] == ["Hello there"]  # nothing was sent
+    page.locator("#dialogue-previous-reply").click()  # the reply the model drew is kept
+    expect(page.locator("#dialogue-chatbot [data-testid=bot]").last).to_have_text(drawn)
+    expect(page.locator("#dialogue-status")).to_contain_text("seed 71 · ")
+    page.locator("#dialogue-next-reply").click()
+    expect(page.locator("#dialogue-status")).to_contain_text("edited by hand")
+    screenshot(page, "chat-reply-edited")
+
+    set_setting(page, "dialogue", "seed", 72)
+    message.fill("Where do you sail?")
+    page.locator("#dialogue-run").click()
+    wait_for_run(page, "dialogue", 72)
+    page.locator("#tab-dialogue").get_by_text("Prompt sent to the model").click()
+    sent = page.locator("#dialogue-prompt-sent textarea").input_value()
+    assert sent.endswith("User: Hello there\nBot: I am a sailor from Brest.\nUser: Where do you sail?\nBot:"), sent
+    exported = download_export(page, 2)
+    assert exported["history"][0] == ["Hello there", "I am a sailor from Brest."]
+    replies = exported["turns"][0]["replies"]
+    assert [reply["text"] for reply in replies] == [drawn, "I am a sailor from Brest."]
+    assert replies[0]["outcome"]["seed"] == 71 and replies[1]["outcome"]["kind"] == "edited"
+    assert exported["turns"][0]["shown"] == 1
+
+    edit_message(page, "bot", "Anywhere the wind goes.")  # the last reply: a retry goes on beside it
+    expect(which).to_contain_text("2 / 2")
+    set_setting(page, "dialogue", "seed", 73)
+    page.locator("#dialogue-chatbot [aria-label=Retry]").click()
+    wait_for_run(page, "dialogue", 73)
+    expect(which).to_contain_text("3 / 3")
+    page.locator("#dialogue-previous-reply").click()
+    expect(page.locator("#dialogue-chatbot [data-testid=bot]").last).to_have_text("Anywhere the wind goes.")
+    page.locator("#dialogue-chatbot [data-testid=bot]").last.hover()
+    page.locator("#dialogue-chatbot [aria-label=Undo]").click()  # the turn goes, with all its replies
+    expect(page.locator("#dialogue-chatbot [data-testid=user]")).to_have_count(1)
+    expect(message).to_have_value("Where do you sail?")
+    expect(page.locator("#dialogue-chatbot [data-testid=bot]").last).to_have_text("I am a sailor from Brest.")
+    assert download_export(page, 1)["history"] == [["Hello there", "I am a sailor from Brest."]]
 
 
 def test_on_a_phone_chats_message_box_starts_on_the_first_screen(browser, studio_url):

@@ -179,6 +179,7 @@ def made_messages() -> list[Message]:
             "", request=httpx.Request("GET", "http://x"), response=httpx.Response(503))),
         backend.cut_message("http://10.0.0.2:8000"), backend.STOPPED_NOTE,
         refusal(lambda: backend.RemoteHost.load(SimpleNamespace(url="http://10.0.0.2:8000"), "gpt2")),
+        Outcome.edited().message,  # a Chat reply edited by hand
         # a tab's presets (ui/presets.py)
         *(Message.keyed(key) for key in ("preset_default", "preset_greedy")),
         *(Message.keyed(key, preset="Calm") for key in ("preset_saved", "preset_applied", "preset_deleted")),

@@ -1,7 +1,8 @@
 """Chat's conversation as a record: the persona, and each turn's message with every reply drawn for
 it (a retry keeps the one it replaces) and the one shown. Each reply keeps the outcome of the run
 that wrote it (seed, the settings changed, the adapter), so that an earlier turn can be drawn again
-exactly (Conversation.replayed) and the export carries them. The Chat tab keeps the record in a
+exactly (Conversation.replayed) and the export carries them; a reply edited by hand keeps an
+outcome that says so (Outcome.edited), beside the reply it was edited from. The Chat tab keeps the record in a
 gr.State and renders it to the Chatbot (ui/tabs/chat.py); nothing rebuilds it from the page.
 
 As JSON (an export, the browser's copy) the record also gives its shown turns as "history", the
@@ -16,7 +17,7 @@ from typing import Any
 from serve import Task
 from serve.apis import history_pairs
 from serve.messages import Refusal
-from serve.outcome import Outcome
+from serve.outcome import EDITED, Outcome
 from serve.running import asked_again, checked_text
 
 
@@ -91,6 +92,21 @@ class Conversation:
             turn = Turn(user, (reply,))
         return replace(self, turns=(*self.turns[:at], turn))
 
+    def edited(self, at: int, text: str) -> "Conversation":
+        """Turn `at`'s shown reply written over by hand (Outcome.edited): beside the reply a run drew,
+        which stays to switch back to (◀ ▶ on the last turn), or in place of an earlier edit. The
+        turns after it stay; the next prompt reads the edited text."""
+        turn = self.turns[at]
+        if text == turn.reply.text:  # saved as it was: no edit
+            return self
+        reply = Reply(text, Outcome.edited())
+        if turn.reply.outcome is not None and turn.reply.outcome.kind == EDITED:
+            replies = (*turn.replies[:turn.shown], reply, *turn.replies[turn.shown + 1:])
+            edited = replace(turn, replies=replies)
+        else:
+            edited = Turn(turn.user, (*turn.replies, reply), len(turn.replies))
+        return replace(self, turns=(*self.turns[:at], edited, *self.turns[at + 1:]))
+
     def switched(self, step: int) -> "Conversation | None":
         """The last turn showing its previous (step -1) or next (+1) reply, round; None where it has
         no other."""
@@ -102,9 +118,9 @@ class Conversation:
     def replayed(self, at: int, task: Task) -> dict[str, Any] | None:
         """What ran turn `at`'s shown reply: its message after the turns before it, the persona, and
         the seed, settings and adapter its outcome keeps; a request that draws that reply again.
-        None for a reply that keeps no run (from an older export)."""
+        None for a reply that keeps no run (from an older export, or edited by hand)."""
         turn = self.turns[at]
-        if turn.reply.outcome is None:
+        if turn.reply.outcome is None or not turn.reply.outcome.ran:
             return None
         return {"message": turn.user, "history": self.before(at).pairs, "persona": self.persona,
                 **asked_again(turn.reply.outcome, task)}

@@ -141,8 +141,10 @@ class Presets:
         tab's, by name; all but LEFT_OUT are a preset's."""
         kept = {name: widget for name, widget in settings.items() if name not in LEFT_OUT}
         opening = {name: widget.value for name, widget in kept.items()}
-        page.on_language(lambda stored, request: gr.update(choices=preset_choices(stored, language(request))),
-                         self.choice, self.store)
+
+        def listed(stored, request: gr.Request) -> dict:
+            return gr.update(choices=preset_choices(stored, language(request)))
+        page.on_language(listed, self.choice, self.store)
 
         def apply(name, stored, request: gr.Request) -> dict:
             if name is None:  # the list emptied

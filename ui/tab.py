@@ -185,12 +185,14 @@ class Tab:
 
     def add_run(self, name: str, triggers: list,
                 prepare: Callable[[dict[str, Any]], dict[str, Any]] = lambda values: values,
-                continuing: bool = False, appends: bool = False) -> list:
+                continuing: bool = False, appends: bool = False, when: gr.State | None = None) -> list:
         """Run the task when any of `triggers` fires (or, for an event's dependency, once it has
         run), on the tab's values made ready by `prepare` (Chat's retry, for one, first takes back
         the last turn); the events are kept as runs[`name`], and returned. `continuing`: from the
         token chosen in the token view, with the alternative chosen there (Insight), on the inputs
-        and settings of the run it comes from. `appends`: the run's text joins the notebook (Continue)."""
+        and settings of the run it comes from. `appends`: the run's text joins the notebook (Continue).
+        `when`: a state that says whether the dependency before it asks for a run (Chat's edit of
+        the user's message does, of a reply does not); without it, every trigger runs."""
         insight = self.insight
         # The tab's run buttons wait while a run goes, as a chat app's Send does: a Continue
         # pressed meanwhile would join a text to the prompt that the running one joins too.
@@ -198,8 +200,8 @@ class Tab:
                    *insight.compare_texts, insight.alternatives, *self.widgets.cleared, *self.run_buttons,
                    self.stop_button, self.steer.norm}
         reads = {*self.named_inputs.values(), insight.show_tokens, insight.compare, self.last_run,
-                 insight.alternatives}
-        handler = dict(fn=self.run_handler(prepare, continuing, appends), inputs=reads, outputs=outputs,
+                 insight.alternatives, *([when] if when is not None else [])}
+        handler = dict(fn=self.run_handler(prepare, continuing, appends, when), inputs=reads, outputs=outputs,
                        show_progress="minimal", api_visibility="private", concurrency_id=GENERATION)
         listeners = [trigger for trigger in triggers if not isinstance(trigger, gr.events.Dependency)]
         events = [gr.on(listeners, **handler)] if listeners else []
@@ -210,9 +212,13 @@ class Tab:
         self.runs[name] = events
         return events
 
-    def run_handler(self, prepare: Callable[[dict[str, Any]], dict[str, Any]], continuing: bool, appends: bool):
+    def run_handler(self, prepare: Callable[[dict[str, Any]], dict[str, Any]], continuing: bool, appends: bool,
+                    when: gr.State | None = None):
         """The run's handler (add_run): the run made ready, then streamed into the tab."""
         def run_in_tab(data: dict[gr.Component, Any], request: gr.Request):
+            if when is not None and not data[when]:  # nothing asked to run: the tab stays as it is
+                yield NOTHING
+                return
             lang, last_run = language(request), data[self.last_run]
             try:
                 run = self.ready_run(data, prepare, continuing, appends)

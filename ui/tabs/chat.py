@@ -1,5 +1,6 @@
-"""The Chat tab: a gr.Chatbot conversation with a persona line, retry / undo / clear, and the
-conversation exported as JSON and imported back.
+"""The Chat tab: a gr.Chatbot conversation with a persona line, retry / undo / clear, an edited
+message sent again or an edited reply written over by hand, and the conversation exported as JSON
+and imported back.
 
 The conversation is a record (ui/conversation.py: each turn's message, every reply drawn for it
 with the seed and settings of its run, and the one shown), kept in a gr.State, changed by the
@@ -74,18 +75,18 @@ KEEP_MESSAGE_BOX_IN_VIEW_JS = """() => {
   for (const kind of ["pointerdown", "keydown", "focusin"]) document.addEventListener(kind, at, true);
   for (const kind of ["wheel", "touchmove"]) document.addEventListener(kind, () => { atConversation = false; }, true);
 }"""
-# Editing a message in the conversation, Enter saves the edit and Escape cancels it, as in the
-# message box (Shift+Enter starts a new line): Gradio's edit box took Enter as a new line, kept in
-# the message sent, and saving it needed its small ✓. Its two buttons, ✓ then ✗, are found by
-# place (after the message), since their names follow the page's language.
+# Editing a message in the conversation (the user's or the bot's), Enter saves the edit and Escape
+# cancels it, as in the message box (Shift+Enter starts a new line): Gradio's edit box took Enter as
+# a new line, kept in the message sent, and saving it needed its small ✓. Its two buttons, ✓ then
+# ✗, are found by place (after the message, on its side), since their names follow the page's language.
 EDIT_KEYS_JS = """() => {
   document.addEventListener("keydown", (event) => {
     const box = event.target;
     if (!(box instanceof HTMLTextAreaElement) || !box.closest("#dialogue-chatbot") || event.isComposing
         || event.keyCode === 229 || !(event.key === "Escape" || (event.key === "Enter" && !event.shiftKey))) return;
     let after = box.closest(".message-row")?.nextElementSibling;  // the edited message's buttons follow it
-    while (after && !after.matches(".message-buttons-right, .message-row")) after = after.nextElementSibling;
-    const button = after?.matches(".message-buttons-right") && after.querySelectorAll("button")[event.key === "Enter" ? 0 : 1];
+    while (after && !after.matches(".message-buttons, .message-row")) after = after.nextElementSibling;
+    const button = after?.matches(".message-buttons") && after.querySelectorAll("button")[event.key === "Enter" ? 0 : 1];
     if (!button) return;
     event.preventDefault();
     button.click();
@@ -115,10 +116,17 @@ def messages_from_pairs(pairs: list[list[str]]) -> list[dict[str, str]]:
             for role, said in zip(("user", "assistant"), pair) if said]
 
 
-def turn_of_message(conversation: Conversation, index: int) -> int:
-    """The turn of the Chatbot's message at `index`, as messages_from_pairs draws them."""
-    turns = [at for at, pair in enumerate(conversation.pairs) for said in pair if said]
-    return turns[index] if 0 <= index < len(turns) else len(turns)
+def message_place(conversation: Conversation, index: int) -> tuple[int, bool]:
+    """The turn of the Chatbot's message at `index`, as messages_from_pairs draws them, and whether
+    it is the user's message (else the bot's reply); past the end, a user's after the last turn."""
+    places = [(at, role == "user") for at, pair in enumerate(conversation.pairs)
+              for role, said in zip(("user", "assistant"), pair) if said]
+    return places[index] if 0 <= index < len(places) else (len(conversation.turns), True)
+
+
+def edited_text(edit: gr.EditData) -> str:
+    """An edited message's new text (Gradio gives a string, or the message's parts)."""
+    return edit.value if isinstance(edit.value, str) else message_text({"content": edit.value})
 
 
 def chat_widgets() -> Widgets:
@@ -144,7 +152,7 @@ def chat_widgets() -> Widgets:
     # As high as the conversation, up to CHAT_CSS's height, then it scrolls: empty, it does not push
     # the message box below a phone's first screen.
     chatbot = gr.Chatbot(label=i18n("conversation"), height=None, min_height=100, buttons=["copy", "copy_all"],
-                         editable="user", elem_id="dialogue-chatbot")
+                         editable="all", elem_id="dialogue-chatbot")
     with gr.Row(visible=False) as switcher:  # after Retry: every reply to the last turn stays reachable
         with gr.Column(scale=0, min_width=480), gr.Row():  # ◀ 1 / 2 ▶ side by side, not across the page
             gr.Markdown(i18n("replies_to_last"), scale=0, min_width=260, elem_id="dialogue-replies-label")
@@ -160,7 +168,8 @@ def chat_widgets() -> Widgets:
                    more={"export": export, "new": new_chat, "import": upload, "earlier": earlier,
                          "switcher": switcher, "previous": previous_reply, "next": next_reply, "which": which_reply,
                          "conversation": conversation,
-                         "draft": gr.State("")})  # the message box's text an edit took aside (branch_at_edit)
+                         "draft": gr.State(""),  # the message box's text an edit took aside (branch_at_edit)
+                         "sending": gr.State(False)})  # whether the last edit sends a message (wire_edit)
 
 
 def from_ui(values: dict[str, Any]) -> dict[str, Any]:
@@ -197,15 +206,24 @@ def shown_parts(tab: Tab) -> set:
     return {more["conversation"], tab.widgets.output, more["switcher"], more["which"]}
 
 
-def branch_at_edit(conversation: Conversation, box: str, draft: str,
-                   edit: gr.EditData) -> tuple[Conversation, str, str]:
-    """An edited user message: the conversation before its turn, and its new text in the message
-    box, to be sent again (the reply then follows the edited text); what the box held before (or a
-    draft still waiting from an earlier edit), kept to be put back once a message has left the box
-    (draft_back)."""
-    index = edit.index if isinstance(edit.index, int) else edit.index[0]
-    value = edit.value if isinstance(edit.value, str) else message_text({"content": edit.value})
-    return conversation.before(turn_of_message(conversation, index)), value, draft or box
+def branch_at_edit(conversation: Conversation, at: int, text: str, box: str,
+                   draft: str) -> tuple[Conversation, str, str]:
+    """The user's message of turn `at` edited to `text`: the conversation before its turn, and the
+    text in the message box, to be sent again (the reply then follows the edited text); what the
+    box held before (or a draft still waiting from an earlier edit), kept to be put back once a
+    message has left the box (draft_back)."""
+    return conversation.before(at), text, draft or box
+
+
+def reply_edited(tab: Tab, conversation: Conversation, at: int, text: str, lang: str) -> dict:
+    """The reply of turn `at` written over by hand (Conversation.edited). Where it is the last
+    turn's, the status line says so, and what spoke of the run that drew it goes (the token view);
+    an earlier one leaves them to the last reply, of which they speak."""
+    edited = conversation.edited(at, text)
+    if at < len(edited.turns) - 1:
+        return showing(tab, edited)
+    forgotten = dict(zip(tab.insight.of_the_shown_run, Insight.forgotten()))
+    return {**showing(tab, edited), **tab.shown(LastRun(edited.turns[at].reply.outcome), lang), **forgotten}
 
 
 def draft_back(draft: str, box: str):
@@ -504,19 +522,23 @@ def wire_reply_switcher(tab: Tab) -> list:
 
 def wire_edit(tab: Tab):
     """An edited user message is sent again (branch_at_edit), the message box's draft kept aside
-    and put back once a message has left the box (draft_back). The edit's event."""
+    and put back once a message has left the box (draft_back); an edited reply of the bot's is
+    written over by hand (reply_edited), and nothing runs. The edit's event."""
     chatbot, message, more = tab.widgets.output, tab.widgets.inputs["message"], tab.widgets.more
-    draft = more["draft"]
+    draft, sending = more["draft"], more["sending"]
 
-    def branched(conversation: Conversation, box: str, kept_draft: str, edit: gr.EditData):
-        before, text, kept_draft = branch_at_edit(conversation, box, kept_draft, edit)
-        return {**showing(tab, before), message: text, draft: kept_draft}
+    def edited(conversation: Conversation, box: str, kept_draft: str, edit: gr.EditData, request: gr.Request):
+        at, users = message_place(conversation, edit.index if isinstance(edit.index, int) else edit.index[0])
+        if not users:
+            return {**reply_edited(tab, conversation, at, edited_text(edit), language(request)), sending: False}
+        before, text, kept_draft = branch_at_edit(conversation, at, edited_text(edit), box, kept_draft)
+        return {**showing(tab, before), message: text, draft: kept_draft, sending: True}
 
-    edited = chatbot.edit(branched, [more["conversation"], message, draft], {*shown_parts(tab), message, draft},
-                          **PAGE_EVENT)
-    for new_turn in [*tab.runs["run"], *tab.add_run("edit", [edited])]:  # a message sent, or an edited one
+    changed = {*shown_parts(tab), message, draft, sending, tab.status, tab.last_run, *tab.insight.of_the_shown_run}
+    edit = chatbot.edit(edited, [more["conversation"], message, draft], changed, **PAGE_EVENT)
+    for new_turn in [*tab.runs["run"], *tab.add_run("edit", [edit], when=sending)]:  # a message sent, or an edited one
         new_turn.then(draft_back, [draft, message], [message, draft], **PAGE_EVENT)
-    return edited
+    return edit
 
 
 def wire_undo_and_clear(tab: Tab) -> tuple:
