@@ -164,6 +164,9 @@ class RemoteHost:
     def article_room(self, article: str, max_new_tokens: int, adapter: bool) -> list[Message]:
         return []  # the tokenizer is the backend's: a run there says what it cut
 
+    def conversation_room(self, message: Any, history: Any, persona: Any, max_new_tokens: Any) -> list[Message]:
+        return []  # as article_room
+
     def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
         return view_from_json(self.answer("look_inside", {"prompt": prompt, "layer": layer, "head": head,
                                                           "adapter": adapter}))

@@ -86,3 +86,8 @@ class Host(Protocol):
     def article_room(self, article: str, max_new_tokens: int, adapter: bool) -> list[Message]:
         """What a summary's prompt would take of the context, and what it would cut, as messages
         (none where the tokenizer is not here); a ValueError where a run would refuse the article."""
+
+    def conversation_room(self, message: Any, history: Any, persona: Any, max_new_tokens: Any) -> list[Message]:
+        """What the prompt of a conversation's next message would take of the context, and the
+        oldest turns it would leave out, as messages (none where the tokenizer is not here); a
+        ValueError where a run would refuse the conversation."""

@@ -141,6 +141,13 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     # a comparison's note of the side not shown (serve.running.compared_outcome)
     "off_side_note": ("adapter off: {note}", "适配器关：{note}"),
     "on_side_note": ("adapter on: {note}", "适配器开：{note}"),
+    # the Chat tab's line on its next prompt (serve/model_host.py, conversation_room)
+    "context_used": ("{tokens:,} of {context:,} tokens of context ({share:.0%})",
+                     "上下文 {context:,} 个词元中已用 {tokens:,} 个（{share:.0%}）"),
+    "will_drop_turn": ("the next prompt will leave out the {count} oldest turn to fit the context",
+                       "为放入上下文，下一次的提示词将删去最早的 {count} 轮"),
+    "will_drop_turns": ("the next prompt will leave out the {count} oldest turns to fit the context",
+                        "为放入上下文，下一次的提示词将删去最早的 {count} 轮"),
     "article_length": ("{tokens:,} of {context:,} context tokens in the prompt; the summary may use up to {left:,}",
                        "提示词占上下文 {context:,} 个词元中的 {tokens:,} 个；摘要最多可用 {left:,} 个"),
     # the token view (ui/tokens.py)

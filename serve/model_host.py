@@ -38,17 +38,18 @@ from model import GPT2, GPT2Config, load_pretrained
 from model.adapters import adapter_names, adapters_on_by_default
 from model.checkpoint import pick_device, resolve_checkpoint
 from model.tokenizer import Tokenizer
-from tasks import TASKS, SummarizeInputs, TaskDone, run_task
+from tasks import TASKS, SummarizeInputs, TaskDone, next_prompt, run_task
 
+from .apis import CHAT_API
 from .host import CompareUpdate, RunUpdate
 from .inspection import inspect_prompt, logit_lens
-from .limits import brief
+from .limits import brief, check_setting
 from .messages import (MODEL_LINE, MODEL_LINE_DECODING, MODEL_LINE_QUANTIZED, Message, Refusal, english, render,
                        said)
 from .outcome import Outcome
-from .running import (MAX_UPDATES_PER_SECOND, TOP_SHOWN, LiveView, Pacer, TaskAPI, adapter_state, checked_slider,
-                      checked_text, compared_outcome, first_difference, outcome_of, sampling_params, steering_asked,
-                      steering_state)
+from .running import (MAX_UPDATES_PER_SECOND, SETTING_RANGES, TOP_SHOWN, LiveView, Pacer, TaskAPI, adapter_state,
+                      checked_slider, checked_text, compared_outcome, first_difference, outcome_of, sampling_params,
+                      steering_asked, steering_state)
 from .tracing import MAX_CHARS as TRACE_CHARS, Trace, trace
 
 BUNDLED = "bundled"
@@ -349,6 +350,19 @@ class ModelHost:
         return [Message.keyed("article_length", tokens=len(prompt.ids), context=loaded.context, left=left),
                 *prompt.notes]
 
+    def conversation_room(self, message: Any, history: Any, persona: Any, max_new_tokens: Any) -> list[Message]:
+        """How much of the context the prompt the next message goes in takes (the message as far as
+        it is written, empty too), counted with the model's tokenizer, and the oldest turns it will
+        leave out to fit: the task's own prompt decides (tasks.next_prompt), so this says what a
+        run will send. A ValueError where a run would refuse the conversation."""
+        loaded = self.current
+        inputs = CHAT_API.make_inputs(message, history, persona)
+        most = check_setting("max_new_tokens", max_new_tokens, *SETTING_RANGES["max_new_tokens"], integer=True)
+        prompt = next_prompt(inputs, loaded.tokenizer, loaded.context, most)
+        tokens = len(prompt.ids)
+        return [Message.keyed("context_used", tokens=tokens, context=loaded.context, share=tokens / loaded.context),
+                *map(upcoming, prompt.notes)]
+
 
 def check_memory(name: str, config: GPT2Config) -> None:
     """Refuse a model whose weights alone would not fit in the memory free now: an out-of-memory
@@ -357,6 +371,15 @@ def check_memory(name: str, config: GPT2Config) -> None:
     available = psutil.virtual_memory().available
     if needed > available:
         raise ModelLoadError("not_enough_memory", name=name, needed=needed / 2**30, available=available / 2**30)
+
+
+# A note of what a run's prompt dropped, as said of the next prompt, before it is sent.
+UPCOMING = {"dropped_turn": "will_drop_turn", "dropped_turns": "will_drop_turns"}
+
+
+def upcoming(note: Message) -> Message:
+    """A note of what a run's prompt dropped, as said of the next prompt (UPCOMING)."""
+    return Message(UPCOMING.get(note.key, note.key), note.fields)
 
 
 def steering_of(loaded: LoadedModel, values: dict[str, Any]) -> tuple[Steering | None, Message | None]:

@@ -2,7 +2,7 @@
 each task's prompt format, decoding defaults and post-processing, nothing else. Stands on engine/
 and model/; serve/ and train/ use it."""
 from .base import Prompt, Task, TaskDone, TaskUpdate, first_sentences, run_task
-from .dialogue import DIALOGUE, DialogueInputs
+from .dialogue import DIALOGUE, DialogueInputs, next_prompt
 from .generation import GENERATE, GenerateInputs
 from .summarization import SUMMARIZE, SummarizeInputs
 from .translation import DEFAULT_EXAMPLES, LANGUAGES, TRANSLATE, TranslateInputs
@@ -10,4 +10,4 @@ from .translation import DEFAULT_EXAMPLES, LANGUAGES, TRANSLATE, TranslateInputs
 TASKS: dict[str, Task] = {task.name: task for task in (GENERATE, DIALOGUE, TRANSLATE, SUMMARIZE)}
 
 __all__ = ["TASKS", "Task", "Prompt", "TaskUpdate", "TaskDone", "run_task", "first_sentences",
-           "GenerateInputs", "DialogueInputs", "TranslateInputs", "SummarizeInputs", "LANGUAGES", "DEFAULT_EXAMPLES"]
+           "GenerateInputs", "DialogueInputs", "next_prompt", "TranslateInputs", "SummarizeInputs", "LANGUAGES", "DEFAULT_EXAMPLES"]

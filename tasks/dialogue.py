@@ -8,7 +8,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from engine.generate import SamplingParams
@@ -38,14 +38,14 @@ class DialogueInputs:
 
 def transcript(inputs: DialogueInputs) -> tuple[str, list[str], str]:
     """The persona line, one part per earlier turn, and the newest message ending in the bot's tag."""
-    require_text(inputs.message, "message")
     persona = f"{one_line(inputs.persona)}\n" if inputs.persona.strip() else ""
     turns = [f"{USER}: {one_line(user)}\n{BOT}: {one_line(bot)}\n" for user, bot in inputs.history]
     return persona, turns, f"{USER}: {one_line(inputs.message)}\n{BOT}:"
 
 
-def build_prompt(inputs: DialogueInputs, tokenizer: Tokenizer, max_prompt_tokens: int, adapter_on: bool) -> Prompt:
-    # The adapter was trained on this same transcript, so adapter_on changes nothing here.
+def fitted_transcript(inputs: DialogueInputs, tokenizer: Tokenizer, max_prompt_tokens: int) -> Prompt:
+    """The transcript in at most max_prompt_tokens, its oldest turns dropped to fit (noted); the
+    message may still be empty (next_prompt)."""
     persona, turns, newest = transcript(inputs)
     prompt, dropped = fit_newest(tokenizer, max_prompt_tokens, persona, turns, newest,
                                  required="the persona and the message")
@@ -54,7 +54,14 @@ def build_prompt(inputs: DialogueInputs, tokenizer: Tokenizer, max_prompt_tokens
     return prompt
 
 
+def build_prompt(inputs: DialogueInputs, tokenizer: Tokenizer, max_prompt_tokens: int, adapter_on: bool) -> Prompt:
+    # The adapter was trained on this same transcript, so adapter_on changes nothing here.
+    require_text(inputs.message, "message")
+    return fitted_transcript(inputs, tokenizer, max_prompt_tokens)
+
+
 def format_example(inputs: DialogueInputs, reply: str) -> tuple[str, str]:
+    require_text(inputs.message, "message")
     persona, turns, newest = transcript(inputs)
     return persona + "".join(turns) + newest, adapter_completion(reply)
 
@@ -71,3 +78,12 @@ DIALOGUE = Task(
                             stop=(f"\n{USER}:", f"\n{BOT}:")),
     postprocess=first_line, adapter="dialogue", format_example=format_example,
 )
+
+
+def next_prompt(inputs: DialogueInputs, tokenizer: Tokenizer, n_ctx: int, max_new_tokens: int) -> Prompt:
+    """The prompt the next message goes in, fitted into the context as a run of DIALOGUE fits it,
+    with the message as far as it is written (empty, too): what the conversation takes of the
+    context before it is sent (the Chat tab's line). Task.prompt's refusals where it cannot fit."""
+    drafting = replace(DIALOGUE, build_prompt=lambda inputs, tokenizer, room, adapter_on:
+                       fitted_transcript(inputs, tokenizer, room))
+    return drafting.prompt(inputs, tokenizer, n_ctx, max_new_tokens, False)

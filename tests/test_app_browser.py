@@ -1497,6 +1497,55 @@ def test_an_edited_reply_is_what_the_model_reads_next_and_says_it_was_edited(pag
     assert download_export(page, 1)["history"] == [["Hello there", "I am a sailor from Brest."]]
 
 
+def context_said(tokenizer, prompt: str) -> str:
+    """The Chat tab's context line for a next prompt of this text, on the test model (1,024 tokens)."""
+    tokens = len(tokenizer.encode(prompt))
+    return f"{tokens:,} of 1,024 tokens of context ({tokens / 1024:.0%})"
+
+
+def test_the_context_line_counts_the_next_prompt_with_the_models_tokenizer(page, app_models):
+    """The line under the message box counts the prompt the next message goes in, with the model's
+    tokenizer: as the page opens, as a message is typed (the count the run then reports), after a
+    turn, an edited reply, an undo and another persona."""
+    from model.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(Path(app_models[0]))
+    page.get_by_role("tab", name="Chat").click()
+    line, message = page.locator("#dialogue-context"), page.locator("#dialogue-message textarea")
+    persona = chat.DEFAULT_PERSONA
+    expect(line).to_have_text(context_said(tokenizer, f"{persona}\nUser: \nBot:"))
+    set_setting(page, "dialogue", "seed", 81)
+    message.fill("Hello there")
+    expect(line).to_have_text(context_said(tokenizer, f"{persona}\nUser: Hello there\nBot:"))
+    page.locator("#dialogue-run").click()
+    wait_for_run(page, "dialogue", 81)
+    (_, first), = download_export(page, 1)["history"]
+    turn = f"User: Hello there\nBot: {first}\n"
+    expect(line).to_have_text(context_said(tokenizer, f"{persona}\n{turn}User: \nBot:"))
+
+    set_setting(page, "dialogue", "seed", 82)
+    message.fill("Where do you sail?")
+    next_prompt = f"{persona}\n{turn}User: Where do you sail?\nBot:"
+    expect(line).to_have_text(context_said(tokenizer, next_prompt))
+    counted = int(line.inner_text().split(" of ")[0].replace(",", ""))
+    page.locator("#dialogue-run").click()
+    assert wait_for_run(page, "dialogue", 82).startswith(f"seed 82 · {counted} prompt + ")  # what the run read
+    page.locator("#tab-dialogue").get_by_text("Prompt sent to the model").click()
+    sent = page.locator("#dialogue-prompt-sent textarea").input_value()
+    assert sent == next_prompt and len(tokenizer.encode(sent)) == counted
+
+    edit_message(page, "bot", "I sail to Brest.")
+    edited = f"{turn}User: Where do you sail?\nBot: I sail to Brest.\n"
+    expect(line).to_have_text(context_said(tokenizer, f"{persona}\n{edited}User: \nBot:"))
+    page.locator("#dialogue-chatbot [data-testid=bot]").last.hover()
+    page.locator("#dialogue-chatbot [aria-label=Undo]").click()  # the message goes back into the box
+    expect(message).to_have_value("Where do you sail?")
+    expect(line).to_have_text(context_said(tokenizer, next_prompt))
+    page.locator("#dialogue-persona textarea").fill("Bot is a sailor.")
+    expect(line).to_have_text(context_said(tokenizer, f"Bot is a sailor.\n{turn}User: Where do you sail?\nBot:"))
+    screenshot(page, "chat-context-line")
+
+
 def test_on_a_phone_chats_message_box_starts_on_the_first_screen(browser, studio_url):
     """An empty conversation stands low, so that on a phone the message box is on the first screen;
     the conversation grows with its turns."""

@@ -180,6 +180,9 @@ def made_messages() -> list[Message]:
         backend.cut_message("http://10.0.0.2:8000"), backend.STOPPED_NOTE,
         refusal(lambda: backend.RemoteHost.load(SimpleNamespace(url="http://10.0.0.2:8000"), "gpt2")),
         Outcome.edited().message,  # a Chat reply edited by hand
+        # Chat's context line (serve/model_host.py, conversation_room)
+        *host.conversation_room("", [["word " * 60, "b " * 60]] * 5, "", 256),
+        Message.keyed("will_drop_turn", count=1),
         # a tab's presets (ui/presets.py)
         *(Message.keyed(key) for key in ("preset_default", "preset_greedy")),
         *(Message.keyed(key, preset="Calm") for key in ("preset_saved", "preset_applied", "preset_deleted")),

@@ -14,7 +14,7 @@ from model.checkpoint import BUNDLED_DIR
 from model.tokenizer import load_tokenizer
 from .conftest import make_lora_adapter, refused
 from tasks import (DEFAULT_EXAMPLES, TASKS, DialogueInputs, GenerateInputs, Prompt, SummarizeInputs, TaskDone,
-                   TaskUpdate, TranslateInputs, first_sentences, run_task)
+                   TaskUpdate, TranslateInputs, first_sentences, next_prompt, run_task)
 from tasks.base import PromptTooLong
 from tasks.messages import Message
 from tasks.translation import FIRST_SENTENCE_ONLY, NO_EXAMPLES
@@ -189,6 +189,26 @@ def test_dialogue_drops_oldest_turns_first(tokenizer):
     prompt = build("dialogue", inputs, tokenizer, max_prompt_tokens=needed - 1)
     assert prompt.text == "Bot is terse.\nUser: Last question?\nBot:"
     assert prompt.notes == [Message.keyed("dropped_turns", count=3)]
+
+
+def test_the_next_prompt_of_a_conversation_is_the_one_a_run_sends_its_message_in(tokenizer):
+    """next_prompt (the Chat tab's context line): with the message typed, the very prompt a run
+    builds; with none typed yet, the same transcript ending in an empty message (which a run
+    refuses), its oldest turns dropped to fit as a run would drop them."""
+    history = [("First question?", "First answer."), ("Second question?", "Second answer.")]
+    inputs = DialogueInputs("Last question?", history=history, persona="Bot is terse.")
+    assert next_prompt(inputs, tokenizer, N_CTX, 16) == TASKS["dialogue"].prompt(inputs, tokenizer, N_CTX, 16, False)
+    empty = replace(inputs, message="")
+    prompt = next_prompt(empty, tokenizer, N_CTX, 16)
+    assert prompt.text == ("Bot is terse.\nUser: First question?\nBot: First answer.\n"
+                           "User: Second question?\nBot: Second answer.\nUser: \nBot:")
+    assert prompt.ids == tokenizer.encode(prompt.text) and prompt.notes == []
+    with refused("empty", name="message"):
+        TASKS["dialogue"].prompt(empty, tokenizer, N_CTX, 16, False)
+    longer = replace(empty, history=history * 6)
+    fitted = next_prompt(longer, tokenizer, N_CTX, 64)  # the prompt keeps the context's first half
+    assert len(fitted.ids) <= N_CTX // 2 and fitted.notes[0].key == "dropped_turns"
+    assert fitted.notes[0] == TASKS["dialogue"].prompt(replace(longer, message="x"), tokenizer, N_CTX, 64, False).notes[0]
 
 
 def test_dialogue_that_cannot_fit_persona_and_message_is_an_error(tokenizer):

@@ -23,13 +23,15 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, replace
+from itertools import product
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from serve import PERSONAS
-from serve.messages import Refusal, localized, message_of
+from serve.host import Host
+from serve.messages import Refusal, localized, message_of, render
 from serve.outcome import GREEDY_SAME, SAME_SEED, Outcome
 from serve.apis import CHAT_API
 from serve.running import RANDOM_SEED, setting_params
@@ -159,7 +161,9 @@ def chat_widgets() -> Widgets:
             previous_reply = gr.Button("◀", size="sm", scale=0, min_width=40, elem_id="dialogue-previous-reply")
             which_reply = gr.Markdown(scale=0, min_width=60, elem_id="dialogue-which-reply")
             next_reply = gr.Button("▶", size="sm", scale=0, min_width=40, elem_id="dialogue-next-reply")
-    message = gr.Textbox(label=i18n("message"), placeholder=i18n("message_placeholder"), elem_id="dialogue-message")
+    # "", not Gradio's None: an untouched box is an empty message (a run says so; the context line counts it)
+    message = gr.Textbox("", label=i18n("message"), placeholder=i18n("message_placeholder"), elem_id="dialogue-message")
+    context = gr.Markdown(elem_id="dialogue-context")  # how much of the context the next prompt takes (context_line)
     # The conversation's record (ui/conversation.py), the one the Chatbot shows: a run reads its
     # history from it, not from the Chatbot.
     conversation = gr.State(Conversation(DEFAULT_PERSONA))
@@ -167,7 +171,7 @@ def chat_widgets() -> Widgets:
                    submit=(message,), cleared=(message,),
                    more={"export": export, "new": new_chat, "import": upload, "earlier": earlier,
                          "switcher": switcher, "previous": previous_reply, "next": next_reply, "which": which_reply,
-                         "conversation": conversation,
+                         "conversation": conversation, "context": context,
                          "draft": gr.State(""),  # the message box's text an edit took aside (branch_at_edit)
                          "sending": gr.State(False)})  # whether the last edit sends a message (wire_edit)
 
@@ -437,13 +441,16 @@ class KeptInBrowser:
         saved["current"] = {**self.current(*values), "conversation": conversation.as_json()}
         return self.replaced_by(saved, self.shown(saved["current"]))
 
-    def wire(self, export: dict, changed: list, forget_shown_run: dict) -> None:
+    def wire(self, follow_ups: list[dict], changed: list, forget_shown_run: dict) -> None:
         """Saved after each change (`changed`: the events that change the conversation's record)
-        and restored on load; each of the events that shows another conversation makes the export
-        button's file too, and forgets what spoke of the one it replaces (forget_shown_run)."""
+        and restored on load; the restore and each of the events that shows another conversation
+        are followed by what follows every change of the record (`follow_ups`: the export button's
+        file, the context line), and the latter forget what spoke of the one it replaces (forget_shown_run)."""
         tab, kept, store, more = self.tab, self.kept, self.tab.page_state, self.tab.widgets.more
         restored = {*kept, *shown_parts(tab), more["earlier"], tab.status, tab.last_run}
-        tab.page.blocks.load(self.restore, store, restored, **PAGE_EVENT).then(**export)
+        restore = tab.page.blocks.load(self.restore, store, restored, **PAGE_EVENT)
+        for follow in follow_ups:
+            restore.then(**follow)
         saving = dict(fn=self.save, inputs=[store, *kept], outputs=store, **PAGE_EVENT)
         for change in [*changed, *tab.presets.applied]:
             change.then(**saving)
@@ -457,10 +464,8 @@ class KeptInBrowser:
                 # Queued, as a notice (gr.Warning) needs: a refused file says so beside the button too.
                 more["import"].upload(self.imported, [more["import"], store, tab.last_run, *kept], replacing,
                                       api_visibility="private")):
-            replaced.then(**export)
-            replaced.then(**forget_shown_run)
-
-
+            for follow in (*follow_ups, forget_shown_run):
+                replaced.then(**follow)
 
 
 def chat_extras(tab: Tab) -> None:
@@ -475,15 +480,42 @@ def chat_extras(tab: Tab) -> None:
     switches, taken_back = wire_reply_switcher(tab), wire_undo_and_clear(tab)
     for other in (*switches, *taken_back):
         other.then(**forget_shown_run)
-    # Exported when a run, an undo, a clear or a switch to another kept reply has finished, not on
-    # every change of the chatbot: a streaming reply changes it with every chunk. (Stop lets the
-    # run end by itself, so its partial reply is recorded and exported too; a run cancelled while
-    # queued had changed nothing.)
+    # Exported, and the context line counted again, when a run, an undo, a clear or a switch to
+    # another kept reply has finished, not on every change of the chatbot: a streaming reply
+    # changes it with every chunk. (Stop lets the run end by itself, so its partial reply is
+    # recorded and exported too; a run cancelled while queued had changed nothing.)
     export = dict(fn=export_conversation, inputs=conversation, outputs=tab.widgets.more["export"], **PAGE_EVENT)
+    follow_ups = [export, counted_again(tab)]
     changed = [*wire_answers(tab), *switches, *taken_back, edited, wire_persona(tab)]
-    for change in changed:
-        change.then(**export)
-    KeptInBrowser(tab).wire(export, changed, forget_shown_run)
+    for change, follow in product(changed, follow_ups):
+        change.then(**follow)
+    KeptInBrowser(tab).wire(follow_ups, changed, forget_shown_run)
+
+
+def context_line(host: Host):
+    """How much of the context the prompt the next message goes in takes (with the message as far
+    as it is typed), and the oldest turns it will leave out to fit (Host.conversation_room), or why
+    a run would refuse it."""
+    def line(conversation: Conversation, message: str, persona: str, max_new_tokens, request: gr.Request) -> str:
+        lang = language(request)
+        try:
+            parts = host.conversation_room(message, conversation.pairs, persona, max_new_tokens)
+        except ValueError as error:  # what a run would answer
+            return localized(error, lang)
+        return " · ".join(render(part, lang) for part in parts)
+    return line
+
+
+def counted_again(tab: Tab) -> dict:
+    """The context line's event: counted again as the message, the persona or max_new_tokens
+    change; and, with this as what follows them, after each change of the conversation's record
+    (chat_extras)."""
+    more, inputs, max_new_tokens = tab.widgets.more, tab.widgets.inputs, tab.settings["max_new_tokens"]
+    count = dict(fn=context_line(tab.host), inputs=[more["conversation"], inputs["message"], inputs["persona"],
+                                                    max_new_tokens],
+                 outputs=more["context"], trigger_mode="always_last", **PAGE_EVENT)
+    gr.on([inputs["message"].change, inputs["persona"].change, max_new_tokens.change], **count)
+    return count
 
 
 def wire_answers(tab: Tab) -> list:
