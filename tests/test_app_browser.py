@@ -1179,23 +1179,6 @@ def test_a_saved_preset_survives_a_reload_and_sets_the_settings_a_run_reports(pa
     expect(page.get_by_role("option", name="Greedy (built-in)")).to_have_count(1)
 
 
-@pytest.mark.parametrize("width", [1400, 390])
-def test_the_presets_fit_the_settings_at_every_width(browser, studio_url, width):
-    page = browser.new_context(viewport={"width": width, "height": 900}).new_page()
-    try:
-        page.goto(studio_url)
-        page.wait_for_selector("#generate-run")
-        page.get_by_role("tab", name="Chat").click()
-        page.locator("#tab-dialogue").get_by_text("Decoding settings").click()
-        expect(page.locator("#dialogue-preset-save")).to_be_visible()
-        page.locator("#dialogue-preset-name input").fill("Chatty")
-        page.locator("#dialogue-preset-save").click()
-        expect(page.locator("#dialogue-preset-line")).to_have_text("saved the preset Chatty")
-        screenshot(page, f"presets-chat-{width}")
-    finally:
-        page.context.close()
-
-
 def test_a_chat_survives_a_reload_new_chat_files_it_and_an_export_imports_back(page, tmp_path):
     """The conversation, persona and settings are kept in the browser: a reload finds them;
     New chat empties the conversation (persona and settings go on) and lists it under Earlier
@@ -1544,6 +1527,31 @@ def test_the_context_line_counts_the_next_prompt_with_the_models_tokenizer(page,
     page.locator("#dialogue-persona textarea").fill("Bot is a sailor.")
     expect(line).to_have_text(context_said(tokenizer, f"Bot is a sailor.\n{turn}User: Where do you sail?\nBot:"))
     screenshot(page, "chat-context-line")
+
+
+@pytest.mark.parametrize("width", [1400, 390])
+def test_chat_with_an_edited_reply_its_context_line_and_presets_fits_every_width(browser, studio_url, width):
+    """Chat after a turn whose reply was edited, with its context line and a preset saved in its
+    settings: nothing wider than the window (full-page screenshots in test-output/)."""
+    page = browser.new_context(viewport={"width": width, "height": 900}).new_page()
+    page.set_default_timeout(60_000)
+    try:
+        page.goto(studio_url)
+        page.get_by_role("tab", name="Chat").click()
+        set_setting(page, "dialogue", "seed", 91)
+        page.locator("#dialogue-message textarea").fill("Hello there")
+        page.locator("#dialogue-run").click()
+        wait_for_run(page, "dialogue", 91)
+        edit_message(page, "bot", "Ahoy! I am a sailor, and the sea is my home.")
+        expect(page.locator("#dialogue-context")).to_contain_text(" of 1,024 tokens of context (")
+        page.locator("#dialogue-preset-name input").fill("Chatty")
+        page.locator("#dialogue-preset-save").click()
+        expect(page.locator("#dialogue-preset-line")).to_have_text("saved the preset Chatty")
+        screenshot(page, f"chat-presets-{width}")
+        page_width, window = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+        assert page_width <= window, f"at {width}: the page is {page_width} px wide in a {window} px window"
+    finally:
+        page.context.close()
 
 
 def test_on_a_phone_chats_message_box_starts_on_the_first_screen(browser, studio_url):
