@@ -588,6 +588,12 @@ def test_a_preset_sets_the_settings_it_holds_and_refuses_what_a_run_would():
     with pytest.raises(Refusal):
         with_preset(full, "one more", opening, task)
     assert with_preset(full, "0", opening, task)[0] == full  # replacing one is no more
+    # a setting the tab gains joins the presets as it is, checked as a run checks it: stop strings
+    ending = {**opening, "stop": "THE END"}
+    saved, _ = with_preset({"presets": {}}, "Ends", ending, task)
+    assert preset_settings("Ends", saved, {**opening, "stop": ""}, task) == (ending, [])
+    with pytest.raises(Refusal):  # more stop strings than a run takes
+        with_preset({"presets": {}}, "Many", {**opening, "stop": "\n".join("abcdefghi")}, task)
     assert without_preset(stored, "Calm") == {"presets": {}}
     for name, key in (("Greedy", "preset_built_in"), (None, "no_preset_picked"), ("Gone", "no_preset_picked")):
         with pytest.raises(Refusal) as refused:
