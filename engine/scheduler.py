@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
+import time
 import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -121,6 +122,9 @@ class Scheduler:
         self._served = False
         self._left = threading.Event()
         self._left.set()
+        # When the decode thread last began a turn on it, or began to serve it: how a wedged loop
+        # shows (stalled_s).
+        self._progressed = time.monotonic()
         # The decode thread's, while it serves it: the running requests (row i of the batch is
         # _active[i]), the batch's KV cache, and the newcomers whose prompts are going in (read by
         # close() when it is not served).
@@ -160,6 +164,15 @@ class Scheduler:
         before anyone reads a request, between requests, and once close() has returned."""
         return self._left.is_set() and self._cache is None and not self._active
 
+    def stalled_s(self) -> float:
+        """How long requests have waited on the decode thread's current turn at this scheduler (or
+        for its first): a turn (an admission, a prefill chunk, a decode step) takes milliseconds to
+        seconds, so a long wait is a wedged loop; 0 while nothing waits (it is not served). A
+        replica reports its health by it (serve/cluster.py)."""
+        with self._lock:
+            served = self._served
+        return time.monotonic() - self._progressed if served else 0.0
+
     @property
     def newcomer_prefilled(self) -> int | None:
         """How many tokens of the prompt now going in (a chunk at a time) are in; None when none is."""
@@ -195,6 +208,7 @@ class Scheduler:
             if self._served or self._closed:
                 return
             self._served = True
+            self._progressed = time.monotonic()
             self._left.clear()
         try:
             DECODER.serve(self)
@@ -222,6 +236,7 @@ class Scheduler:
         """One turn on the decode thread: retire finished rows and admit waiting ones, then one
         decode step for every active row. False once nothing is left to run: it has left the
         thread, and holds no cache."""
+        self._progressed = time.monotonic()
         try:
             with torch.inference_mode():
                 if self._cache is None:

@@ -8,7 +8,8 @@ layers below is handed on here.
   on other machines (a deployment's replicas);
 - running.py: running a task as a stream of updates ending in its outcome record (outcome.py);
 - inspection.py: the Architecture tab's live view; apis.py, page_api.py, openai_api.py: the APIs;
-  cluster.py, replica.py: the Ray Serve deployment.
+  cluster.py, replica.py, ingress.py: the Ray Serve deployment, and what its clients get where a
+  replica stops.
 """
 from engine.quantize import QUANTIZATIONS
 from engine.scheduler import MAX_BATCH

@@ -175,6 +175,13 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "backend_only": ("'{name}' is not served by the backend {url}", "后端 {url} 不提供「{name}」"),
     "backend_loads": ("models are loaded and unloaded on the backend {url}, not from this page",
                       "模型在后端 {url} 上加载和卸载，不能从此页面操作"),
+    # a deployment's ingress, where the replica serving a request stops (serve/cluster.py)
+    "replica_lost": ("the replica serving this request stopped in the middle of its answer; please retry",
+                     "处理这个请求的副本在回答中途停止了；请重试"),
+    "replicas_lost": ("the replicas tried for this request ({tries}) stopped before answering; please retry",
+                      "为这个请求尝试过的副本（{tries} 个）都在回答前停止了；请重试"),
+    "replica_failed": ("the replica serving this request failed ({kind}); please retry",
+                       "处理这个请求的副本出错（{kind}）；请重试"),
     # which path decodes (engine/kernels.py, decode_state; serve/model_host.py)
     "kernels_on": ("decode kernels ({capability})", "解码内核（{capability}）"),
     "kernels_off": ("PyTorch ({reason})", "PyTorch（{reason}）"),

@@ -41,7 +41,7 @@ from tasks import LANGUAGES, TASKS, DialogueInputs, GenerateInputs, SummarizeInp
 from tasks.base import room_to_generate
 
 from .limits import LIMITS, check_setting, check_temperature
-from .messages import Refusal, english, message_of
+from .messages import Message, Refusal, english, message_of
 from .model_host import ModelHost
 from .outcome import REFUSED, Outcome
 from .running import (MAX_CHARS, MAX_CHAT_TURNS, SETTING_RANGES, Param, TaskAPI, check_count, check_size,
@@ -541,7 +541,7 @@ async def streamed(request: Request, first, runs: list[Iterator], endpoint: Endp
             yield event(counted_object(meta=meta, object_type=endpoint.chunk_object, choices=[], outcomes=outcomes))
         yield "data: [DONE]\n\n"
     except BadRequest as failed:
-        yield event(failed.error_object())
+        yield error_event(failed)
     finally:
         with anyio.CancelScope(shield=True):  # a client gone cancels this task: the runs must close all the same
             for events in runs:
@@ -550,6 +550,19 @@ async def streamed(request: Request, first, runs: list[Iterator], endpoint: Endp
 
 def event(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def error_event(error: BadRequest) -> str:
+    """A stream's last event where it cannot end with its finish_reason and [DONE]: OpenAI's error
+    shape, which the `openai` client raises as an APIError."""
+    return event(error.error_object())
+
+
+def replica_stopped(message: Message) -> BadRequest:
+    """What a deployment's ingress (serve/cluster.py) says where the replica serving a request
+    stopped or failed (`message` says which): a 503 while nothing was sent, or, through
+    error_event, a stream's last event."""
+    return BadRequest(english(message), status=503, kind="server_error", code="replica_stopped")
 
 
 def finish_reason(outcome: Outcome) -> str:

@@ -25,8 +25,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from .apis import APIS
 from .host import Host
 from .inspection import Inspection, LogitLens
-from .messages import message_of
-from .outcome import Outcome
+from .messages import Message, message_of
+from .outcome import FAULT, Outcome
 from .running import LiveView
 from .tracing import Trace
 
@@ -95,6 +95,13 @@ async def lines(request: Request, updates: Iterator[dict]):
     finally:
         with anyio.CancelScope(shield=True):  # a client gone cancels this task: the run must close all the same
             await anyio.to_thread.run_sync(updates.close)
+
+
+def cut_line(last: dict | None, message: Message) -> str:
+    """A stream's last line where its replica stopped before its outcome (a deployment's ingress
+    writes it, serve/cluster.py): the update it sent last, its text so far, with a fault's outcome
+    that says what happened."""
+    return json.dumps({**(last or {}), "outcome": Outcome(FAULT, message).as_json()}, ensure_ascii=False) + "\n"
 
 
 def view_as_json(view: LiveView) -> dict:

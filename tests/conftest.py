@@ -261,6 +261,14 @@ def app_models(tmp_path_factory) -> list[str]:
     return [str(with_adapters), str(plain), str(broken)]
 
 
+def values_for(api_name: str, **given) -> dict:
+    """What a task's API call sends (serve/apis.py): its defaults, with `given`."""
+    from serve.apis import APIS
+
+    api = APIS[api_name]
+    return {**{name: p.default for name, p in api.signature.parameters.items()}, **given}
+
+
 def wait_until(condition, timeout_s: float = 10.0) -> bool:
     """Poll `condition` until it holds (True) or timeout_s passes (False)."""
     deadline = time.monotonic() + timeout_s

@@ -12,7 +12,7 @@ import pytest
 from engine import kernels
 from engine.generate import ContextLengthError, Result, SamplingParams
 from model import GPT2, GPT2Config
-from serve import backend
+from serve import backend, ingress
 from serve.apis import example_pairs, history_pairs
 from serve.inspection import inspect_prompt
 from serve.limits import added_stops, checked_params
@@ -193,6 +193,8 @@ def made_messages() -> list[Message]:
         refusal(lambda: presets.with_preset({"presets": {str(n): {} for n in range(50)}}, "more", {}, TASKS["generate"])),
         refusal(lambda: presets.preset_settings("Odd", {"presets": {"Odd": 3}}, {}, TASKS["generate"])),
         refusal(lambda: presets.without_preset({}, None)),
+        # a deployment's ingress, where a replica stops (serve/ingress.py)
+        ingress.REPLICA_LOST, ingress.replicas_lost(4), ingress.replica_failed(RuntimeError("x")),
     ]
 
 

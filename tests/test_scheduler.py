@@ -340,6 +340,24 @@ def test_closing_the_scheduler_ends_its_requests_and_its_turns_on_the_decode_thr
         scheduler.decode(tokenizer.encode("The cat"), params, 0)
 
 
+def test_a_held_decode_step_shows_as_a_stall_while_requests_wait_and_none_when_idle(loaded):
+    """stalled_s, what a replica reports its health by (serve/cluster.py): how long the decode
+    thread's turn has taken while a request waits; it grows while a step is held, and is 0 once
+    the loop goes on and when nothing waits, however long the scheduler was idle before."""
+    model, tokenizer = loaded
+    scheduler = Scheduler(model)
+    time.sleep(0.3)  # idle: nothing waits, so no stall, however long
+    assert scheduler.stalled_s() == 0
+    gate = threading.Event()
+    with forward_calls(model, gate):
+        tokens = scheduler.decode(tokenizer.encode("Once upon"), SamplingParams(temperature=0, max_new_tokens=5), 0)
+        next(tokens)  # the token from the prompt; the first decode step is now held
+        assert wait_until(lambda: scheduler.stalled_s() > 0.3)
+        gate.set()
+        assert len(list(tokens)) == 4
+    assert wait_until(lambda: scheduler.idle) and scheduler.stalled_s() == 0
+
+
 def test_one_decode_thread_serves_every_scheduler_in_turn_and_stays_for_the_next_request(loaded):
     """Two schedulers (two models) with requests at once are decoded by the same thread, taking
     turns, each request getting its tokens alone; the thread outlives them, holding no cache, and
