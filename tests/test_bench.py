@@ -46,6 +46,23 @@ def test_the_decode_table_has_a_row_for_each_figure_and_the_kernels_side_by_side
     assert "| decode, batch 1, fp32" not in bf16 and "| bundled model, fp32: scheduler" in bf16
 
 
+def test_the_faults_bench_counts_each_ending_and_compares_first_text_around_each_kill():
+    from bench import faults
+
+    records = [faults.Record("v1", 5.0, 0.1, ending="completed", text_checked=True),
+               faults.Record("v1", 25.0, 0.2, retries=1, ending="completed", text_checked=True, text_wrong=True),
+               faults.Record("studio", 29.0, 0.3, ending="error event", detail="replica_lost"),
+               faults.Record("v1", 31.0, 2.0, ending="silently cut"), faults.Record("v1", 45.0, None, ending="refused")]
+    report = faults.summarize(records, [{"at_s": 30.0, "replica": "r", "replaced_after_s": 9.0}], 120)
+    assert (report["requests"], report["completed"], report["retried"], report["error event"], report["refused"],
+            report["silently cut"], report["checked"], report["wrong_text"]) == (5, 2, 1, 1, 1, 1, 2, 1)
+    kill = report["kills"][0]  # the streams started in the 10 s before it, and in the 10 s after
+    assert kill["before"]["streams"] == 2 and kill["before"]["max_ms"] == 300 and kill["after"]["p50_ms"] == 2000
+    text = faults.table({**report, "clients": 16, "seconds": 120, "kill_every": 30, "replicas": 2,
+                         "model": "bundled", "decode_path": "PyTorch"})
+    assert "| 5 | 2 | 1 | 1 | 1 | 0 | 1 | 1 of 2 |" in text and "| 30.0 s | 9.0 s |" in text
+
+
 def test_a_fresh_clone_answers_before_its_kernels_are_built(fresh_clone_startup):
     """bench.startup: a fresh clone with an empty build cache serves /generate on PyTorch's path
     while the kernels build in the background, and says when they are ready."""

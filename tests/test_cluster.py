@@ -31,7 +31,7 @@ from .conftest import REPO, open_app, refused, studio_app, values_for, wait_unti
 pytestmark = pytest.mark.slow  # a Ray instance and its replicas
 
 
-STALL_S = 8  # the deployment's bound on a wedged decode loop here (30 s by default)
+STALL_S = 6  # the deployment's bound on a wedged decode loop here (30 s by default)
 REPLACED_S = 180  # generous: a replica's process started and its model loaded, on a busy machine
 
 
