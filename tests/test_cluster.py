@@ -352,7 +352,10 @@ def wedge() -> str:
     handle): the replica's id."""
     from ray import serve
 
-    return serve.get_deployment_handle(DEPLOYMENT, app_name=APP).wedge.remote().result(timeout_s=60)
+    handle = serve.get_deployment_handle(DEPLOYMENT, app_name=APP)
+    # in a thread of its own: the browser's test leaves an event loop in this one, where Ray refuses to block
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(lambda: handle.wedge.remote().result(timeout_s=60)).result()
 
 
 def ask(url: str, model: str, kind: str, seed: int) -> Stream:
