@@ -60,7 +60,8 @@ STALL_S = 30
 HEALTH_CHECK_PERIOD_S = 5  # at most: a shorter stall_s is checked more often (health_check_period)
 UNHEALTHY_AFTER = 3  # failed checks in a row after which Ray replaces a replica (Ray Serve's own count)
 # How long a replica being removed (scaling down, a redeploy) may take to finish its requests: a
-# 512-token stream takes about 30 s on this project's 2-core machine with 16 others beside it.
+# 512-token stream of the bundled model takes about 25 s on this project's 2-core machine with 15
+# others beside it (docs/scale-out.md).
 DRAIN_S = 120
 DRAIN_POLL_S = 1  # how often the replica being removed looks whether its requests have ended
 SCALE_DOWN_S = 600  # autoscaling: how long the load must ask for fewer replicas before one goes (Ray's default)
