@@ -28,8 +28,8 @@ from .messages import Message, Refusal
 from .model_host import ModelLoadError, no_progress
 from .outcome import DONE, FAULT, Outcome, message_from_json
 from .page_api import PREFIX, update_from_json, view_from_json
-from .running import (LiveView, TaskAPI, adapter_state, changed_settings, compared_state, drawn_seed,
-                      sampling_params)
+from .comparing import Comparison
+from .running import LiveView, TaskAPI, adapter_state, changed_settings, drawn_seed, sampling_params
 from .tracing import Trace
 
 CONNECT_TIMEOUT_S = 3  # how long a backend that is down takes to be said so
@@ -118,8 +118,10 @@ class RemoteHost:
             yield update["text"], update["outcome"], update.get("prompt", ""), update.get("logprobs", [])
 
     def run_compare(self, api: TaskAPI, values: dict[str, Any],
-                    cancel: threading.Event | None = None) -> Iterator[tuple[list[str], Outcome | None, dict | None]]:
-        adapter = compared_state(values.get("adapter_scale", 1.0), bool(values.get("adapter", False)))
+                    cancel: threading.Event | None = None) -> Iterator[tuple[list[str], Outcome | None,
+                                                                             Comparison | None]]:
+        """The replica's comparison: values["compare"] goes with the request, as it names what differs."""
+        adapter = adapter_state(values.get("adapter", False) is True, values.get("adapter_scale", 1.0))
         for update in self.updates(f"compare/{api.name}", api, values, cancel, adapter, ["texts"]):
             yield update["texts"], update["outcome"], update.get("comparison")
 

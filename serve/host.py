@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 from model import GPT2Config
 
+from .comparing import Comparison
 from .messages import Message
 from .outcome import Outcome
 from .running import LiveView, TaskAPI
@@ -16,7 +17,7 @@ from .tracing import Trace
 # One update of a run: (text so far, outcome (None until the last), prompt sent, logprobs).
 RunUpdate = tuple[str, Outcome | None, str, list]
 # One update of a comparison: (both texts so far, outcome, comparison (None until the last)).
-CompareUpdate = tuple[list[str], Outcome | None, dict | None]
+CompareUpdate = tuple[list[str], Outcome | None, Comparison | None]
 
 
 class ServedModel(Protocol):
@@ -71,7 +72,9 @@ class Host(Protocol):
 
     def run_compare(self, api: TaskAPI, values: dict[str, Any],
                     cancel: threading.Event | None = None) -> Iterator[CompareUpdate]:
-        """The request with the adapter off and on under one seed, as `run` streams one."""
+        """The request twice under one seed, the two sides differing in what values["compare"] names
+        (serve/comparing.py: "adapter", "steering", "model:<id>" or "setting:<name>=<value>"), as
+        `run` streams one; the last update has the shown side's outcome and the Comparison."""
 
     def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
         """The Architecture tab's live view of `prompt`; a ValueError naming the field where refused."""

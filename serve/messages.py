@@ -98,6 +98,19 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                      "示例第 {number} 行不是「源 = 目标」格式：{line}"),
     "generation_failed": ("the generation failed ({kind}); the app is still serving, please try again",
                           "生成失败（{kind}）；应用仍在运行，请重试"),
+    # a comparison's request (serve/comparing.py) and the /compare endpoint's (serve/running.py, TaskAPI.request)
+    "one_of": ("{name} must be one of {choices}, got {value}", "{name}必须是 {choices} 之一，收到的是 {value}"),
+    "compare_model": ("{name} names the model {model}, which is not one of the models here ({names})",
+                      "{name}指定的模型 {model} 不在本应用的模型之中（{names}）"),
+    "compare_setting": ("{name} names the setting {setting}, which is not a decoding setting ({names})",
+                        "{name}指定的设置 {setting} 不是解码设置（{names}）"),
+    "compare_value": ("{name}: {error}", "{name}：{error}"),
+    "compare_no_steering": ("comparing the steering needs a steering to switch on: set {fields}",
+                            "对比转向需要先设定转向：请设置{fields}"),
+    "values_object": ("{name} must be an object of {api}'s parameters, got {kind}",
+                      "{name}必须是由 {api} 的参数组成的对象，收到的是 {kind}"),
+    "unknown_parameter": ("{api} takes no parameter {name} (it takes: {names})", "{api} 没有参数 {name}（它的参数：{names}）"),
+    "missing_parameter": ("{name} is missing: {api} needs it", "缺少{name}：{api} 需要它"),
     # the model panel (serve/model_host.py)
     "not_a_model": ("{name} is not one of the models this app was started with ({names})",
                     "{name} 不是本应用启动时给定的模型之一（{names}）"),
@@ -138,9 +151,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                        "step's context", "为放入第二步的上下文，第一步的输出只保留了前 {kept:,} 个词元（共 {tokens:,} 个）"),
     "notebook_tail": ("sent the prompt's last {kept:,} of {characters:,} characters, the most a run takes",
                       "只发送了提示词的最后 {kept:,} 个字符（共 {characters:,} 个），这是一次运行能接受的上限"),
-    # a comparison's note of the side not shown (serve.running.compared_outcome)
-    "off_side_note": ("adapter off: {note}", "适配器关：{note}"),
-    "on_side_note": ("adapter on: {note}", "适配器开：{note}"),
+    # a comparison's note that only the side not shown made, after that side's label (serve/comparing.py)
+    "side_note": ("{side}: {note}", "{side}：{note}"),
     # the Chat tab's line on its next prompt (serve/model_host.py, conversation_room)
     "context_used": ("{tokens:,} of {context:,} tokens of context ({share:.0%})",
                      "上下文 {context:,} 个词元中已用 {tokens:,} 个（{share:.0%}）"),
@@ -157,6 +169,10 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                     "绿色：可能性高的词元，经黄色，到红色：可能性低的；指向一个词元可看其概率和备选；"
                     "点击（或轻触）它可列出备选，并从其中一个继续"),
     "differ_from": ("the two differ from token {index}", "两者从第 {index} 个词元起不同"),
+    "differ_from_character": ("the texts differ from character {character}: token {first} of the first, token {second} "
+                              "of the second (the two models split text into different tokens)",
+                              "两段文字从第 {character} 个字符起不同：第一段的第 {first} 个词元，第二段的第 {second} 个"
+                              "（两个模型的分词不同）"),
     "same_text_differ_from": ("the texts are the same, but their tokens differ from token {index}",
                               "两段文字相同，但词元从第 {index} 个起不同"),
     "no_tokens": ("tick Show tokens before a run to see its tokens here", "运行前勾选「显示词元」，即可在此看到其词元"),
@@ -193,17 +209,17 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "adapter_off": ("adapter off", "适配器关"),
     "adapter_on": ("adapter on", "适配器开"),
     "adapter_on_scaled": ("adapter on at strength {scale:g}", "适配器开，强度 {scale:g}"),
-    # {side}: adapter_off or adapter_on, the side the output box shows
-    "compared": ("adapter off vs on: the output and counts are with {side}", "适配器关与开对比：输出和计数属于{side}的一侧"),
-    "compared_scaled": ("adapter off vs on at strength {scale:g}: the output and counts are with {side}",
-                        "适配器关与开（强度 {scale:g}）对比：输出和计数属于{side}的一侧"),
+    # a comparison (serve/comparing.py): both sides' labels, and the one the output box shows
+    "compared_sides": ("{a} vs {b}: the output and counts are with {shown}", "{a}与{b}对比：输出和计数属于{shown}一侧"),
+    "steering_off": ("unsteered", "未转向"),
+    "steering_on": ("steered", "已转向"),
+    "model_side": ("model {model}", "模型 {model}"),
+    "setting_side": ("{setting} {value:g}", "{setting} {value:g}"),
     "changed_settings": ("changed settings: {settings}", "更改的设置：{settings}"),  # settings: ((name, value), ...)
     # a run's steering (serve/running.py, steering_state); its texts are fields too, not said
     "steered": ("steered at layer {layer}, strength {strength:g}: {pairs} pairs, vector norm {norm:.1f} against a "
                 "residual norm of {typical:.1f}",
                 "在第 {layer} 层转向，强度 {strength:g}：{pairs} 对文本，向量范数 {norm:.1f}，该层残差范数约 {typical:.1f}"),
-    # a steered comparison's note (serve/running.py, compared_outcome): the status line is the steered side's
-    "steer_compared": ("compared with the same run unsteered", "已与未转向的同一运行对比"),
     # the Steer section's line once a run has computed the vector (ui/steer.py)
     "steer_norm": ("layer {layer}: vector norm {norm:.1f} against a residual norm of {typical:.1f} there, so strength "
                    "{strength:g} adds {share:.0%} of it", "第 {layer} 层：向量范数 {norm:.1f}，该层残差范数约 {typical:.1f}；"
@@ -264,7 +280,7 @@ NAMES_ZH: dict[str, str] = {
     "not JSON": "不是 JSON", "not a JSON object": "不是 JSON 对象", "no history": "没有对话历史",  # an import that is no conversation
     "adapter on": "适配器开", "adapter off": "适配器关", "unsteered": "未转向", "steered": "已转向", "output": "输出",
     "steer_positive": "转向正例", "steer_negative": "转向反例", "steer_layer": "转向层", "steer_strength": "转向强度",
-    "steering pairs": "转向文本对",
+    "steering pairs": "转向文本对", "compare": "对比项", "values": "参数", "task": "任务",
     "clean prompt": "干净提示词", "corrupted prompt": "损坏提示词", "noise span": "噪声片段", "answer": "答案",
     "preset name": "预设名称", "presets": "预设",
 }

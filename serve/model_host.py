@@ -4,7 +4,8 @@ model every request runs on, and runs them.
 The app is started with a list of models (the bundled one, hub ids, local directories); the
 first is loaded, and the UI may switch among the others. Where loading is allowed (app.py's
 --allow-load), the page may also load a hub id or a local directory typed into it, which joins the
-list, and unload one, which leaves it; only the model being served is held in memory.
+list, and unload one, which leaves it. Only the model being served is held in memory, and
+beside it the one it was last compared with (a comparison of two models, serve/comparing.py).
 Each request takes `host.current` once, at its start, so a switch never changes a request that
 is already running. Each loaded model has its own Scheduler, which decodes the requests running
 on it in one batch (see engine/scheduler.py).
@@ -19,18 +20,20 @@ from __future__ import annotations
 
 import contextvars
 import gc
+import hashlib
 import logging
 import math
 import threading
 import time
-from contextlib import closing
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Callable, Iterator, Sequence
 
 import psutil
 
 from engine import kernels, prepare_for_serving
-from engine.generate import SamplingParams, new_token_budget, resolve_seed, score_tokens
+from engine.generate import SamplingParams, new_token_budget, score_tokens
 from engine.patching import Progress
 from engine.scheduler import Scheduler, in_thread_of_its_own
 from engine.steering import Steering, steered, steering_vector
@@ -38,9 +41,11 @@ from model import GPT2, GPT2Config, load_pretrained
 from model.adapters import adapter_names, adapters_on_by_default
 from model.checkpoint import pick_device, resolve_checkpoint
 from model.tokenizer import Tokenizer
-from tasks import TASKS, SummarizeInputs, TaskDone, next_prompt, run_task
+from tasks import TASKS, SummarizeInputs, Task, TaskDone, next_prompt, run_task
 
 from .apis import CHAT_API
+from .comparing import (STEERING, Axis, Comparison, compared_outcome, no_steering, parse_compare, shown_side,
+                        side_labels, side_requests)
 from .host import CompareUpdate, RunUpdate
 from .inspection import inspect_prompt, logit_lens
 from .limits import brief, check_setting
@@ -48,8 +53,8 @@ from .messages import (MODEL_LINE, MODEL_LINE_DECODING, MODEL_LINE_QUANTIZED, Me
                        said)
 from .outcome import Outcome
 from .running import (MAX_UPDATES_PER_SECOND, SETTING_RANGES, TOP_SHOWN, LiveView, Pacer, TaskAPI, adapter_state,
-                      checked_slider, checked_text, compared_outcome, first_difference, outcome_of, sampling_params,
-                      steering_asked, steering_state)
+                      checked_slider, checked_text, drawn_seed, outcome_of, sampling_params, steering_asked,
+                      steering_state)
 from .tracing import MAX_CHARS as TRACE_CHARS, Trace, trace
 
 BUNDLED = "bundled"
@@ -88,6 +93,16 @@ class LoadedModel:
     def adapters_on(self) -> list[str]:
         """The adapters the checkpoint's evaluation found better than the prompt alone."""
         return adapters_on_by_default(self.model)
+
+    @cached_property
+    def vocabulary(self) -> str:
+        """A digest of the tokenizer's tokens, their bytes in id order: two models with the same one
+        read and write the same ids (serve/comparing.py scores one's tokens under the other)."""
+        digest = hashlib.sha256(self.tokenizer.name.encode())
+        for id in range(self.tokenizer.vocab_size):
+            data = self.tokenizer.token_bytes(id)
+            digest.update(len(data).to_bytes(4, "little") + data)
+        return digest.hexdigest()
 
     @property
     def decode_path(self) -> str:
@@ -141,6 +156,7 @@ class ModelHost:
         self._switching = threading.Lock()  # one load at a time; requests never wait for it
         self.loading: str | None = None  # the model being loaded to switch to, while it loads
         self._current = self._load(self.names[0])
+        self._held: LoadedModel | None = None  # the model last compared with the one served (ModelHost.model)
 
     @property
     def current(self) -> LoadedModel:
@@ -182,6 +198,8 @@ class ModelHost:
                 raise ModelLoadError("last_model", name=name)
             if name == self._current.name:
                 self._serve(staying[0])
+            if self._held is not None and self._held.name == name:
+                self._held = None
             self.names = staying
         gc.collect()  # now, not at the collector's next pass: an adapter and the live view leave reference cycles
         return self._current
@@ -192,7 +210,9 @@ class ModelHost:
 
     def _serve(self, name: str, progress: Callable[[str], None] = no_progress) -> LoadedModel:
         """Load `name` and serve it, unless it is served already; the caller holds _switching."""
-        if name != self._current.name:
+        if self._held is not None and self._held.name == name:  # in memory already, beside the one served
+            self._current, self._held = self._held, None
+        elif name != self._current.name:
             self.loading = name
             try:
                 self._current = self._load(name, progress)
@@ -229,6 +249,36 @@ class ModelHost:
         log.info("model %s decodes on %s", name, loaded.decode_path)
         return loaded
 
+    def model(self, name: str | None = None) -> LoadedModel:
+        """The loaded model `name` for a request (None: the one served): the one served, or the one
+        held beside it for comparisons (serve/comparing.py), loaded now where it is neither, in place
+        of the one held before. Its weights are checked against the memory free beside the models
+        already held, and a refusal leaves the one served as it was."""
+        current = self._current  # once: a switch meanwhile does not change which this request gets
+        if name is None or name == current.name:
+            return current
+        if name not in self.names:
+            raise Refusal("compare_model", name="compare", model=name, names=", ".join(self.names))
+        with self._switching:
+            if self._held is None or self._held.name != name:
+                self._held = None  # freed before the next is read, where nothing runs on it any more
+                gc.collect()
+                self._held = self._load(name)
+            return self._held
+
+    def prepared(self, api: TaskAPI, values: dict[str, Any]) -> "Prepared":
+        """The request `values` made ready on its model (values["model"], a comparison's side; None:
+        the one served), checked: a ValueError names the field and why."""
+        loaded = self.model(values.get("model"))
+        params = sampling_params(api.task, values)
+        inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
+        adapter = values.get("adapter", False)
+        if not isinstance(adapter, bool):
+            raise Refusal("adapter_bool", value=brief(adapter))
+        if adapter and api.task.adapter is not None and api.task.adapter not in loaded.adapters:
+            raise Refusal("no_model_adapter", adapter=api.task.adapter, adapters=", ".join(loaded.adapters) or "none")
+        return Prepared(loaded, params, inputs, adapter, *steering_of(loaded, values))
+
     def run(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None = None,
             per_token: bool = False) -> Iterator[RunUpdate]:
         """Stream (text so far, outcome, prompt sent, logprobs) for one request, as often as a Pacer of
@@ -236,29 +286,22 @@ class ModelHost:
         /v1 streams); the outcome (None until then), prompt and logprobs (with the logprobs setting:
         each generated token's, see engine.generate.Result) come with the last update, which always
         goes, and each update holds all the text so far. Bad input ends it with a refused outcome, a
-        failure with a fault's, after the text made before it."""
-        loaded = self.current  # once: a model switch does not reach a running request
+        failure with a fault's, after the text made before it. The request runs on the model served
+        when it starts (or on values["model"], one side of a comparison continued from a token)."""
         sent, held_back = 0, None
         pacer = Pacer(math.inf if per_token else MAX_UPDATES_PER_SECOND)
+        where = f"/{api.name} on {values.get('model') or self.current.name}"
         try:
-            params = sampling_params(api.task, values)
-            inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
-            adapter = values.get("adapter", False)
-            if not isinstance(adapter, bool):
-                raise Refusal("adapter_bool", value=brief(adapter))
-            steering, steered = steering_of(loaded, values)
+            side = self.prepared(api, values)
             # Through the model's scheduler: concurrent requests are decoded in one batch. Closing the
             # events, however this ends, gives the request's row back at once.
-            with closing(run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter, cancel,
-                                  values.get("forced", ()), steering)) as events:
+            with closing(side.events(api.task, cancel, values.get("forced", ()))) as events:
                 for event in events:
                     if isinstance(event, TaskDone):
                         if event.result.stop_reason == "cancelled":
                             log.info("/%s: stopped by its user after %d tokens", api.name, event.result.generated_tokens)
                         sent += 1
-                        outcome = outcome_of(event, api.task, params, adapter_state(adapter, params.adapter_scale),
-                                             steered)
-                        yield event.text, outcome, event.prompt.text, event.result.logprobs
+                        yield event.text, side.outcome(event, api.task), event.prompt.text, event.result.logprobs
                     elif pacer.due(time.monotonic()):
                         sent, held_back = sent + 1, None
                         yield event.text, None, "", []
@@ -272,46 +315,36 @@ class ModelHost:
         except Exception as error:  # a fault in the app, not in the input: say so, and keep serving
             if held_back is not None:  # the text made before the fault, which the user would not see otherwise
                 yield held_back, None, "", []
-            yield "", Outcome.fault(f"/{api.name} on {loaded.name}", error), "", []
+            yield "", Outcome.fault(where, error), "", []
 
     def run_compare(self, api: TaskAPI, values: dict[str, Any],
                     cancel: threading.Event | None = None) -> Iterator[CompareUpdate]:
-        """The request twice at once under one seed, so both draw the same random numbers at every
-        step: steering off and on (the adapter as its switch says) where the request is steered,
-        otherwise the adapter off and on. (Both texts so far, None, None) as often as the Pacer
-        lets, then the texts, the outcome of the side shown (compared_outcome) and the comparison
-        (compare_sides). Stop (cancel) ends both; refusals and faults end it with their outcome, as
-        in `run`."""
-        loaded = self.current
+        """The request (api.request: defaults for what it leaves out) twice at once under one seed,
+        the two sides differing in what values["compare"] names (serve/comparing.py), each on its
+        own model's scheduler. (Both texts so far, None, None) as often as the Pacer lets, then the
+        texts, the outcome of the side shown (compared_outcome) and the Comparison. Stop (cancel)
+        ends both; refusals and faults end it with their outcome, as in `run`."""
         try:
-            params = sampling_params(api.task, values)
-            params = replace(params, seed=resolve_seed(params.seed), logprobs=max(params.logprobs, TOP_SHOWN))
-            inputs = api.make_inputs(**{p.name: values[p.name] for p in api.params})
-            steering, steered = steering_of(loaded, values)
-            adapter = bool(values.get("adapter", False))
-            switches = [(False, None), (True, None)] if steering is None else [(adapter, None), (adapter, steering)]
-            sides = [run_task(api.task, loaded.scheduler, loaded.tokenizer, inputs, params, adapter_on, cancel,
-                              steering=side_steering) for adapter_on, side_steering in switches]
-            texts, done, pacer = ["", ""], [None, None], Pacer(MAX_UPDATES_PER_SECOND)
-            with closing(sides[0]), closing(sides[1]):
-                while None in done:
-                    for side, events in enumerate(sides):  # both decode in one batch: a token of each
-                        if done[side] is None:
-                            event = next(events)
-                            texts[side] = event.text
-                            if isinstance(event, TaskDone):
-                                done[side] = event
-                    if None in done and pacer.due(time.monotonic()):
-                        yield list(texts), None, None
-            comparison = in_thread_of_its_own(lambda: compare_sides(loaded, api.task.adapter, done, params, switches))
-            yield [d.text for d in done], compared_outcome(done, api.task, params, adapter, steered), comparison
+            values = api.request(values)
+            values["seed"] = drawn_seed(values["seed"])  # one seed, drawn once, for both sides
+            axis = parse_compare(values.get("compare"), self.names)
+            asked = side_requests(axis, values, self.current.name)
+            sides = [self.prepared(api, {**values, **change}) for change in asked]
+            if axis.kind == STEERING and sides[1].steering is None:
+                raise no_steering()
+            sides = [replace(side, params=replace(side.params, logprobs=max(side.params.logprobs, TOP_SHOWN)))
+                     for side in sides]
+            done = yield from streamed_together([side.events(api.task, cancel) for side in sides])
+            comparison = in_thread_of_its_own(lambda: compared(api.task, axis, asked, sides, done,
+                                                               shown_side(axis, values)))
+            yield [side.text for side in done], compared_outcome(comparison), comparison
         except ValueError as error:
             yield ["", ""], Outcome.refused(error), None
         except GeneratorExit:
             log.info("/%s: a comparison was cancelled, or its client left; its decoding rows are freed", api.name)
             raise
         except Exception as error:
-            yield ["", ""], Outcome.fault(f"/{api.name} compare on {loaded.name}", error), None
+            yield ["", ""], Outcome.fault(f"/{api.name} compare on {self.current.name}", error), None
 
     def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
         """The live view of `prompt` (layer and head from 1, held to the model's), the logit lens with
@@ -395,19 +428,69 @@ def steering_of(loaded: LoadedModel, values: dict[str, Any]) -> tuple[Steering |
     return steering, steering_state(asked, steering, typical)
 
 
-def compare_sides(loaded: LoadedModel, adapter: str, done: list[TaskDone], params: SamplingParams,
-                  switches: list[tuple[bool, Steering | None]]) -> dict:
-    """Each side's tokens with their log-probabilities, the same tokens' log-probabilities under
-    the other side (its prompt, its adapter `switches` and steering), the first token where they
-    part, and what was switched: "steering" (off and on) or "adapter"."""
+@dataclass(frozen=True)
+class Prepared:
+    """A request made ready on the loaded model it runs on (ModelHost.prepared): its checked
+    settings, inputs, adapter switch and steering."""
+    loaded: LoadedModel
+    params: SamplingParams
+    inputs: Any
+    adapter: bool
+    steering: Steering | None
+    steered: Message | None  # the status part that names the steering (steering_state)
+
+    @property
+    def model(self) -> str:
+        return self.loaded.name
+
+    def events(self, task: Task, cancel: threading.Event | None, forced: Sequence[int] = ()):
+        """The task's events, through the model's scheduler (tasks.run_task)."""
+        return run_task(task, self.loaded.scheduler, self.loaded.tokenizer, self.inputs, self.params, self.adapter,
+                        cancel, forced, self.steering)
+
+    def outcome(self, done: TaskDone, task: Task) -> Outcome:
+        return outcome_of(done, task, self.params, adapter_state(self.adapter, self.params.adapter_scale), self.steered)
+
+    def scored(self, task: Task, prompt: list[int], tokens: list[int]) -> list[float]:
+        """Each of `tokens`' log-probability after `prompt` under this request's model, settings,
+        adapter and steering: what this side would have given another side's tokens."""
+        with steered(self.loaded.model, self.steering):
+            return score_tokens(self.loaded.model, prompt, tokens, self.params, task.adapter if self.adapter else None,
+                                self.loaded.tokenizer.eos_id)
+
+
+def streamed_together(runs: list[Iterator]) -> Iterator[tuple[list[str], None, None]]:
+    """Both runs' texts so far, as often as a Pacer of MAX_UPDATES_PER_SECOND lets, a token of each
+    in turn (each decodes in its own model's batch meanwhile); returns their TaskDones. Closing it
+    closes both, which frees their decoding rows."""
+    texts, done, pacer = [""] * len(runs), [None] * len(runs), Pacer(MAX_UPDATES_PER_SECOND)
+    with ExitStack() as closing_all:
+        for run in runs:
+            closing_all.enter_context(closing(run))
+        while None in done:
+            for side, events in enumerate(runs):
+                if done[side] is None:
+                    event = next(events)
+                    texts[side] = event.text
+                    if isinstance(event, TaskDone):
+                        done[side] = event
+            if None in done and pacer.due(time.monotonic()):
+                yield list(texts), None, None
+    return done
+
+
+def compared(task: Task, axis: Axis, asked: tuple[dict, dict], sides: list[Prepared], done: list[TaskDone],
+             shown: int) -> Comparison:
+    """The Comparison of two finished sides: each side's tokens scored under the other where both
+    share a tokenizer (forward passes: run it in a thread of its own)."""
+    same = same_tokenizer(sides[0].loaded, sides[1].loaded)
     tokens = [side.result.token_ids for side in done]
-    eos_id = loaded.tokenizer.eos_id
-    under_other = []
-    for mine, other in ((0, 1), (1, 0)):
-        adapter_on, steering = switches[other]
-        with steered(loaded.model, steering):
-            under_other.append(score_tokens(loaded.model, done[other].prompt.ids, tokens[mine], params,
-                                            adapter if adapter_on else None, eos_id))
-    return {"entries": [side.result.logprobs for side in done], "under_other": under_other,
-            "prompts": [side.prompt.text for side in done], "diverges_at": first_difference(*tokens),
-            "switch": "adapter" if switches[1][1] is None else "steering"}
+    under_other = [sides[other].scored(task, done[other].prompt.ids, tokens[mine]) if same else None
+                   for mine, other in ((0, 1), (1, 0))]
+    outcomes = [side.outcome(finished, task) for side, finished in zip(sides, done)]
+    return Comparison.of(axis, side_labels(axis, sides), asked, shown, done, outcomes, under_other, same)
+
+
+def same_tokenizer(a: LoadedModel, b: LoadedModel) -> bool:
+    """Whether two models' token ids mean the same text, so that one's tokens can be scored by the other."""
+    return a.tokenizer is b.tokenizer or a.vocabulary == b.vocabulary

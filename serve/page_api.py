@@ -1,11 +1,12 @@
 """What a page in front needs from a replica on another machine (serve/cluster.py), over HTTP: the
 model's description, each task run as a stream of updates ending in its outcome record, the
-adapter off/on comparison, the Architecture tab's look inside and trace. serve/backend.py is the other
+comparison of two sides (serve/comparing.py), the Architecture tab's look inside and trace. serve/backend.py is the other
 end. The Gradio page and its API send their work here with `python app.py --backend URL`.
 
     GET  /studio/model                 the model: name, adapters, config, the model line
     POST /studio/run/{api_name}        the task's values -> NDJSON: {text, outcome, prompt, logprobs}
-    POST /studio/compare/{api_name}    the same -> NDJSON: {texts, outcome, comparison}
+    POST /studio/compare/{api_name}    the same with "compare" (what differs) -> NDJSON: {texts, outcome,
+                                       comparison}; values left out take the task's defaults
     POST /studio/look_inside           {prompt, layer, head, adapter} -> the live view
     POST /studio/trace                 {clean, corrupted, answer, noise_span} -> the trace (serve/tracing.py)
 
@@ -23,6 +24,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from .apis import APIS
+from .comparing import Comparison
 from .host import Host
 from .inspection import Inspection, LogitLens
 from .messages import Message, message_of
@@ -49,13 +51,13 @@ def page_routes(host: Host, api_key: str | None = None) -> APIRouter:
 
     def streamed_route(runner: Callable, fields: tuple[str, ...]):
         """A route that streams `runner`'s updates (the host's run or run_compare) for the task
-        named in its path, as JSON lines of `fields`, the outcome as its JSON record."""
+        named in its path, as JSON lines of `fields`, a record (the outcome, the comparison) as its JSON."""
         async def route(api_name: str, request: Request):
             api, values = APIS.get(api_name), await request.json()
             if api is None:
                 return JSONResponse({"error": f"no task {api_name!r}"}, status_code=404)
-            updates = ({**dict(zip(fields, update)), "outcome": update[1] and update[1].as_json()}
-                       for update in runner(api, values))
+            updates = ({name: value.as_json() if hasattr(value, "as_json") else value
+                        for name, value in zip(fields, update)} for update in runner(api, values))
             return StreamingResponse(lines(request, updates), media_type="application/x-ndjson")
         return route
 
@@ -124,6 +126,7 @@ def view_from_json(data: dict) -> LiveView:
 
 
 def update_from_json(update: dict) -> dict[str, Any]:
-    """A streamed update with its outcome as the record again."""
-    outcome = update.get("outcome")
-    return {**update, "outcome": None if outcome is None else Outcome.from_json(outcome)}
+    """A streamed update with its outcome (and a comparison's record) as the records again."""
+    outcome, comparison = update.get("outcome"), update.get("comparison")
+    return {**update, "outcome": None if outcome is None else Outcome.from_json(outcome),
+            "comparison": None if comparison is None else Comparison.from_json(comparison)}

@@ -18,11 +18,15 @@ from engine.steering import Steering
 from tasks import Task, TaskDone
 
 from .inspection import Inspection, LogitLens
-from .limits import LIMITS, added_stops, check_setting, checked_params
+from .limits import LIMITS, added_stops, brief, check_setting, checked_params
 from .messages import Message, Refusal
 from .outcome import Outcome
 
 REQUIRED = inspect.Parameter.empty
+# What a request may hold beside its endpoint's parameters, read by the host itself: what a
+# comparison sets apart (serve/comparing.py), the model a side of one ran on, the tokens a run
+# continued from a chosen token starts with.
+HOST_VALUES = ("compare", "model", "forced")
 
 # What one request may send. The context window bounds what a model reads, but text is tokenized
 # (and a conversation or example list walked) before it is cut to fit, so these bound that work
@@ -227,8 +231,7 @@ def check_count(what: str, count: int, limit: int) -> None:
 def outcome_of(done: TaskDone, task: Task, params: SamplingParams, adapter: Message,
                steering: Message | None = None) -> Outcome:
     """How to reproduce the run (seed, token counts, speed, why it stopped; `adapter`, where the
-    task has one: adapter_state, or compared_state for a comparison, since the prompt and output
-    differ with it; the settings changed from the task's defaults, which the seed alone does not
+    task has one: adapter_state, since the prompt and output differ with it; the settings changed from the task's defaults, which the seed alone does not
     give back; the steering, steering_state) and what was cut."""
     return Outcome.done(done.result, None if task.adapter is None else adapter,
                         changed_settings(params, task.defaults), done.prompt.notes, steering)
@@ -249,15 +252,6 @@ def adapter_state(adapter_on: bool, adapter_scale: float) -> Message:
     return ADAPTER_ON if adapter_scale == 1 else Message.keyed("adapter_on_scaled", scale=adapter_scale)
 
 
-def compared_state(adapter_scale: float, shown_on: bool) -> Message:
-    """A comparison's status part: both sides ran; the line's counts, and the output box, are the
-    side the adapter switch picks (`shown_on`), as a run without Compare would have shown."""
-    side = ADAPTER_ON if shown_on else ADAPTER_OFF
-    if adapter_scale == 1:
-        return Message.keyed("compared", side=side)
-    return Message.keyed("compared_scaled", scale=adapter_scale, side=side)
-
-
 ADAPTER_OFF, ADAPTER_ON = Message.keyed("adapter_off"), Message.keyed("adapter_on")
 
 
@@ -266,9 +260,8 @@ def asked_again(outcome: Outcome, task: Task) -> dict[str, Any]:
     task's defaults with the settings it changed, and the adapter as its state says (adapter_state;
     a comparison's, the side shown). Sent again with the same inputs, they draw the same text."""
     state = outcome.adapter
-    side = None if state is None else state.field("side", state)  # a comparison's: the side it showed
     adapter = {} if state is None else {  # None: the task has no adapter to switch on
-        "adapter": side == ADAPTER_ON or side.key == "adapter_on_scaled", "adapter_scale": state.field("scale", 1.0)}
+        "adapter": state.key in (ADAPTER_ON.key, "adapter_on_scaled"), "adapter_scale": state.field("scale", 1.0)}
     steered = outcome.steering
     steering = {"steer_strength": 0.0} if steered is None else {
         "steer_positive": steered.field("positive"), "steer_negative": steered.field("negative"),
@@ -293,23 +286,20 @@ class TaskAPI:
                                                     default=p.default, annotation=p.type) for p in params],
                                  return_annotation=tuple[str, str, str, list])
 
-
-def compared_outcome(done: list[TaskDone], task: Task, params: SamplingParams, adapter_on: bool,
-                     steering: Message | None = None) -> Outcome:
-    """A comparison's outcome. Steered (`steering`, run_compare's steering off and on): the steered
-    side's, noted as compared with the unsteered run. Otherwise adapter off and on: the side the
-    switch picks (`adapter_on`), with the notes only the other side made, marked as its own (the
-    English a French -> German run went through, the example pairs it dropped to fit)."""
-    if steering is not None:
-        state = adapter_state(adapter_on, params.adapter_scale)
-        return outcome_of(done[1], task, params, state, steering).noted(Message.keyed("steer_compared"))
-    shown, other = (done[1], done[0]) if adapter_on else (done[0], done[1])
-    outcome = outcome_of(shown, task, params, compared_state(params.adapter_scale, adapter_on), steering)
-    for note in other.prompt.notes:
-        if note not in shown.prompt.notes:
-            other_side = "off_side_note" if adapter_on else "on_side_note"
-            outcome = outcome.noted(Message.keyed(other_side, note=note))
-    return outcome
+    def request(self, values: Any) -> dict[str, Any]:
+        """`values`, this endpoint's parameters by name (and any of HOST_VALUES), with the defaults
+        of those it leaves out: a request as the endpoint itself would have it. A Refusal names a
+        parameter it does not take, or a required one it lacks."""
+        if not isinstance(values, dict):
+            raise Refusal("values_object", name="values", api=f"/{self.name}", kind=type(values).__name__)
+        parameters = self.signature.parameters
+        unknown = [name for name in values if name not in parameters and name not in HOST_VALUES]
+        if unknown:
+            raise Refusal("unknown_parameter", name=brief(unknown[0]), api=f"/{self.name}", names=", ".join(parameters))
+        missing = [name for name, p in parameters.items() if p.default is REQUIRED and name not in values]
+        if missing:
+            raise Refusal("missing_parameter", name=missing[0], api=f"/{self.name}")
+        return {**{name: p.default for name, p in parameters.items() if p.default is not REQUIRED}, **values}
 
 
 def checked_slider(name: str, value: Any, low: int, high: int) -> int:
@@ -330,14 +320,6 @@ class LiveView:
     heads: int
     seen: Inspection  # what each layer and the chosen head do
     lens: LogitLens
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first position where two token lists differ (one ending first counts), or None."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def public_logprobs(entries: list[dict]) -> list[dict]:

@@ -968,7 +968,7 @@ def test_compare_streams_two_columns_and_stop_stops_both(page):
     page.locator("#summarize-run").click()
     # The output box follows the adapter switch, off here (Summarise starts with it off), as without Compare.
     expect(page.locator("#summarize-adapter input")).not_to_be_checked()
-    assert "adapter off vs on: the output and counts are with adapter off" in wait_for_run(page, "summarize", 9)
+    assert "adapter off vs adapter on: the output and counts are with adapter off" in wait_for_run(page, "summarize", 9)
     assert off.input_value().strip() and on.input_value().strip() and off.input_value() != on.input_value()
     expect(page.locator("#summarize-output textarea")).to_have_value(off.input_value().strip())
     view = page.locator("#summarize-tokens")
@@ -1038,11 +1038,11 @@ def test_steering_names_itself_and_compares_unsteered_with_steered(page):
     expect(compare).to_be_enabled()
     compare.check()
     page.locator("#generate-run").click()
-    expect(line).to_contain_text("compared with the same run unsteered")
+    expect(line).to_contain_text("unsteered vs steered: the output and counts are with steered")
     assert "steered at layer 1" in wait_for_run(page, "generate", 5)
     off, on = page.locator("#generate-adapter_off"), page.locator("#generate-adapter_on")
-    expect(off).to_contain_text("Unsteered")
-    expect(on).to_contain_text("Steered")
+    expect(off).to_contain_text("unsteered")
+    expect(on).to_contain_text("steered")
     # strength 0 drew what the unsteered side draws under the same seed; the steered side, the steered run
     assert off.locator("textarea").input_value() == unsteered and on.locator("textarea").input_value() == steered
     expect(page.locator("#generate-tokens .tok.diverges")).to_have_count(2)

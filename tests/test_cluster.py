@@ -169,10 +169,14 @@ def test_the_app_in_front_serves_every_tab_with_logprobs_compare_and_look_inside
             assert [entry["token"] for entry in logprobs] == [entry["token"] for entry in alone[3]]
         refused = pytest.raises(Exception, client.predict, prompt="   ", api_name="/generate")
         assert "prompt is empty" in str(refused.value)
-    summarize = values_for("summarize", **REQUESTS[4][1])
+    summarize = {**values_for("summarize", **REQUESTS[4][1]), "compare": "adapter"}
     texts, outcome, comparison = last_update(backend.run_compare(APIS["summarize"], summarize))
     expected = last_update(local.run_compare(APIS["summarize"], summarize))
-    assert texts == expected[0] and comparison["diverges_at"] == expected[2]["diverges_at"] and outcome.ran
+    assert texts == expected[0] and comparison.diverges_at == expected[2].diverges_at and outcome.ran
+    # what differs named as the request names it, the rest the task's defaults, as /compare takes it
+    setting = {**REQUESTS[4][1], "max_new_tokens": 8, "seed": 3, "compare": "setting:top_k=0"}
+    texts, outcome, comparison = last_update(backend.run_compare(APIS["summarize"], setting))
+    assert texts == last_update(local.run_compare(APIS["summarize"], setting))[0] and comparison.axis == setting["compare"]
     view, alone = backend.look_inside("Once upon a time", 2, 1, "translate"), local.look_inside("Once upon a time", 2, 1, "translate")
     # the same tokens; their probabilities the same up to rounding (a replica sums on its own threads)
     assert [t for t, _ in view.seen.top_tokens] == [t for t, _ in alone.seen.top_tokens]

@@ -173,7 +173,7 @@ def host(adapter_checkpoint):
 def compared(host, **settings):
     from ui.tabs.summarise import SUMMARIZE
 
-    updates = list(host.run_compare(SUMMARIZE.api, compare_values(SUMMARIZE.api, **settings)))
+    updates = list(host.run_compare(SUMMARIZE.api, {**compare_values(SUMMARIZE.api, **settings), "compare": "adapter"}))
     return updates[-1]
 
 
@@ -187,11 +187,11 @@ def test_compare_with_the_adapter_at_zero_gives_the_same_text_twice(host):
                                           seed=4, max_new_tokens=16, adapter_scale=0.0)
     status = english_status(outcome)
     assert texts[0] == texts[1] and texts[0]
-    assert comparison["diverges_at"] is None and status.startswith("seed 4 · ")
-    assert " · adapter off vs on at strength 0: the output and counts are with adapter off" in status
-    assert comparison["entries"][0] == comparison["entries"][1]
+    assert comparison.same and status.startswith("seed 4 · ")
+    assert status.endswith(" · adapter off vs adapter on at strength 0: the output and counts are with adapter off")
+    assert comparison.entries[0] == comparison.entries[1]
     # each side's tokens under the other: the same model, so the same log-probabilities
-    assert comparison["under_other"][0] == pytest.approx([e["logprob"] for e in comparison["entries"][0]], abs=1e-5)
+    assert comparison.under_other[0] == pytest.approx([e["logprob"] for e in comparison.entries[0]], abs=1e-5)
 
 
 def test_a_comparison_says_the_off_sides_own_notes_as_its_own(host):
@@ -203,9 +203,10 @@ def test_a_comparison_says_the_off_sides_own_notes_as_its_own(host):
 
     values = compare_values(TRANSLATE.api, text="Le chat dort.", source="French", target="German", max_new_tokens=8,
                             adapter=True)
+    values["compare"] = "adapter"
     *_, (texts, outcome, comparison) = host.run_compare(TRANSLATE.api, values)
     status = english_status(outcome)
-    steps = [prompt.split("\n\n")[0] for prompt in comparison["prompts"]]
+    steps = [prompt.split("\n\n")[0] for prompt in comparison.prompts]
     assert steps[0] != steps[1] and " = " in steps[0]  # the off side's first step sends pairs
     parts = status.split(" · ")
     on = [part for part in parts if part.startswith("translated through English")]
@@ -213,24 +214,24 @@ def test_a_comparison_says_the_off_sides_own_notes_as_its_own(host):
     assert len(on) == len(off) == 1
     prompt_tokens = [int(re.search(r"first step: (\d+) prompt", part)[1]) for part in (off[0], on[0])]
     assert prompt_tokens[0] > prompt_tokens[1]
-    assert "the output and counts are with adapter on" in status and f" + {len(comparison['entries'][1])} generated" in status
+    assert "the output and counts are with adapter on" in status and f" + {len(comparison.entries[1])} generated" in status
 
     # With the adapter switched off, the line is the off side's, and the on side's note is marked.
     *_, (_, outcome, comparison) = host.run_compare(TRANSLATE.api, {**values, "adapter": False})
     parts = english_status(outcome).split(" · ")
-    assert "adapter off vs on: the output and counts are with adapter off" in parts
+    assert "adapter off vs adapter on: the output and counts are with adapter off" in parts
     assert f"{prompt_tokens[0]} prompt" in next(part for part in parts if part.startswith("translated through"))
     assert len([part for part in parts if part.startswith("adapter on: translated through English")]) == 1
 
 
 def test_compare_marks_the_first_token_where_adapter_off_and_on_part(host):
-    from serve.running import first_difference
+    from serve.comparing import first_difference
     from ui.tokens import Insight
 
     texts, _, comparison = compared(host, article="The sun rose. A bird sang.", temperature=0, max_new_tokens=16,
                                     seed=4)
-    ids = [[e["id"] for e in side] for side in comparison["entries"]]
-    at = comparison["diverges_at"]
+    ids = [[e["id"] for e in side] for side in comparison.entries]
+    at = comparison.diverges_at[0]
     assert at is not None and at == first_difference(*ids)
     assert ids[0][:at] == ids[1][:at] and (at == min(map(len, ids)) or ids[0][at] != ids[1][at])
     assert texts[0] != texts[1]

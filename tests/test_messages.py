@@ -19,8 +19,10 @@ from serve.limits import added_stops, checked_params
 from serve.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, Message, Refusal, english, message_of, render
 from serve.model_host import LOAD_STEPS, ModelHost, check_memory, path_message
 from serve.outcome import GREEDY_SAME, SAME_SEED, STOP_REASON_WORDS, Outcome, status_line
+from serve.apis import APIS
+from serve.comparing import Axis, Comparison, compared_outcome, no_steering, parse_compare, side_labels
 from serve.running import (RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text,
-                           compared_state, sampling_params, setting_params)
+                           sampling_params, setting_params)
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
 from ui import presets, tab
 from ui.tabs import chat
@@ -35,6 +37,9 @@ SAMPLE_VALUES = {"name": "prompt", "what": "the text to translate", "reason": "m
                  "names": "bundled", "line": "'x'", "value": "1.5", "url": "http://10.0.0.2:8000",
                  "settings": (("temperature", 0.7), ("top_k", 40)), "language": "English", "text": "Hello.",
                  "token": "' the'", "side": Message.keyed("adapter_on"), "note": Message.keyed("no_examples"),
+                 "setting": "temperature", "model": "gpt2", "api": "/generate", "fields": "steer_strength",
+                 "choices": "adapter, steering", "a": Message.keyed("adapter_off"), "b": Message.keyed("adapter_on"),
+                 "shown": Message.keyed("adapter_off"),
                  "error": Message.keyed("not_integer", name="seed", value="1.5")}
 
 
@@ -169,9 +174,13 @@ def made_messages() -> list[Message]:
         *(TASKS["translate"].two_steps(TranslateInputs("Bonjour.", "French", "German"), True)[2].with_fields(
             text=text, prompt=90, generated=7) for text in ("Hello.", "(nothing)")),
         Message.keyed("first_step_cut", kept=250, tokens=1_200),
-        *(Message.keyed(side, note=translate_note) for side in ("off_side_note", "on_side_note")),
         *(adapter_state(on, scale) for on, scale in ((False, 1.0), (True, 1.0), (True, 0.5))),
-        *(compared_state(scale, on) for scale in (1.0, 0.5) for on in (False, True)),
+        # a comparison (serve/comparing.py): what it may name, its sides' labels, its status line's parts
+        *(refusal(lambda bad=bad: parse_compare(bad, ["bundled"])) for bad in (
+            "adapters", "model:gpt2", "setting:warmth=1", "setting:top_k=1.5", "setting:temperature=9")),
+        *(refusal(lambda values=values: APIS["generate"].request(values)) for values in (
+            "Hi", {"prompt": "Hi", "warmth": 1}, {"seed": 1})),
+        *compared_messages(translate_note),
         SAME_SEED, GREEDY_SAME,
         # a page in front of a deployment (serve/backend.py)
         backend.down_message("http://10.0.0.2:8000", httpx.ConnectError("refused")),
@@ -196,6 +205,21 @@ def made_messages() -> list[Message]:
         # a deployment's ingress, where a replica stops (serve/ingress.py)
         ingress.REPLICA_LOST, ingress.replicas_lost(4), ingress.replica_failed(RuntimeError("x")),
     ]
+
+
+def compared_messages(note: Message) -> list[Message]:
+    """A comparison's labels and the parts of its status line, for each kind of side."""
+    def side(model="bundled", adapter=False, **params):
+        return SimpleNamespace(model=model, adapter=adapter, params=replace(SamplingParams(), **params))
+    labels = [label for axis, sides in ((Axis("adapter"), (side(), side(adapter=True, adapter_scale=0.5))),
+                                        (Axis("steering"), (side(), side())),
+                                        (Axis("model", "gpt2"), (side(), side(model="gpt2"))),
+                                        (Axis("setting", "temperature", 0.7), (side(), side(temperature=0.7))))
+              for label in side_labels(axis, sides)]
+    done = Outcome.done(Result("", 7, 4, 16, 20.0, "eos"), None, [], [])
+    comparison = Comparison("adapter", tuple(labels[:2]), ({}, {}), 0, ([], []), (None, None), ("", ""),
+                            (done, done.noted(note)), (None, None))
+    return [*labels, *compared_outcome(comparison).notes, no_steering().message]
 
 
 def test_every_message_the_app_makes_has_its_chinese():

@@ -311,11 +311,11 @@ def test_a_steered_compare_is_steering_off_and_on_under_one_seed(host):
     from serve.outcome import english_status
 
     api, prompt = APIS["generate"], dict(prompt="Once upon a time", max_new_tokens=16, seed=7)
-    bound = api.signature.bind(**prompt, **STEER)
-    bound.apply_defaults()
-    *_, (texts, outcome, comparison) = host.run_compare(api, bound.arguments)
-    assert comparison["switch"] == "steering"
+    *_, (texts, outcome, comparison) = host.run_compare(api, {**prompt, **STEER, "compare": "steering"})
+    assert comparison.axis == "steering" and comparison.shown == 1
+    assert comparison.asked == ({"steer_strength": 0.0}, {})
     assert texts == [final_of(host, "generate", **prompt)[0], final_of(host, "generate", **prompt, **STEER)[0]]
-    assert texts[0] != texts[1] and comparison["diverges_at"] is not None
+    assert texts[0] != texts[1] and comparison.diverges_at[0] is not None
     status = english_status(outcome)
-    assert "steered at layer 1, strength 4" in status and "compared with the same run unsteered" in status
+    assert "steered at layer 1, strength 4" in status
+    assert "unsteered vs steered: the output and counts are with steered" in status

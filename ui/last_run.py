@@ -14,11 +14,11 @@ from serve.outcome import Outcome
 @dataclass(frozen=True)
 class TokenRow:
     """One row of the token view: the run's tokens (Result.logprobs' entries, each with its
-    alternatives), drawn with the adapter on or off (Compare has a row of each), and steered as the
-    run asked or not at all (a steered Compare's unsteered row)."""
+    alternatives), and what the request that drew them changed of the run's values (a comparison's
+    side: serve/comparing.py's side_requests; none for a run of its own), which a run continued from
+    one of its tokens is sent with."""
     entries: list[dict]
-    adapter: bool
-    steered: bool = True
+    asked: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

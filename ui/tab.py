@@ -11,7 +11,8 @@ from typing import Any, Callable
 import gradio as gr
 
 from serve import Task
-from serve.messages import Message, render, said
+from serve.comparing import Comparison
+from serve.messages import Message, render
 from serve.host import Host, ServedModel
 from serve.model_host import BUNDLED
 from serve.outcome import FAULT, Outcome, status_line
@@ -255,8 +256,10 @@ class Tab:
         asked_tokens = bool(data[insight.show_tokens] or continuing)
         if asked_tokens:
             values["logprobs"] = TOP_SHOWN
-        return ReadyRun(values, ran_with, shown_before, notes, asked_tokens,
-                        bool(data[insight.compare]) and not continuing, appends, data[self.last_run])
+        comparing = bool(data[insight.compare]) and not continuing
+        if comparing:  # what differs between the two sides (serve/comparing.py)
+            values["compare"] = "steering" if values.get("steer_strength") else "adapter"
+        return ReadyRun(values, ran_with, shown_before, notes, asked_tokens, comparing, appends, data[self.last_run])
 
     def single(self, run: "ReadyRun", cancel, lang: str):
         """One run's updates as its text streams, and its outcome, tokens and prompt at its end."""
@@ -272,7 +275,7 @@ class Tab:
                     outcome = outcome.noted(note)
                 entries = run.shown_before + logprobs
                 adapter = run.values["adapter"]
-                ran = LastRun(outcome, run.ran_with, text, (TokenRow(entries, adapter),), run.appends)
+                ran = LastRun(outcome, run.ran_with, text, (TokenRow(entries),), run.appends)
                 yield {output: view.present(run.values, text), **self.shown(ran, lang), self.prompt_sent: prompt,
                        self.steer.norm: norm_line(outcome, lang),
                        insight.view: insight.single(entries, adapter, run.asked_tokens, lang),
@@ -280,8 +283,8 @@ class Tab:
 
     def compared(self, run: "ReadyRun", cancel, lang: str):
         """A comparison's updates: both sides' texts as they stream, then the side a run without
-        Compare would show in the output box (steered; or as the adapter switch says), both prompts,
-        and both rows of tokens, under labels that say what was switched."""
+        Compare would show in the output box (Comparison.shown), both prompts, and both rows of
+        tokens, under labels that say what differs."""
         view, insight = self.view, self.insight
         for texts, outcome, comparison in self.host.run_compare(view.api, run.values, cancel):
             if outcome is None:
@@ -289,17 +292,14 @@ class Tab:
             elif not outcome.ran:
                 yield from self.refused_or_failed(run.before, outcome, lang)
             else:
-                steering, adapter = comparison.get("switch") == "steering", run.values["adapter"]
-                shown = texts[1] if steering or adapter else texts[0]
-                rows = ((TokenRow(comparison["entries"][0], adapter, steered=False),
-                         TokenRow(comparison["entries"][1], adapter)) if steering else
-                        tuple(map(TokenRow, comparison["entries"], (False, True))))
+                shown = texts[comparison.shown]
+                rows = tuple(map(TokenRow, comparison.entries, comparison.asked))
                 ran = LastRun(outcome, run.ran_with, shown, rows, run.appends)
-                sides = compared_sides(comparison)
                 yield {self.widgets.output: view.present(run.values, shown), **self.shown(ran, lang),
-                       self.prompt_sent: both_prompts(comparison["prompts"], lang, sides),
-                       insight.view: insight.compared(comparison, lang, texts, sides),
-                       **insight.compared_texts(texts, sides), self.steer.norm: norm_line(outcome, lang),
+                       self.prompt_sent: both_prompts(comparison, lang),
+                       insight.view: insight.compared(comparison, lang, texts),
+                       **insight.compared_texts(texts, comparison, lang),
+                       self.steer.norm: norm_line(outcome, lang),
                        insight.alternatives: insight.hidden_alternatives(),
                        **{box: "" for box in self.widgets.cleared}, **self.held(False)}
 
@@ -328,14 +328,10 @@ def notice(outcome: Outcome, lang: str) -> gr.Error:
     return gr.Error(render(outcome.message, lang), title=word("error", lang), print_exception=False)
 
 
-def compared_sides(comparison: dict) -> tuple[str, str]:
-    """The names of a comparison's two sides: what it switched off and on."""
-    return ("unsteered", "steered") if comparison.get("switch") == "steering" else ("adapter off", "adapter on")
-
-
-def both_prompts(prompts: list[str], lang: str, sides: tuple[str, str] = ("adapter off", "adapter on")) -> str:
-    """What Compare sent, side by side in one box: each side's prompt under its name."""
-    return "\n\n".join(f"[{said(side, lang)}]\n{prompt}" for side, prompt in zip(sides, prompts))
+def both_prompts(comparison: Comparison, lang: str) -> str:
+    """What Compare sent, side by side in one box: each side's prompt under its label."""
+    return "\n\n".join(f"[{render(label, lang)}]\n{prompt}" for label, prompt in zip(comparison.labels,
+                                                                                    comparison.prompts))
 
 
 def rewind(name: str, text: str, last_run: LastRun):

@@ -13,6 +13,7 @@ import gradio as gr
 
 from serve.inspection import as_text, readable
 from serve.limits import LIMITS
+from serve.comparing import Comparison
 from serve.messages import Message, Refusal, render, said
 from serve.running import TOP_SHOWN
 
@@ -195,9 +196,7 @@ class Insight:
         if chosen is None:
             raise Refusal("pick_alternative")
         shown_before = row.entries[:index] + [{**chosen, "top": row.entries[index]["top"]}]
-        values = {**last_run.values, "adapter": row.adapter, "forced": [entry["id"] for entry in shown_before]}
-        if not row.steered:  # a steered comparison's unsteered row
-            values["steer_strength"] = 0.0
+        values = {**last_run.values, **row.asked, "forced": [entry["id"] for entry in shown_before]}
         return values, shown_before, Message.keyed("continued_from", index=index + 1, token=listed(chosen))
 
     @staticmethod
@@ -209,28 +208,19 @@ class Insight:
         return {"rows": [row_of(entries, label, 0)], "note": render(TOKENS_NOTE, lang)}
 
     @staticmethod
-    def compared(comparison: dict, lang: str, texts: list[str],
-                 sides: tuple[str, str] = ("adapter off", "adapter on")) -> dict:
-        """Both rows of a comparison, under the names of its `sides`; `texts`: the two outputs as
-        shown, which the task's tidying (Summarise's sentences, a reply's spaces) can make the same
-        where the tokens differ."""
-        off, on = comparison["entries"]
-        under_off, under_on = comparison["under_other"]
-        at = comparison["diverges_at"]
-        labels = [said(side, lang) for side in sides]
-        rows = [row_of(off, labels[0], 0, under_off, at, labels[1]), row_of(on, labels[1], 1, under_on, at, labels[0])]
-        if at is None:
-            note = Message.keyed("same")
-        elif texts[0] == texts[1]:
-            note = Message.keyed("same_text_differ_from", index=at + 1)
-        else:
-            note = Message.keyed("differ_from", index=at + 1)
-        return {"rows": rows, "note": render(note, lang)}
+    def compared(comparison: Comparison, lang: str, texts: list[str]) -> dict:
+        """Both rows of a comparison (serve/comparing.py), under its sides' labels, the first token
+        where they part marked on each; `texts`: the two outputs as shown, which the task's tidying
+        (Summarise's sentences, a reply's spaces) can make the same where the tokens differ."""
+        labels = [render(label, lang) for label in comparison.labels]
+        rows = [row_of(comparison.entries[side], labels[side], side, comparison.under_other[side],
+                       comparison.diverges_at[side], labels[1 - side]) for side in (0, 1)]
+        return {"rows": rows, "note": render(parting_note(comparison, texts), lang)}
 
-    def compared_texts(self, texts: list[str], sides: tuple[str, str]) -> dict:
+    def compared_texts(self, texts: list[str], comparison: Comparison, lang: str) -> dict:
         """Compare's two boxes with their texts, each labelled with its side."""
-        return {box: gr.update(value=text, label=i18n(side.replace(" ", "_")))
-                for box, text, side in zip(self.compare_texts, texts, sides)}
+        return {box: gr.update(value=text, label=render(label, lang))
+                for box, text, label in zip(self.compare_texts, texts, comparison.labels)}
 
     @property
     def of_the_shown_run(self) -> list[gr.Component]:
@@ -249,6 +239,20 @@ class Insight:
         """The alternatives put away, their choice with them: a value left without its choices
         would be refused as the next run's input."""
         return gr.update(choices=[], value=None, visible=False)
+
+
+def parting_note(comparison: Comparison, texts: list[str]) -> Message:
+    """What the token view says of where a comparison's two sides part: at a token, or (models of
+    two tokenizers) at a character of the text and a token of each."""
+    at = comparison.diverges_at
+    if comparison.same:
+        return Message.keyed("same")
+    if comparison.by_text:
+        return Message.keyed("differ_from_character", character=comparison.character + 1, first=at[0] + 1,
+                             second=at[1] + 1)
+    if texts[0] == texts[1]:
+        return Message.keyed("same_text_differ_from", index=at[0] + 1)
+    return Message.keyed("differ_from", index=at[0] + 1)
 
 
 DRAWN_MARK = " ✓"  # after the alternative a run drew
