@@ -29,7 +29,7 @@ from serve.model_host import BUNDLED, LOAD_STEPS, ModelHost, ModelLoadError
 from serve.openai_api import openai_routes
 from serve.running import StopSwitches
 from ui.accessibility import NAMED_PARTS_JS
-from ui.api import api_endpoint, trace_endpoint
+from ui.api import api_endpoint, compare_endpoint, trace_endpoint
 from ui.i18n import CHINESE, ENGLISH, i18n
 from ui.messages import LANGUAGE_SWITCHED, PAGE_LANGUAGE_JS, Page, language, warn
 from ui.presets import PRESETS_CSS, presets_store
@@ -84,6 +84,7 @@ def build_app(host: Host, concurrency: int = DEFAULT_CONCURRENCY, queue_size: in
 
         for tab in tabs:
             gr.api(api_endpoint(tab.view.api, host), api_name=tab.view.api.name, concurrency_id=GENERATION)
+        gr.api(compare_endpoint(host), api_name="compare", concurrency_id=GENERATION)  # two runs of any of them
         # A trace is seconds of the CPU's work: one at a time, beside the generations
         gr.api(trace_endpoint(host), api_name="trace", concurrency_limit=1, concurrency_id="trace")
         model_parts = ModelParts(model_info, model_choice, tabs, lens_adapter)

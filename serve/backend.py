@@ -121,6 +121,11 @@ class RemoteHost:
                     cancel: threading.Event | None = None) -> Iterator[tuple[list[str], Outcome | None,
                                                                              Comparison | None]]:
         """The replica's comparison: values["compare"] goes with the request, as it names what differs."""
+        try:
+            values = api.request(values)  # what it leaves out, as the replica will fill it in
+        except ValueError as error:
+            yield ["", ""], Outcome.refused(error), None
+            return
         adapter = adapter_state(values.get("adapter", False) is True, values.get("adapter_scale", 1.0))
         for update in self.updates(f"compare/{api.name}", api, values, cancel, adapter, ["texts"]):
             yield update["texts"], update["outcome"], update.get("comparison")

@@ -26,9 +26,9 @@ from typing import Any, Sequence
 from tasks import TaskDone
 
 from .limits import INTEGER_SETTINGS, brief, check_setting, check_temperature
-from .messages import Message, Refusal
-from .outcome import Outcome, message_from_json
-from .running import SETTING_RANGES, SETTINGS, adapter_state
+from .messages import Message, Refusal, english
+from .outcome import Outcome, english_status, message_from_json
+from .running import SETTING_RANGES, SETTINGS, adapter_state, public_logprobs
 
 ADAPTER, STEERING, MODEL, SETTING = "adapter", "steering", "model", "setting"
 FORMS = "adapter, steering, model:<id>, setting:<name>=<value>"  # what `compare` may say
@@ -221,3 +221,19 @@ def compared_outcome(comparison: Comparison) -> Outcome:
         if note not in outcomes[shown].notes:
             outcome = outcome.noted(Message.keyed("side_note", side=labels[other], note=note))
     return outcome
+
+
+def public_comparison(texts: Sequence[str], outcome: Outcome, comparison: Comparison) -> dict:
+    """A finished comparison as the API gives it: each side's label, text, tokens (with their
+    log-probabilities and alternatives, and under the other side where the tokenizers agree), status
+    line (its counts and speed) and first differing token; the first difference (a token index, or
+    across tokenizers {"character", "tokens": [each side's]}), and the status line of the side shown."""
+    def side(i: int) -> dict:
+        return {"label": english(comparison.labels[i]), "text": texts[i],
+                "logprobs": public_logprobs(comparison.entries[i]), "under_other": comparison.under_other[i],
+                "status": english_status(comparison.outcomes[i]), "first_difference": comparison.diverges_at[i]}
+    first: int | dict | None = comparison.diverges_at[0]
+    if comparison.by_text and comparison.character is not None:
+        first = {"character": comparison.character, "tokens": list(comparison.diverges_at)}
+    return {"compare": comparison.axis, "sides": [side(0), side(1)], "first_difference": first,
+            "by_text": comparison.by_text, "shown": comparison.shown, "status": english_status(outcome)}

@@ -53,6 +53,9 @@ def test_the_api_names_its_endpoints_and_parameters(client):
     trace = endpoints.pop("/trace")
     assert [p["parameter_name"] for p in trace["parameters"]] == ["clean", "corrupted", "answer", "noise_span"]
     assert "p_clean" in trace["description"]
+    # one comparison of two runs of any of the tasks (tests/test_compare_api.py)
+    compare = endpoints.pop("/compare")
+    assert [p["parameter_name"] for p in compare["parameters"]] == ["task", "compare", "values"]
     settings = ["temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "presence_penalty",
                 "frequency_penalty", "no_repeat_ngram_size", "max_new_tokens", "stop", "seed"]
     adapter = ["adapter", "adapter_scale"]  # only where the task has an adapter: Generate has none

@@ -1,14 +1,17 @@
-"""The Gradio API: each task as a named endpoint (/generate, /chat, /translate, /summarize), and the
-Architecture tab's activation patching (/trace), whose parameters gradio_client documents from the
-function's signature."""
+"""The Gradio API: each task as a named endpoint (/generate, /chat, /translate, /summarize), one
+comparison of two runs of any of them (/compare), and the Architecture tab's activation patching
+(/trace), whose parameters gradio_client documents from the function's signature."""
 from __future__ import annotations
 
 from typing import Callable, Iterator
 
 import gradio as gr
 
+from serve.apis import APIS
+from serve.comparing import public_comparison
 from serve.host import Host
-from serve.messages import english, message_of
+from serve.limits import brief
+from serve.messages import Message, english, message_of
 from serve.outcome import english_status
 from serve.running import TaskAPI, public_logprobs
 
@@ -53,3 +56,30 @@ def trace_endpoint(host: Host) -> Callable[..., dict]:
         except ValueError as error:  # a refusal is answered as an error, in English
             raise gr.Error(english(message_of(error)), print_exception=False) from None
     return trace
+
+
+def compare_endpoint(host: Host) -> Callable[..., dict]:
+    """The host's comparison (serve/comparing.py) as a function with named, typed parameters, for `gr.api`."""
+    def compare(task: str, compare: str, values: dict | None = None) -> dict:
+        """One request of a task run twice at once under one seed, the two sides differing in what
+        `compare` names: "adapter" (off, then on), "steering" (off, then on; `values` must steer),
+        "model:<id>" (the model served, then <id>, another of the app's models) or
+        "setting:<name>=<value>" (the settings as given, then <name> at <value>: temperature,
+        top_k, ...). `task`: generate, chat, translate or summarize; `values`: that endpoint's own
+        parameters by name, as it takes them (the rest its defaults). Returns {"sides": [{"label",
+        "text", "logprobs", "under_other", "status", "first_difference"}, ...], "first_difference"
+        (the first token where they part; {"character", "tokens"} where the models' tokenizers differ;
+        null where they do not part), "by_text", "shown" (the side a run without compare gives),
+        "compare", "status"}."""
+        api = APIS.get(task) if isinstance(task, str) else None
+        if api is None:
+            refused = Message.keyed("one_of", name="task", choices=", ".join(APIS), value=brief(task))
+            raise gr.Error(english(refused), print_exception=False)
+        asked = {} if values is None else values  # not an object: the host refuses it, naming `values`
+        if isinstance(asked, dict):
+            asked = {**asked, "compare": compare}
+        *_, (texts, outcome, comparison) = host.run_compare(api, asked)
+        if not outcome.ran:
+            raise gr.Error(english(outcome.message), print_exception=False)
+        return public_comparison(texts, outcome, comparison)
+    return compare
