@@ -30,10 +30,11 @@ from serve.openai_api import openai_routes
 from serve.running import StopSwitches
 from ui.accessibility import NAMED_PARTS_JS
 from ui.api import api_endpoint, compare_endpoint, trace_endpoint
+from ui.compare import model_choices
 from ui.i18n import CHINESE, ENGLISH, i18n
 from ui.messages import LANGUAGE_SWITCHED, PAGE_LANGUAGE_JS, Page, language, warn
 from ui.presets import PRESETS_CSS, presets_store
-from ui.tab import (GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, compare_props, serves_bundled,
+from ui.tab import (GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, serves_bundled,
                     task_tab)
 from ui.tabs.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
 from ui.tabs.chat import CHAT, CHAT_CSS, EDIT_KEYS_JS, KEEP_MESSAGE_BOX_IN_VIEW_JS
@@ -162,7 +163,7 @@ class ModelParts:
     @property
     def outputs(self) -> set:
         return {self.line, self.choice, self.lens_adapter, *(tab.adapter for tab in self.tabs),
-                *(tab.insight.compare for tab in self.tabs), *self.bundled_notes,
+                *(tab.insight.compare.model for tab in self.tabs), *self.bundled_notes,
                 *(part for tab in self.tabs for part in (tab.steer.layer, *tab.steer.presets))}
 
     @property
@@ -185,7 +186,7 @@ def show_model(host: Host, parts: ModelParts, on_load: bool = False):
         return {parts.line: loaded.describe(lang), parts.choice: gr.update(choices=list(host.names), value=loaded.name),
                 parts.lens_adapter: lens_choices(loaded, lang),
                 **{tab.adapter: switch_state(tab, loaded) for tab in parts.tabs},
-                **{tab.insight.compare: gr.update(**compare_props(tab.view.task, loaded)) for tab in parts.tabs},
+                **{tab.insight.compare.model: model_choices(host.names, loaded.name) for tab in parts.tabs},
                 **{note: gr.update(visible=serves_bundled(loaded)) for note in parts.bundled_notes},
                 **{part: update for tab in parts.tabs for part, update in tab.steer.for_model(loaded).items()}}
     return model_state

@@ -223,6 +223,12 @@ def compared_outcome(comparison: Comparison) -> Outcome:
     return outcome
 
 
+def side_outcome(comparison: Comparison, side: int) -> Outcome:
+    """One side's own outcome, noted as that side of the comparison: a reply kept from it (Chat) says
+    where it came from."""
+    return comparison.outcomes[side].noted(Message.keyed("compared_side", side=comparison.labels[side]))
+
+
 def public_comparison(texts: Sequence[str], outcome: Outcome, comparison: Comparison) -> dict:
     """A finished comparison as the API gives it: each side's label, text, tokens (with their
     log-probabilities and alternatives, and under the other side where the tokenizers agree), status

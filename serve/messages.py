@@ -211,6 +211,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "adapter_on_scaled": ("adapter on at strength {scale:g}", "适配器开，强度 {scale:g}"),
     # a comparison (serve/comparing.py): both sides' labels, and the one the output box shows
     "compared_sides": ("{a} vs {b}: the output and counts are with {shown}", "{a}与{b}对比：输出和计数属于{shown}一侧"),
+    "compared_side": ("the {side} side of a comparison", "对比中{side}的一侧"),
     "steering_off": ("unsteered", "未转向"),
     "steering_on": ("steered", "已转向"),
     "model_side": ("model {model}", "模型 {model}"),

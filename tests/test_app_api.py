@@ -387,11 +387,9 @@ def test_every_interface_text_is_in_english_and_chinese(app_models):
     # without a task's adapter (this one has them all), "example_pairs_unsent" with the translate
     # adapter on (this one starts it off), "example_pairs_through_english" for French <-> German;
     # "switch_model_info" in an app started with several models (this one has one). A symbol
-    # button's name is the page script's (ui/accessibility.py). Compare's steering words once a
-    # steering strength is set ("compare_steer_info") and a steered comparison has run ("unsteered", "steered").
+    # button's name is the page script's (ui/accessibility.py).
     shown_later = {"generating", "not_measured", "example_pairs_kept", "no_adapter_model", "example_pairs_unsent",
-                   "example_pairs_through_english", "switch_model_info", "compare_steer_info", "unsteered",
-                   "steered", *SYMBOL_BUTTONS.values()}
+                   "example_pairs_through_english", "switch_model_info", *SYMBOL_BUTTONS.values()}
     assert used | shown_later == ENGLISH.keys()
 
 
@@ -467,6 +465,29 @@ def test_the_reply_switcher_follows_the_last_turn():
     # A new turn: its reply alone, the earlier turn's replies kept in the record.
     fourth, _ = answered(second, ran(second, "Bye", "Bye!", outcome(3, 50.0)))
     assert [len(turn.replies) for turn in fourth.turns] == [2, 1] and fourth.switched(1) is None
+
+
+def test_a_compared_turn_keeps_both_sides_as_its_replies_the_shown_one_in_view():
+    """A compared Chat turn: the other side first, the side shown last and in view; ◀ picks the
+    other, which the conversation then goes on with."""
+    from dataclasses import replace
+
+    from engine.generate import Result
+    from serve.outcome import Outcome
+    from serve.running import ADAPTER_ON
+    from ui.conversation import Conversation
+    from ui.tabs.chat import answered
+
+    def outcome(seed):
+        return Outcome.done(Result("", seed, 5, 3, 80.0, "stop_string"), ADAPTER_ON, [], [])
+
+    compared = replace(ran(Conversation(), "Hi", "Hello!", outcome(1)), other=("Good day.", outcome(2)))
+    kept, shown = answered(Conversation("Bot is kind."), compared)
+    turn = kept.turns[-1]
+    assert [reply.text for reply in turn.replies] == ["Good day.", "Hello!"] and turn.shown == 1
+    assert shown == outcome(1) and turn.replies[0].outcome == outcome(2)
+    assert kept.switched(-1).pairs == [["Hi", "Good day."]]
+    assert answered(kept, compared) is None  # kept once
 
 
 def test_a_reload_brings_back_the_conversation_with_each_replys_outcome():

@@ -57,7 +57,7 @@ def set_setting(page: Page, task: str, name: str, value: float) -> None:
     expect(holder).to_have_value(str(value))
 
 
-def choose(page: Page, dropdown: str, option: str) -> None:
+def choose(page: Page, dropdown: str, option: str | re.Pattern) -> None:
     """Open the dropdown and click the option in its own list. Another dropdown's list can still be
     in the page while it closes (in CI, French's list held a second "German"), so the option is
     found through the input's aria-controls, not by its name across the page."""
@@ -65,6 +65,9 @@ def choose(page: Page, dropdown: str, option: str) -> None:
     box.click()
     listbox = box.get_attribute("aria-controls")
     page.locator(f'[id^="{listbox}-option-"]').filter(has_text=option).click()
+
+
+COMPARE_OFF = re.compile(r"^\W*Off$")  # Compare's "Off", not "Adapter off and on" (its tick may come first)
 
 
 def as_output(view_texts: list[str]) -> str:
@@ -470,29 +473,26 @@ def test_the_output_boxes_and_the_swap_button_have_names_a_screen_reader_says(pa
 
 
 def test_adapter_controls_show_only_on_tabs_whose_task_has_an_adapter(page):
-    # The insight's title promises an adapter comparison only where there is one.
-    expect(page.locator("#generate-insight")).to_contain_text("Why this output: tokens and their alternatives")
-    expect(page.locator("#generate-insight")).not_to_contain_text("adapter off vs on")
+    expect(page.locator("#generate-insight")).to_contain_text("Why this output: tokens, alternatives, side by side")
     page.locator("#tab-generate").get_by_text("Why this output").click()
     expect(page.locator("#generate-show-tokens")).to_be_visible()
     expect(page.locator("#generate-adapter")).to_be_hidden()
     expect(page.locator("#generate-adapter_scale")).to_be_hidden()
-    # Compare is there to switch steering off and on, once a steering strength is set
-    expect(page.locator("#generate-compare input")).to_be_disabled()
+    # Compare offers the adapter only where the task has one
+    assert "Adapter off and on" not in dropdown_options(page, "#generate-compare")
     page.get_by_role("tab", name="Summarise").click()
-    expect(page.locator("#summarize-insight")).to_contain_text("adapter off vs on")
     page.locator("#tab-summarize").get_by_text("Why this output").click()
     expect(page.locator("#summarize-adapter_scale")).to_be_visible()
-    expect(page.locator("#summarize-compare")).to_be_visible()
-    # The strength can be set only where an adapter runs: switched on, or compared.
-    adapter, compare = page.locator("#summarize-adapter input"), page.locator("#summarize-compare input")
+    # The strength can be set only where an adapter runs: switched on, or compared off and on.
+    adapter = page.locator("#summarize-adapter input")
     strength = page.locator("#summarize-adapter_scale input[type=range]")
     adapter.set_checked(False)
     expect(strength).to_be_disabled()
-    compare.set_checked(True)
+    choose(page, "#summarize-compare", "Adapter off and on")
     expect(strength).to_be_enabled()
-    compare.set_checked(False)
+    choose(page, "#summarize-compare", "One decoding setting")
     expect(strength).to_be_disabled()
+    choose(page, "#summarize-compare", COMPARE_OFF)
     adapter.set_checked(True)
     expect(strength).to_be_enabled()
 
@@ -618,9 +618,9 @@ def test_translate_swaps_a_repeated_language_and_keeps_the_users_example_pairs(p
     expect(page.locator("#translate-examples")).to_contain_text("not sent while the adapter is on")
     expect(examples).to_have_attribute("rows", "2")  # locked, it stands no higher than it must
     page.locator("#translate-insight").get_by_text("Why this output").click()
-    page.locator("#translate-compare input").check()
+    choose(page, "#translate-compare", "Adapter off and on")
     expect(examples).to_be_enabled()
-    page.locator("#translate-compare input").uncheck()
+    choose(page, "#translate-compare", COMPARE_OFF)
     adapter.uncheck()
     expect(examples).to_be_enabled()
     expect(examples).to_have_attribute("rows", "4")
@@ -781,9 +781,12 @@ def test_the_model_panel_switches_models_and_a_failed_load_keeps_the_current_one
         expect(info).to_contain_text(plain)
         expect(info).to_contain_text("context 256 tokens")
         expect(chat_adapter).to_be_disabled()
-        # What needs an adapter follows the switch: Compare is greyed out, the lens offers none.
+        # What follows the switch: Compare's second model is another than the one served, the lens
+        # offers no adapter.
         page.locator("#dialogue-insight").get_by_text("Why this output").click()
-        expect(page.locator("#dialogue-compare input")).to_be_disabled()
+        choose(page, "#dialogue-compare", "Another model")
+        expect(page.locator("#dialogue-compare-model input")).to_have_value(app_models[0])
+        choose(page, "#dialogue-compare", COMPARE_OFF)
         page.get_by_role("tab", name="Architecture").click()
         page.locator("#architecture-lens-adapter input").click()
         expect(page.get_by_role("option")).to_have_text([re.compile(r"^\W*none$")])  # the chosen one, ticked
@@ -801,8 +804,6 @@ def test_the_model_panel_switches_models_and_a_failed_load_keeps_the_current_one
     finally:
         choose(page, "#model-choice", with_adapters)
         expect(info).to_contain_text(with_adapters)
-    page.get_by_role("tab", name="Chat").click()
-    expect(page.locator("#dialogue-compare input")).to_be_enabled()
 
 
 def dropdown_options(page: Page, dropdown: str) -> list[str]:
@@ -954,14 +955,14 @@ def test_the_token_view_shows_every_token_as_it_is(browser):
         demo.close()
 
 
-def test_compare_streams_two_columns_and_stop_stops_both(page):
-    """Compare: adapter off and on at once under one seed, in two columns; Stop stops both. A
-    finished comparison marks the first token where the two part."""
+def test_compare_streams_two_columns_and_marks_where_they_part(page):
+    """Compare: adapter off and on at once under one seed, in two columns. A finished comparison
+    marks the first token where the two part."""
     page.get_by_role("tab", name="Summarise").click()
     page.locator("#summarize-article textarea").fill(FABLE)
     page.locator("#summarize-insight").get_by_text("Why this output").click()
-    page.locator("#summarize-compare input").check()
-    off, on = page.locator("#summarize-adapter_off textarea"), page.locator("#summarize-adapter_on textarea")
+    choose(page, "#summarize-compare", "Adapter off and on")
+    off, on = page.locator("#summarize-compare-first textarea"), page.locator("#summarize-compare-second textarea")
     expect(off).to_be_visible()
     set_setting(page, "summarize", "seed", 9)
     set_setting(page, "summarize", "max_new_tokens", 20)
@@ -982,21 +983,30 @@ def test_compare_streams_two_columns_and_stop_stops_both(page):
     else:  # the same text: the same tokens, or tokens the task's tidying took away differ
         assert re.search("the two are the same|the texts are the same, but their tokens differ", view.inner_text())
     screenshot(page, "compare")
-    set_setting(page, "summarize", "temperature", 1.5)
-    set_setting(page, "summarize", "top_k", 0)
-    set_setting(page, "summarize", "max_new_tokens", 500)
-    set_setting(page, "summarize", "seed", 10)
-    page.locator("#summarize-run").click()
-    expect(off).not_to_have_value("")
-    expect(on).not_to_have_value("")
-    page.locator("#summarize-stop").click()
-    line = wait_for_run(page, "summarize", 10)
-    assert "stopped: Stop pressed" in line
-    expect(page.locator("#summarize-run")).to_be_enabled()
-    expect(page.locator("#summarize-run")).to_have_text("Summarise")  # its label too, the tab's only run button
-    stopped = off.input_value(), on.input_value()
+
+
+def test_stop_stops_both_sides_of_a_comparison(slow_page):
+    """Stop ends both sides of a comparison (a setting apart, on a slowed model), each keeping its text."""
+    page = slow_page
+    page.locator("#generate-prompt textarea").fill("Once upon a time")
+    set_setting(page, "generate", "max_new_tokens", 500)
+    set_setting(page, "generate", "seed", 10)
+    page.locator("#generate-insight").get_by_text("Why this output").click()
+    choose(page, "#generate-compare", "One decoding setting")
+    page.locator("#generate-compare-value input").fill("0.5")
+    page.locator("#generate-compare-value input").press("Tab")
+    first, second = page.locator("#generate-compare-first textarea"), page.locator("#generate-compare-second textarea")
+    page.locator("#generate-run").click()
+    expect(first).not_to_have_value("")
+    expect(second).not_to_have_value("")
+    page.locator("#generate-stop").click()
+    line = wait_for_run(page, "generate", 10)
+    assert "stopped: Stop pressed" in line, line
+    expect(page.locator("#generate-run")).to_be_enabled()
+    stopped = first.input_value(), second.input_value()
     page.wait_for_timeout(1000)
-    assert (off.input_value(), on.input_value()) == stopped  # both stopped
+    assert (first.input_value(), second.input_value()) == stopped  # both stopped
+    assert all(stopped)
     screenshot(page, "compare-stopped")
 
 
@@ -1034,13 +1044,11 @@ def test_steering_names_itself_and_compares_unsteered_with_steered(page):
     assert steered != unsteered
     set_steer_strength(page, "generate", 8)
     page.locator("#generate-insight").get_by_text("Why this output").click()
-    compare = page.locator("#generate-compare input")
-    expect(compare).to_be_enabled()
-    compare.check()
+    choose(page, "#generate-compare", "Steering off and on")
     page.locator("#generate-run").click()
     expect(line).to_contain_text("unsteered vs steered: the output and counts are with steered")
     assert "steered at layer 1" in wait_for_run(page, "generate", 5)
-    off, on = page.locator("#generate-adapter_off"), page.locator("#generate-adapter_on")
+    off, on = page.locator("#generate-compare-first"), page.locator("#generate-compare-second")
     expect(off).to_contain_text("unsteered")
     expect(on).to_contain_text("steered")
     # strength 0 drew what the unsteered side draws under the same seed; the steered side, the steered run
@@ -1383,7 +1391,7 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     expect(page.locator("#dialogue-previous-reply")).to_be_hidden()
     # with Compare on, a sent message leaves the box as a plain send does
     page.locator("#tab-dialogue").get_by_text("Why this output").click()
-    page.locator("#dialogue-compare input").set_checked(True)
+    choose(page, "#dialogue-compare", "Adapter off and on")
     message.fill("Hello again")
     page.locator("#dialogue-run").click()
     status = page.locator("#dialogue-status")
@@ -1392,7 +1400,7 @@ def test_retry_keeps_both_replies_and_an_edited_message_gets_a_new_reply(page):
     assert [u.strip() for u in chat_turns(page)[0]] == ["Hello again"]
     # The status line, the token view and Compare's texts go with the reply they spoke of: on Undo,
     # and when another conversation opens.
-    tokens, compared = page.locator("#dialogue-tokens .tok"), page.locator("#dialogue-adapter_on textarea")
+    tokens, compared = page.locator("#dialogue-tokens .tok"), page.locator("#dialogue-compare-second textarea")
     expect(tokens.first).to_be_visible()
     expect(compared).not_to_have_value("")
     page.locator("#dialogue-chatbot [data-testid=bot]").last.hover()

@@ -20,7 +20,8 @@ from serve.messages import MODEL_LINE, NAMES_ZH, TEMPLATES, Message, Refusal, en
 from serve.model_host import LOAD_STEPS, ModelHost, check_memory, path_message
 from serve.outcome import GREEDY_SAME, SAME_SEED, STOP_REASON_WORDS, Outcome, status_line
 from serve.apis import APIS
-from serve.comparing import Axis, Comparison, compared_outcome, no_steering, parse_compare, side_labels
+from serve.comparing import (Axis, Comparison, compared_outcome, no_steering, parse_compare, side_labels,
+                             side_outcome)
 from serve.running import (RANDOM_SEED, adapter_state, changed_settings, check_count, check_size, checked_text,
                            sampling_params, setting_params)
 from tasks import TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, TranslateInputs
@@ -219,7 +220,7 @@ def compared_messages(note: Message) -> list[Message]:
     done = Outcome.done(Result("", 7, 4, 16, 20.0, "eos"), None, [], [])
     comparison = Comparison("adapter", tuple(labels[:2]), ({}, {}), 0, ([], []), (None, None), ("", ""),
                             (done, done.noted(note)), (None, None))
-    return [*labels, *compared_outcome(comparison).notes, no_steering().message]
+    return [*labels, *compared_outcome(comparison).notes, side_outcome(comparison, 1).notes[-1], no_steering().message]
 
 
 def test_every_message_the_app_makes_has_its_chinese():

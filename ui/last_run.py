@@ -34,6 +34,9 @@ class LastRun:
     # (join_pending); until then a run's text waits to join it (pending).
     appended: bool = False
     selected: tuple[int, int] | None = None  # (row, index) of the token clicked last
+    # A comparison's other side (the output is the side shown): its text and its own outcome, which
+    # Chat keeps beside the shown one as another reply to the turn.
+    other: tuple[str, Outcome] | None = None
 
     def with_outcome(self, outcome: Outcome | None) -> "LastRun":
         return replace(self, outcome=outcome)

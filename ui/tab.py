@@ -11,7 +11,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from serve import Task
-from serve.comparing import Comparison
+from serve.comparing import ADAPTER, Comparison, side_outcome
 from serve.messages import Message, render
 from serve.host import Host, ServedModel
 from serve.model_host import BUNDLED
@@ -19,6 +19,7 @@ from serve.outcome import FAULT, Outcome, status_line
 from serve.running import (MAX_CHARS, RANDOM_SEED, SETTING_RANGES, SETTINGS, STOP_PARAM, StopSwitches, TaskAPI,
                            drawn_seed)
 
+from .compare import compare_request
 from .i18n import i18n
 from .last_run import LastRun, TokenRow
 from .messages import PAGE_EVENT, Page, language, word
@@ -138,9 +139,11 @@ class Tab:
 
     @property
     def named_inputs(self) -> dict[str, gr.Component]:
-        """Every component a run reads, by API parameter name."""
-        return {**self.widgets.inputs, **self.settings, "adapter": self.adapter,
-                "adapter_scale": self.insight.adapter_scale, **self.steer.inputs}
+        """Every component a run reads, by API parameter name: the endpoint's own, as an API call
+        sends them (the adapter's only where the task has one)."""
+        adapter = {} if self.view.task.adapter is None else {"adapter": self.adapter,
+                                                              "adapter_scale": self.insight.adapter_scale}
+        return {**self.widgets.inputs, **self.settings, **adapter, **self.steer.inputs}
 
     @property
     def run_buttons(self) -> tuple[gr.Button, ...]:
@@ -198,9 +201,9 @@ class Tab:
         # The tab's run buttons wait while a run goes, as a chat app's Send does: a Continue
         # pressed meanwhile would join a text to the prompt that the running one joins too.
         outputs = {self.widgets.output, self.status, self.last_run, self.prompt_sent, insight.view,
-                   *insight.compare_texts, insight.alternatives, *self.widgets.cleared, *self.run_buttons,
+                   *insight.compare.of_the_shown_run, insight.alternatives, *self.widgets.cleared, *self.run_buttons,
                    self.stop_button, self.steer.norm}
-        reads = {*self.named_inputs.values(), insight.show_tokens, insight.compare, self.last_run,
+        reads = {*self.named_inputs.values(), insight.show_tokens, *insight.compare.inputs, self.last_run,
                  insight.alternatives, *([when] if when is not None else [])}
         handler = dict(fn=self.run_handler(prepare, continuing, appends, when), inputs=reads, outputs=outputs,
                        show_progress="minimal", api_visibility="private", concurrency_id=GENERATION)
@@ -256,10 +259,11 @@ class Tab:
         asked_tokens = bool(data[insight.show_tokens] or continuing)
         if asked_tokens:
             values["logprobs"] = TOP_SHOWN
-        comparing = bool(data[insight.compare]) and not continuing
-        if comparing:  # what differs between the two sides (serve/comparing.py)
-            values["compare"] = "steering" if values.get("steer_strength") else "adapter"
-        return ReadyRun(values, ran_with, shown_before, notes, asked_tokens, comparing, appends, data[self.last_run])
+        compare = None if continuing else compare_request(*(data[part] for part in insight.compare.inputs))
+        if compare is not None:  # what differs between the two sides (serve/comparing.py)
+            values["compare"] = compare
+        return ReadyRun(values, ran_with, shown_before, notes, asked_tokens, compare is not None, appends,
+                        data[self.last_run])
 
     def single(self, run: "ReadyRun", cancel, lang: str):
         """One run's updates as its text streams, and its outcome, tokens and prompt at its end."""
@@ -274,7 +278,7 @@ class Tab:
                 for note in run.notes:
                     outcome = outcome.noted(note)
                 entries = run.shown_before + logprobs
-                adapter = run.values["adapter"]
+                adapter = run.values.get("adapter", False)
                 ran = LastRun(outcome, run.ran_with, text, (TokenRow(entries),), run.appends)
                 yield {output: view.present(run.values, text), **self.shown(ran, lang), self.prompt_sent: prompt,
                        self.steer.norm: norm_line(outcome, lang),
@@ -288,17 +292,19 @@ class Tab:
         view, insight = self.view, self.insight
         for texts, outcome, comparison in self.host.run_compare(view.api, run.values, cancel):
             if outcome is None:
-                yield dict(zip(insight.compare_texts, texts))
+                yield insight.compare.streaming(texts)
             elif not outcome.ran:
                 yield from self.refused_or_failed(run.before, outcome, lang)
             else:
                 shown = texts[comparison.shown]
                 rows = tuple(map(TokenRow, comparison.entries, comparison.asked))
-                ran = LastRun(outcome, run.ran_with, shown, rows, run.appends)
+                other = 1 - comparison.shown
+                ran = LastRun(outcome, run.ran_with, shown, rows, run.appends,
+                              other=(texts[other], side_outcome(comparison, other)))
                 yield {self.widgets.output: view.present(run.values, shown), **self.shown(ran, lang),
                        self.prompt_sent: both_prompts(comparison, lang),
                        insight.view: insight.compared(comparison, lang, texts),
-                       **insight.compared_texts(texts, comparison, lang),
+                       **insight.compare.finished(texts, comparison, lang),
                        self.steer.norm: norm_line(outcome, lang),
                        insight.alternatives: insight.hidden_alternatives(),
                        **{box: "" for box in self.widgets.cleared}, **self.held(False)}
@@ -408,20 +414,8 @@ def adapter_props(task: Task, loaded: ServedModel) -> dict[str, Any]:
     return dict(value=on, interactive=True, info=i18n("adapter_info" if on else "adapter_info_off"))
 
 
-def compare_props(task: Task, loaded: ServedModel, steering: bool = False) -> dict[str, Any]:
-    """Compare: steering off and on where a steering strength is set; otherwise adapter off and
-    on, offered where the adapter switch can be used, and else off and greyed out, with the
-    switch's reason."""
-    if steering:
-        return dict(interactive=True, info=i18n("compare_steer_info"))
-    switch = adapter_props(task, loaded)
-    if switch["interactive"]:
-        return dict(interactive=True, info=i18n("compare_info"))
-    return dict(value=False, interactive=False, info=switch["info"])
-
-
-def strength_live(adapter_on: bool, comparing: bool) -> dict:
-    return gr.update(interactive=adapter_on or comparing)
+def strength_live(adapter_on: bool, compare: str) -> dict:
+    return gr.update(interactive=adapter_on or compare == ADAPTER)
 
 
 def settings_widgets(task: Task) -> dict[str, gr.Component]:
@@ -498,7 +492,7 @@ def laid_out(view: TaskView, page: Page, host: Host, stop_switches: StopSwitches
     adapter_now = adapter_props(task, host.current)
     adapter = gr.Checkbox(label=i18n("adapter"), **adapter_now, visible=task.adapter is not None,
                           elem_id=f"{task.name}-adapter")
-    insight = Insight.build(task.name, has_adapter=task.adapter is not None, adapter_on=adapter_now["value"])
+    insight = Insight.build(task, adapter_now["value"], host.names, host.current.name)
     with gr.Accordion(i18n("settings"), open=False):
         presets = Presets.build(task.name, presets_store)
         settings = settings_widgets(task)
@@ -535,16 +529,13 @@ def wire_runs(tab: Tab) -> None:
         tab.add_run("from_token", [tab.insight.alternatives.input], continuing=True)
     else:
         wire_notebook(tab)
-    tab.insight.wire(tab.last_run)
+    tab.insight.wire(tab.last_run, tab.settings)
     tab.presets.wire(tab.page, tab.view.task, tab.settings)
     # The strength acts only on an adapter that runs: switched on, or the on side of a comparison.
-    gr.on([tab.adapter.change, tab.insight.compare.change], strength_live, [tab.adapter, tab.insight.compare],
-          tab.insight.adapter_scale, **PAGE_EVENT)
+    compare = tab.insight.compare.kind
+    gr.on([tab.adapter.change, compare.change], strength_live, [tab.adapter, compare], tab.insight.adapter_scale,
+          **PAGE_EVENT)
     tab.steer.wire()
-    # Compare switches steering off and on while a strength is set (Tab.compared).
-    tab.steer.strength.change(lambda strength: gr.update(**compare_props(tab.view.task, tab.host.current,
-                                                                          bool(strength))),
-                              tab.steer.strength, tab.insight.compare, **PAGE_EVENT)
 
 
 def wire_notebook(tab: Tab) -> None:

@@ -1,22 +1,25 @@
 """The token view: a run's output as its tokens, coloured by their probability. Pointing at a token
 shows its probability and the alternatives at that step, after the decoding settings as they were
 applied; clicking it offers those alternatives to continue from (ui/tab.py). With Compare on, two
-rows, adapter off and on, under one seed: the first token where they part is marked, and each
-token shows its probability under the other side too.
+rows, one a side (ui/compare.py), under one seed: the first token where they part is marked, and
+each token shows its probability under the other side too where both sides share a tokenizer.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 import gradio as gr
 
 from serve.inspection import as_text, readable
 from serve.limits import LIMITS
-from serve.comparing import Comparison
+from serve import Task
+from serve.comparing import COMPARED_SETTINGS, Comparison
 from serve.messages import Message, Refusal, render, said
 from serve.running import TOP_SHOWN
 
+from .compare import ComparePick
 from .i18n import i18n
 from .last_run import LastRun
 from .messages import language
@@ -124,43 +127,37 @@ def clicked_token(event: gr.EventData) -> tuple[int | None, int | None]:
 @dataclass
 class Insight:
     """The parts of a task tab that show why the model said what it said: the adapter's strength,
-    the token view, Compare, and the alternatives of a clicked token to continue from."""
+    the token view, Compare (ui/compare.py), and the alternatives of a clicked token to continue from."""
     adapter_scale: gr.Slider
     show_tokens: gr.Checkbox
-    compare: gr.Checkbox
-    compare_row: gr.Row
-    compare_texts: tuple[gr.Textbox, gr.Textbox]
+    compare: ComparePick
     view: gr.HTML
     alternatives: gr.Radio
 
     @classmethod
-    def build(cls, task: str, has_adapter: bool, adapter_on: bool) -> "Insight":
-        """Lay out the parts; call inside the tab, below the adapter switch (`adapter_on`: its value)."""
+    def build(cls, task: Task, adapter_on: bool, names: Sequence[str], served: str) -> "Insight":
+        """Lay out the parts; call inside the tab, below the adapter switch (`adapter_on`: its value;
+        `names`: the models a comparison may pick, `served` the one served)."""
+        has_adapter = task.adapter is not None
         adapter_scale = gr.Slider(*LIMITS["adapter_scale"], value=1.0, step=0.05, label=i18n("adapter_scale"),
                                   info=i18n("adapter_scale_info"), visible=has_adapter,  # a task without one
-                                  interactive=adapter_on, elem_id=f"{task}-adapter_scale")
-        title = "look_inside_output" if has_adapter else "look_inside_output_plain"
-        with gr.Accordion(i18n(title), open=False, elem_id=f"{task}-insight"):
-            with gr.Row():
-                # On from the start: a person opens this section after a run has surprised them,
-                # and a view that asks for the run again has lost it (it costs a run ~no time).
-                show_tokens = gr.Checkbox(True, label=i18n("show_tokens"), info=i18n("show_tokens_info"),
-                                          elem_id=f"{task}-show-tokens")
-                compare = gr.Checkbox(False, label=i18n("compare"), info=i18n("compare_info"),
-                                      elem_id=f"{task}-compare")
-            with gr.Row(visible=False) as compare_row:
-                texts = tuple(gr.Textbox(label=i18n(label), lines=4, interactive=False, elem_id=f"{task}-{label}")
-                              for label in ("adapter_off", "adapter_on"))
-            view = token_view(f"{task}-tokens")
+                                  interactive=adapter_on, elem_id=f"{task.name}-adapter_scale")
+        with gr.Accordion(i18n("look_inside_output"), open=False, elem_id=f"{task.name}-insight"):
+            # On from the start: a person opens this section after a run has surprised them, and a
+            # view that asks for the run again has lost it (it costs a run ~no time).
+            show_tokens = gr.Checkbox(True, label=i18n("show_tokens"), info=i18n("show_tokens_info"),
+                                      elem_id=f"{task.name}-show-tokens")
+            compare = ComparePick.build(task.name, has_adapter, names, served,
+                                        {name: getattr(task.defaults, name) for name in COMPARED_SETTINGS})
+            view = token_view(f"{task.name}-tokens")
             alternatives = gr.Radio([], label=i18n("alternatives"), info=i18n("alternatives_info"), visible=False,
-                                    elem_id=f"{task}-alternatives")
-        return cls(adapter_scale, show_tokens, compare, compare_row, texts, view, alternatives)
+                                    elem_id=f"{task.name}-alternatives")
+        return cls(adapter_scale, show_tokens, compare, view, alternatives)
 
-    def wire(self, last_run: gr.State) -> None:
-        """Compare's two texts shown with it; a click on a token of the tab's `last_run` (LastRun)
-        offers its alternatives."""
-        self.compare.change(lambda on: gr.update(visible=on), self.compare, self.compare_row, queue=False,
-                            api_visibility="private")
+    def wire(self, last_run: gr.State, settings: dict[str, gr.Component]) -> None:
+        """Compare's menu and sides (`settings`: the tab's sliders); a click on a token of the tab's
+        `last_run` (LastRun) offers its alternatives."""
+        self.compare.wire(settings, queue=False, api_visibility="private")
         self.view.click(self.offer_alternatives, last_run, [last_run, self.alternatives], queue=False,
                         api_visibility="private")
 
@@ -217,22 +214,17 @@ class Insight:
                        comparison.diverges_at[side], labels[1 - side]) for side in (0, 1)]
         return {"rows": rows, "note": render(parting_note(comparison, texts), lang)}
 
-    def compared_texts(self, texts: list[str], comparison: Comparison, lang: str) -> dict:
-        """Compare's two boxes with their texts, each labelled with its side."""
-        return {box: gr.update(value=text, label=render(label, lang))
-                for box, text, label in zip(self.compare_texts, texts, comparison.labels)}
-
     @property
     def of_the_shown_run(self) -> list[gr.Component]:
         """What speaks of the last run as its output box shows it: the token view, Compare's two
-        texts, and a clicked token's alternatives (the run's record stays: the token it has
+        sides, and a clicked token's alternatives (the run's record stays: the token it has
         selected is read only with one of these alternatives, which go with their choice)."""
-        return [self.view, *self.compare_texts, self.alternatives]
+        return [self.view, *self.compare.of_the_shown_run, self.alternatives]
 
     @classmethod
     def forgotten(cls) -> list:
         """The values of of_the_shown_run once the output they spoke of has gone."""
-        return [EMPTY, "", "", cls.hidden_alternatives()]
+        return [EMPTY, *ComparePick.forgotten(), cls.hidden_alternatives()]
 
     @staticmethod
     def hidden_alternatives() -> dict:

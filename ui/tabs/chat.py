@@ -242,9 +242,10 @@ def answered(conversation: Conversation, last_run: LastRun) -> tuple[Conversatio
     """The conversation with the reply a run has just drawn (`last_run`: the message it answered,
     the history it followed, its text and persona), as a new turn or beside the reply it replaced
     (a retry), and its outcome. A reply that repeats the one it replaced, from the same run (seed,
-    settings, counts), says why in a note: greedy decoding, or a fixed seed. None where the run
-    drew no reply (refused, failed, or stopped before it ran: `last_run` is an older run's, already
-    recorded)."""
+    settings, counts), says why in a note: greedy decoding, or a fixed seed. A compared turn keeps
+    both sides as its replies, the side shown last: ◀ ▶ picks the one the conversation goes on with.
+    None where the run drew no reply (refused, failed, or stopped before it ran: `last_run` is an
+    older run's, already recorded)."""
     outcome, ran_with, text = last_run.outcome, last_run.values, last_run.output
     if outcome is None or not outcome.ran:
         return None
@@ -257,6 +258,8 @@ def answered(conversation: Conversation, last_run: LastRun) -> tuple[Conversatio
             greedy = ran_with.get("temperature") == 0 or ran_with.get("top_k") == 1
             outcome = outcome.noted(GREEDY_SAME if greedy else SAME_SEED)
     conversation = replace(conversation, persona=ran_with.get("persona", conversation.persona))
+    if last_run.other is not None:
+        conversation = conversation.answered(at, user, Reply(*last_run.other))
     return conversation.answered(at, user, Reply(text, outcome)), outcome
 
 

@@ -6,8 +6,10 @@ import gradio as gr
 
 from serve import DEFAULT_EXAMPLES, LANGUAGES, goes_through_english
 from serve.apis import TRANSLATE_API
+from serve.comparing import ADAPTER
 from serve.messages import LABELS_ZH
 
+from ..compare import OFF
 from ..i18n import i18n
 from ..last_run import LastRun
 from ..tab import PAGE_EVENT, Tab, TaskView, Widgets, output_box
@@ -113,17 +115,18 @@ def turned_boxes(source: str, target: str, text: str, translation: str,
     return None
 
 
-def sends_pairs(adapter_on: bool, comparing: bool) -> bool:
-    """Whether a run sends the example pairs: with the adapter off, or to a comparison's off side."""
-    return not adapter_on or comparing
+def sends_pairs(adapter_on: bool, compare: str) -> bool:
+    """Whether a run sends the example pairs: with the adapter off, or to the off side of a
+    comparison of the adapter (`compare`: ui/compare.py's menu)."""
+    return not adapter_on or compare == ADAPTER
 
 
-def pairs_sent(adapter_on: bool, comparing: bool, source: str = "", target: str = "") -> dict:
+def pairs_sent(adapter_on: bool, compare: str, source: str = "", target: str = "") -> dict:
     """The example pairs box, editable only where a run sends the pairs, its hint saying which;
     where they are not sent it is two lines high, so that on a phone it does not stand a screen's
     half between the text and the Translate button. For French <-> German the hint says that the
     built-in pairs shown are not the ones sent (tasks.translation.through_english)."""
-    sent = sends_pairs(adapter_on, comparing)
+    sent = sends_pairs(adapter_on, compare)
     hint = ("example_pairs_through_english" if goes_through_english(source, target) else "example_pairs_info") \
         if sent else "example_pairs_unsent"
     return gr.update(interactive=sent, info=i18n(hint),
@@ -138,11 +141,11 @@ def translate_extras(tab: Tab) -> None:
     last_pair = tab.widgets.more["last_pair"]
     # The pairs are sent only with the adapter off (or on the off side of a comparison): locked
     # otherwise, and the hint says why, so that editing them does not look as if it changed anything.
-    starting = pairs_sent(tab.adapter.value, False)
+    starting = pairs_sent(tab.adapter.value, OFF)
     for name in ("interactive", "info", "lines", "max_lines", "elem_classes"):
         setattr(examples, name, starting[name])
-    switches = [tab.adapter, tab.insight.compare]
-    gr.on([tab.adapter.change, tab.insight.compare.change], pairs_sent, [*switches, source, target], examples,
+    switches = [tab.adapter, tab.insight.compare.kind]
+    gr.on([tab.adapter.change, tab.insight.compare.kind.change], pairs_sent, [*switches, source, target], examples,
           **PAGE_EVENT).then(None, js=FIT_PAIRS_BOX_JS)
     # The hint that the user's own pairs were kept goes once the box holds none.
     examples.change(lambda text, *on: gr.skip() if users_own(text) else pairs_sent(*on),
