@@ -7,6 +7,8 @@ layers below is handed on here.
 - model_host.py: the model host that loads, switches and schedules; backend.py: the same host
   on other machines (a deployment's replicas);
 - running.py: running a task as a stream of updates ending in its outcome record (outcome.py);
+- comparing.py: one request run twice under one seed, the two sides apart in what it names (the
+  adapter, the steering, the model, one setting);
 - inspection.py: the Architecture tab's live view; apis.py, page_api.py, openai_api.py: the APIs;
   cluster.py, replica.py, ingress.py: the Ray Serve deployment, and what its clients get where a
   replica stops.
