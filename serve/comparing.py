@@ -97,8 +97,8 @@ def number_in(text: str) -> Any:
 
 
 def side_requests(axis: Axis, values: dict[str, Any], served: str) -> tuple[dict, dict]:
-    """What each side changes of the request `values` (on the model `served`): the two requests are
-    the request with each of these. A steering comparison of a request that asks for none is refused."""
+    """What each side changes of the request `values` (on the model `served` unless it names
+    another): the two requests are the request with each of these."""
     if axis.kind == ADAPTER:
         return {"adapter": False}, {"adapter": True}
     if axis.kind == STEERING:
@@ -109,11 +109,13 @@ def side_requests(axis: Axis, values: dict[str, Any], served: str) -> tuple[dict
 
 
 def no_steering() -> Refusal:
+    """A steering comparison of a request that asks for no steering: both sides would be the same."""
     return Refusal("compare_no_steering", fields=STEERING_FIELDS)
 
 
 def side_labels(axis: Axis, sides: Sequence[Any]) -> tuple[Message, Message]:
-    """What each side is called (sides: each side's SideRun-like record: params, adapter, model)."""
+    """What each side is called (`sides`: each side's request made ready, with its params, adapter
+    and model: serve/model_host.py's Prepared)."""
     if axis.kind == ADAPTER:
         return tuple(adapter_state(side.adapter, side.params.adapter_scale) for side in sides)
     if axis.kind == STEERING:
