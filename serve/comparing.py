@@ -234,14 +234,13 @@ def side_outcome(comparison: Comparison, side: int) -> Outcome:
 def public_comparison(texts: Sequence[str], outcome: Outcome, comparison: Comparison) -> dict:
     """A finished comparison as the API gives it: each side's label, text, tokens (with their
     log-probabilities and alternatives, and under the other side where the tokenizers agree), status
-    line (its counts and speed) and first differing token; the first difference (a token index, or
-    across tokenizers {"character", "tokens": [each side's]}), and the status line of the side shown."""
+    line (its counts and speed) and first differing token; the first difference (always a token index
+    of the first side, or None, so that a client reads one type; across tokenizers also the
+    character where the texts part), and the status line of the side shown."""
     def side(i: int) -> dict:
         return {"label": english(comparison.labels[i]), "text": texts[i],
                 "logprobs": public_logprobs(comparison.entries[i]), "under_other": comparison.under_other[i],
                 "status": english_status(comparison.outcomes[i]), "first_difference": comparison.diverges_at[i]}
-    first: int | dict | None = comparison.diverges_at[0]
-    if comparison.by_text and comparison.character is not None:
-        first = {"character": comparison.character, "tokens": list(comparison.diverges_at)}
-    return {"compare": comparison.axis, "sides": [side(0), side(1)], "first_difference": first,
-            "by_text": comparison.by_text, "shown": comparison.shown, "status": english_status(outcome)}
+    return {"compare": comparison.axis, "sides": [side(0), side(1)], "first_difference": comparison.diverges_at[0],
+            "by_text": comparison.by_text, "first_difference_character": comparison.character,
+            "shown": comparison.shown, "status": english_status(outcome)}

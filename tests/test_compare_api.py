@@ -3,6 +3,7 @@ gradio_client, and POST /studio/compare/{api_name} (compare in the body with the
 through httpx, also behind a page in front of replicas (serve/backend.py)."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -77,12 +78,15 @@ def test_a_no_op_setting_gives_identical_sides_and_a_real_one_parts(client, host
 def test_models_of_different_tokenizers_mark_the_first_difference_by_text(client):
     answer = compare(client, "model:bundled", temperature=0)
     assert answer["by_text"] and answer["sides"][1]["label"] == "model bundled"
-    first = answer["first_difference"]
     texts = ["".join(bytes(b for entry in side["logprobs"] for b in entry["bytes"]).decode(errors="replace"))
              for side in answer["sides"]]
-    character = first["character"]
+    character = answer["first_difference_character"]
     assert texts[0][:character] == texts[1][:character] and texts[0][character:] != texts[1][character:]
-    assert first["tokens"] == [side["first_difference"] for side in answer["sides"]]
+    assert answer["first_difference"] == answer["sides"][0]["first_difference"]
+    for side, text in zip(answer["sides"], texts):  # each side's first differing token holds that character
+        ends = itertools.accumulate(len(bytes(b for b in entry["bytes"]).decode(errors="replace"))
+                                    for entry in side["logprobs"])
+        assert side["first_difference"] == next(i for i, end in enumerate(ends) if end > character)
     assert all(side["under_other"] is None for side in answer["sides"])
 
 

@@ -68,8 +68,9 @@ def compare_endpoint(host: Host) -> Callable[..., dict]:
         top_k, ...). `task`: generate, chat, translate or summarize; `values`: that endpoint's own
         parameters by name, as it takes them (the rest its defaults). Returns {"sides": [{"label",
         "text", "logprobs", "under_other", "status", "first_difference"}, ...], "first_difference"
-        (the first token where they part; {"character", "tokens"} where the models' tokenizers differ;
-        null where they do not part), "by_text", "shown" (the side a run without compare gives),
+        (the first side's first token where they part, null where they do not), "by_text" (whether the
+        models' tokenizers differ, so the texts were compared), "first_difference_character" (there:
+        the first character where the texts part), "shown" (the side a run without compare gives),
         "compare", "status"}."""
         api = APIS.get(task) if isinstance(task, str) else None
         if api is None:
