@@ -128,7 +128,8 @@ ENGLISH = {
     "steer_intro": "Adds strength × v to the residual stream after a layer, where v is the mean difference "
                    "between the model's residual at the last token of each positive line and of its negative "
                    "line (the i-th lines form a pair). Strength 0 is off. With a strength set, Compare shows the "
-                   "run unsteered and steered under one seed.",
+                   "run unsteered and steered under one seed. *Export* writes the vector as a llama.cpp control "
+                   "vector (GGUF) and as safetensors with its lines; *Import* steers by such a file.",
     "steer_positive": "Towards (positive lines)",
     "steer_positive_info": "one text a line",
     "steer_negative": "Away from (negative lines)",
@@ -139,6 +140,9 @@ ENGLISH = {
     "steer_strength_info": "0 = off; negative steers away from the positive lines",
     "steer_happier": "Preset: happier",
     "steer_sadder": "Preset: sadder",
+    "steer_export": "Export the vector",
+    "steer_import": "Import a vector file",
+    "steer_files": "The vector as files",
     "adapter_off": "Adapter off",
     "adapter_on": "Adapter on",
     "alternatives": "Alternatives",
@@ -320,7 +324,8 @@ CHINESE = {
     "steered": "已转向",
     "steer": "转向",
     "steer_intro": "在某一层之后给残差流加上 强度 × v，v 是模型在每行正例与对应反例最后一个词元处残差之差的平均"
-                   "（第 i 行正例与第 i 行反例为一对）。强度 0 即关闭。设了强度后，“并排对比”会在同一个种子下显示未转向与已转向的运行。",
+                   "（第 i 行正例与第 i 行反例为一对）。强度 0 即关闭。设了强度后，“并排对比”会在同一个种子下显示未转向与已转向的运行。"
+                   "*导出*把向量写成 llama.cpp 控制向量（GGUF）和带文本行的 safetensors 文件；*导入*则按这样的文件转向。",
     "steer_positive": "趋向（正例各行）",
     "steer_negative": "远离（反例各行）",
     "steer_layer": "层",
@@ -331,6 +336,9 @@ CHINESE = {
     "steer_strength_info": "0 = 关闭；负数则远离正例",
     "steer_happier": "预设：更开心",
     "steer_sadder": "预设：更难过",
+    "steer_export": "导出向量",
+    "steer_import": "导入向量文件",
+    "steer_files": "向量文件",
     "adapter_off": "适配器关",
     "adapter_on": "适配器开",
     "alternatives": "备选",

@@ -149,7 +149,7 @@ class Tab:
     @property
     def buttons(self) -> list[gr.Button]:
         """Every button the tab lays out (the page test holds the page to this list)."""
-        return [*self.run_buttons, self.stop_button, *self.presets.buttons, *self.steer.presets,
+        return [*self.run_buttons, self.stop_button, *self.presets.buttons, *self.steer.buttons,
                 *(c for c in self.widgets.more.values() if isinstance(c, (gr.Button, gr.DownloadButton,
                                                                           gr.UploadButton)))]
 
@@ -544,7 +544,7 @@ def wire_runs(tab: Tab) -> None:
     # The strength acts only on an adapter that runs: switched on, or the on side of a comparison.
     gr.on([tab.adapter.change, tab.insight.compare.change], strength_live, [tab.adapter, tab.insight.compare],
           tab.insight.adapter_scale, **PAGE_EVENT)
-    tab.steer.wire()
+    tab.steer.wire(tab.host)
     # Compare switches steering off and on while a strength is set (Tab.compared).
     tab.steer.strength.change(lambda strength: gr.update(**compare_props(tab.view.task, tab.host.current,
                                                                           bool(strength))),
