@@ -164,7 +164,7 @@ class ModelParts:
     def outputs(self) -> set:
         return {self.line, self.choice, self.lens_adapter, *(tab.adapter for tab in self.tabs),
                 *(tab.insight.compare.model for tab in self.tabs), *self.bundled_notes,
-                *(part for tab in self.tabs for part in (tab.steer.layer, *tab.steer.presets))}
+                *(part for tab in self.tabs for part in tab.steer.follows_model)}
 
     @property
     def bundled_notes(self) -> list[gr.Markdown]:

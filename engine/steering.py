@@ -121,29 +121,45 @@ def check_steering(model: GPT2, steering: Steering | None) -> None:
 
 
 @torch.inference_mode()
-def steering_vector(model: GPT2, tokenizer: Tokenizer, positive: str | Sequence[str], negative: str | Sequence[str],
-                    layer: int) -> tuple[torch.Tensor, float]:
-    """The steering vector (n_embd,) after block `layer` from pairs of texts (the i-th positive and
-    negative form a pair): the mean over pairs of the difference of their residual streams at their
-    last token. And the typical residual norm there, the mean over the texts' tokens, which says
-    what a strength means. A text longer than the context is read by its last n_positions tokens.
-    Identical texts give exactly zero (each text is run alone, so a pair runs the same numbers)."""
-    positive = [positive] if isinstance(positive, str) else list(positive)
-    negative = [negative] if isinstance(negative, str) else list(negative)
-    if not positive or len(positive) != len(negative):
-        raise ValueError(f"steering needs pairs of texts: {len(positive)} positive, {len(negative)} negative")
+def streams_at(model: GPT2, tokenizer: Tokenizer, texts: Sequence[str], layer: int) -> dict[str, torch.Tensor]:
+    """Each text's residual stream after block `layer`, (time, n_embd), each text run alone. A text
+    longer than the context is read by its last n_positions tokens."""
     if not 0 <= layer <= model.config.n_layer:
         raise ValueError(f"steering layer {layer} is not between 0 and {model.config.n_layer}")
 
-    @functools.cache
     def stream_at_layer(text: str) -> torch.Tensor:
         ids = tokenizer.encode(text)[-model.config.n_positions:]
         if not ids:
             raise ValueError("a steering text is empty")
         stream, _ = residual_stream(model, torch.tensor([ids], device=model.device))
-        return stream[layer][0]  # (time, n_embd)
+        return stream[layer][0]
 
-    differences = [stream_at_layer(p)[-1] - stream_at_layer(n)[-1] for p, n in zip(positive, negative)]
-    vector = torch.stack(differences).mean(dim=0)
-    norms = torch.cat([stream_at_layer(text).norm(dim=-1) for text in dict.fromkeys(positive + negative)])
-    return vector, float(norms.mean())
+    return {text: stream_at_layer(text) for text in dict.fromkeys(texts)}
+
+
+def typical_norm(streams: dict[str, torch.Tensor]) -> float:
+    """The typical residual norm of these streams: the mean over all their tokens."""
+    return float(torch.cat([stream.norm(dim=-1) for stream in streams.values()]).mean())
+
+
+def residual_norm(model: GPT2, tokenizer: Tokenizer, texts: Sequence[str], layer: int) -> float:
+    """The typical residual norm after block `layer` over `texts`' tokens: what a strength is
+    measured against, for a vector that came without texts of its own (a file's)."""
+    return typical_norm(streams_at(model, tokenizer, texts, layer))
+
+
+@torch.inference_mode()
+def steering_vector(model: GPT2, tokenizer: Tokenizer, positive: str | Sequence[str], negative: str | Sequence[str],
+                    layer: int) -> tuple[torch.Tensor, float]:
+    """The steering vector (n_embd,) after block `layer` from pairs of texts (the i-th positive and
+    negative form a pair): the mean over pairs of the difference of their residual streams at their
+    last token. And the typical residual norm there, the mean over the texts' tokens, which says
+    what a strength means. Identical texts give exactly zero (each text is run alone, so a pair
+    runs the same numbers)."""
+    positive = [positive] if isinstance(positive, str) else list(positive)
+    negative = [negative] if isinstance(negative, str) else list(negative)
+    if not positive or len(positive) != len(negative):
+        raise ValueError(f"steering needs pairs of texts: {len(positive)} positive, {len(negative)} negative")
+    streams = streams_at(model, tokenizer, positive + negative, layer)
+    differences = [streams[p][-1] - streams[n][-1] for p, n in zip(positive, negative)]
+    return torch.stack(differences).mean(dim=0), typical_norm(streams)

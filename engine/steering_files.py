@@ -37,13 +37,14 @@ from .steering import Steering
 
 ARCH = "controlvector"
 FORMAT = "pre-ln-gpt2-studio steering"
+FIRST_CONTROL_LAYER = 2  # after block 2, direction.1: llama.cpp reads no direction.0
 
 
 def direction_name(layer: int, n_layer: int) -> str:
     """The llama.cpp tensor of this app's layer L (after block L): direction.{L - 1}."""
     if not 0 <= layer <= n_layer:
         raise ValueError(f"steering layer {layer} is not between 0 and {n_layer}")
-    if layer <= 1:
+    if layer < FIRST_CONTROL_LAYER:
         where = "after the embeddings" if layer == 0 else "after the first block"
         raise ValueError(f"a steering vector at layer {layer} ({where}) has no llama.cpp control-vector "
                          f"equivalent: llama.cpp steers after block 2 (direction.1) to block {n_layer} "
@@ -71,6 +72,7 @@ def save_control_vector(path: str | Path, steering: Steering, model_hint: str, n
 class ControlVector:
     model_hint: str
     directions: dict[int, torch.Tensor]  # this app's layer L (after block L) -> what is added there
+    layer_count: int | None  # controlvector.layer_count: n_layer - 1 where written by llama.cpp or this app
 
     def steering(self) -> Steering:
         """The one layer that is not zero, as a Steering of strength 1 (the file holds strength * v)."""
@@ -101,7 +103,9 @@ def load_control_vector(path: str | Path) -> ControlVector:
         if tensor.tensor_type != gguf.GGMLQuantizationType.F32 or len(tensor.shape) != 1:
             raise ValueError(f"{path}: {tensor.name} is not a 1-D float32 tensor")
         directions[int(index) + 1] = torch.from_numpy(np.array(tensor.data, dtype=np.float32))
-    return ControlVector(model_hint=field_value(reader, f"{ARCH}.model_hint") or "", directions=directions)
+    count = field_value(reader, f"{ARCH}.layer_count")
+    return ControlVector(model_hint=field_value(reader, f"{ARCH}.model_hint") or "", directions=directions,
+                         layer_count=None if count is None else int(count))
 
 
 @dataclass(frozen=True)
@@ -110,15 +114,18 @@ class SteeringFile:
     positive: list[str]
     negative: list[str]
     model: str
+    n_layer: int | None  # the blocks of the model it was made on (None: a file saved without it)
 
 
 def save_steering(path: str | Path, steering: Steering, positive: str | list[str], negative: str | list[str],
-                  model: str) -> None:
-    """The vector (float32) and, in the metadata, where it came from and how strongly it steers."""
+                  model: str, n_layer: int | None = None) -> None:
+    """The vector (float32) and, in the metadata, where it came from (the texts, the model and its
+    number of blocks) and how strongly it steers."""
     positive = [positive] if isinstance(positive, str) else list(positive)
     negative = [negative] if isinstance(negative, str) else list(negative)
     metadata = {"format": FORMAT, "positive": json.dumps(positive), "negative": json.dumps(negative),
-                "layer": str(steering.layer), "strength": repr(float(steering.strength)), "model": model}
+                "layer": str(steering.layer), "strength": repr(float(steering.strength)), "model": model,
+                **({} if n_layer is None else {"n_layer": str(n_layer)})}
     save_file({"vector": steering.vector.detach().to("cpu", torch.float32).contiguous()}, str(path),
               metadata=metadata)
 
@@ -130,7 +137,8 @@ def load_steering(path: str | Path) -> SteeringFile:
         if metadata.get("format") != FORMAT:
             raise ValueError(f"{path} is not a steering vector saved by this app")
         vector = f.get_tensor("vector")
+    n_layer = metadata.get("n_layer")
     return SteeringFile(steering=Steering(layer=int(metadata["layer"]), vector=vector,
                                           strength=float(metadata["strength"])),
                         positive=json.loads(metadata["positive"]), negative=json.loads(metadata["negative"]),
-                        model=metadata["model"])
+                        model=metadata["model"], n_layer=None if n_layer is None else int(n_layer))

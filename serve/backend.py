@@ -29,8 +29,10 @@ from .model_host import ModelLoadError, no_progress
 from .outcome import DONE, FAULT, Outcome, message_from_json
 from .page_api import PREFIX, update_from_json, view_from_json
 from .comparing import Comparison
-from .running import LiveView, TaskAPI, adapter_state, changed_settings, drawn_seed, sampling_params
+from .running import (LiveView, TaskAPI, adapter_state, changed_settings, drawn_seed, sampling_params,
+                      steering_asked, steering_state)
 from .tracing import Trace
+from .vectors import SteeringVector
 
 CONNECT_TIMEOUT_S = 3  # how long a backend that is down takes to be said so
 # How long a run may hear nothing from its replica: a request waiting in a busy replica's queue
@@ -140,7 +142,8 @@ class RemoteHost:
         last: dict = {name: "" if name == "text" else ["", ""] for name in kept}
         for update in self.stream(route, values, cancel):
             if isinstance(update, Outcome):  # the run ended here: Stop, or the backend failed
-                yield {**last, "outcome": update if update.kind == FAULT else stopped(api, values, adapter)}
+                yield {**last, "outcome": update if update.kind == FAULT else stopped(api, values, adapter,
+                                                                                       self._current.config)}
                 return
             last = {name: update[name] for name in kept}
             yield update
@@ -173,6 +176,9 @@ class RemoteHost:
 
     def conversation_room(self, message: Any, history: Any, persona: Any, max_new_tokens: Any) -> list[Message]:
         return []  # as article_room
+
+    def steering_vector(self, values: dict[str, Any]) -> SteeringVector:
+        return SteeringVector.from_json(self.answer("steering", values))
 
     def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
         return view_from_json(self.answer("look_inside", {"prompt": prompt, "layer": layer, "head": head,
@@ -228,9 +234,12 @@ def cut_message(url: str) -> Message:
     return Message.keyed("backend_cut", url=url)
 
 
-def stopped(api: TaskAPI, values: dict, adapter: Message) -> Outcome:
-    """The outcome of a run stopped by its user: what reproduces it, as far as it is known here."""
+def stopped(api: TaskAPI, values: dict, adapter: Message, config: GPT2Config) -> Outcome:
+    """The outcome of a run stopped by its user: what reproduces it (seed, settings, `adapter` state,
+    steering), as far as it is known here: the vector's norms are measured on the replica."""
     params = sampling_params(api.task, values)
+    steering = steering_asked(values, config)
     return Outcome(DONE, seed=params.seed, stop_reason="cancelled",
                    adapter=None if api.task.adapter is None else adapter,
-                   changed=tuple(changed_settings(params, api.task.defaults)), notes=(STOPPED_NOTE,))
+                   changed=tuple(changed_settings(params, api.task.defaults)), notes=(STOPPED_NOTE,),
+                   steering=None if steering is None else steering_state(steering))

@@ -13,6 +13,7 @@ from .messages import Message
 from .outcome import Outcome
 from .running import LiveView, TaskAPI
 from .tracing import Trace
+from .vectors import SteeringVector
 
 # One update of a run: (text so far, outcome (None until the last), prompt sent, logprobs).
 RunUpdate = tuple[str, Outcome | None, str, list]
@@ -75,6 +76,10 @@ class Host(Protocol):
         """The request twice under one seed, the two sides differing in what values["compare"] names
         (serve/comparing.py: "adapter", "steering", "model:<id>" or "setting:<name>=<value>"), as
         `run` streams one; the last update has the shown side's outcome and the Comparison."""
+
+    def steering_vector(self, values: dict[str, Any]) -> SteeringVector:
+        """The vector a request's steering (its steer_* values) adds, for serve/vectors.py to write as
+        files; a ValueError naming the field where refused, or where it asks for no steering."""
 
     def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
         """The Architecture tab's live view of `prompt`; a ValueError naming the field where refused."""

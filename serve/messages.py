@@ -221,6 +221,42 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "steered": ("steered at layer {layer}, strength {strength:g}: {pairs} pairs, vector norm {norm:.1f} against a "
                 "residual norm of {typical:.1f}",
                 "在第 {layer} 层转向，强度 {strength:g}：{pairs} 对文本，向量范数 {norm:.1f}，该层残差范数约 {typical:.1f}"),
+    # ... by a vector file's vector (serve/vectors.py): its name and the start of its sha256 ({digest})
+    "steered_file": ("steered at layer {layer}, strength {strength:g} by {file} (sha256 {digest}): vector norm "
+                     "{norm:.1f} against a residual norm of {typical:.1f}",
+                     "在第 {layer} 层转向，强度 {strength:g}，向量来自 {file}（sha256 {digest}）：向量范数 {norm:.1f}，"
+                     "该层残差范数约 {typical:.1f}"),
+    # ... as a page in front of replicas knows it, where the run was stopped before the replica said (serve/backend.py)
+    "steered_asked": ("steered at layer {layer}, strength {strength:g}: {pairs} pairs",
+                      "在第 {layer} 层转向，强度 {strength:g}：{pairs} 对文本"),
+    "steered_file_asked": ("steered at layer {layer}, strength {strength:g} by {file} (sha256 {digest})",
+                           "在第 {layer} 层转向，强度 {strength:g}，向量来自 {file}（sha256 {digest}）"),
+    # steering vectors as files (serve/vectors.py, ui/steer.py)
+    "steer_imported": ("steering by {file} (sha256 {digest}), made at layer {layer} on {model}; the strength is the "
+                       "slider's, and lines typed above steer by them instead",
+                       "按 {file}（sha256 {digest}）转向，该向量在 {model} 的第 {layer} 层生成；强度取滑块的值；"
+                       "在上面输入文本行则改按这些文本转向"),
+    "steer_no_gguf": ("no llama.cpp control vector (GGUF) for layer {layer}: llama.cpp steers after blocks {first} to "
+                      "{n_layer} only; the safetensors file keeps it",
+                      "第 {layer} 层没有 llama.cpp 控制向量（GGUF）：llama.cpp 只在第 {first} 到第 {n_layer} 个块之后转向；"
+                      "safetensors 文件中有它"),
+    "steer_nothing": ("there is no steering to export: write positive and negative lines, or import a vector, and "
+                      "set a strength", "没有可导出的转向：请填写正例和反例各行，或导入向量，并设置强度"),
+    "steer_not_a_vector": ("{file} is not a steering vector: the app reads llama.cpp control vectors (GGUF) and the "
+                           "safetensors files it exports",
+                           "{file} 不是转向向量：本应用读取 llama.cpp 控制向量（GGUF）和它自己导出的 safetensors 文件"),
+    "steer_vector_width": ("{file} holds a vector of {width:,} numbers; this model's residual stream has {n_embd:,}",
+                           "{file} 中的向量有 {width:,} 个数；此模型的残差流是 {n_embd:,} 维"),
+    "steer_vector_layers": ("{file} was made for a model of {layers:,} blocks; this one has {n_layer:,}",
+                            "{file} 是为有 {layers:,} 个块的模型生成的；此模型有 {n_layer:,} 个块"),
+    "steer_vector_layer": ("{file} steers after block {layer:,}; this model has {n_layer:,} blocks",
+                           "{file} 在第 {layer:,} 个块之后转向；此模型只有 {n_layer:,} 个块"),
+    "steer_file_layers": ("{file} steers at {count} layers; the app steers after one: give it a file of one layer",
+                          "{file} 在 {count} 层上转向；本应用只在一层之后转向：请给它只含一层的文件"),
+    "steer_file_size": ("{file} is {size:,} bytes; a steering vector file is at most {limit:,}",
+                        "{file} 有 {size:,} 字节；转向向量文件最多 {limit:,} 字节"),
+    "steer_file_record": ("{name} must hold a vector file's name, its sha256 and a list of {width:,} finite numbers",
+                          "{name}必须包含向量文件的名称、其 sha256 和由 {width:,} 个有限数组成的列表"),
     # the Steer section's line once a run has computed the vector (ui/steer.py)
     "steer_norm": ("layer {layer}: vector norm {norm:.1f} against a residual norm of {typical:.1f} there, so strength "
                    "{strength:g} adds {share:.0%} of it", "第 {layer} 层：向量范数 {norm:.1f}，该层残差范数约 {typical:.1f}；"
@@ -282,6 +318,7 @@ NAMES_ZH: dict[str, str] = {
     "adapter on": "适配器开", "adapter off": "适配器关", "unsteered": "未转向", "steered": "已转向", "output": "输出",
     "steer_positive": "转向正例", "steer_negative": "转向反例", "steer_layer": "转向层", "steer_strength": "转向强度",
     "steering pairs": "转向文本对", "compare": "对比项", "values": "参数", "task": "任务",
+    "steer_file": "转向向量文件", "unknown": "未知模型",
     "clean prompt": "干净提示词", "corrupted prompt": "损坏提示词", "noise span": "噪声片段", "answer": "答案",
     "preset name": "预设名称", "presets": "预设",
 }
@@ -322,7 +359,7 @@ MODEL_LINE_QUANTIZED = {"en": " · {quantize} weights", "zh": " · {quantize} �
 MODEL_LINE_DECODING = {"en": " · decoding on {path}", "zh": " · 解码方式：{path}"}
 
 # Fields whose text is the user's, the model's or a token's, said as it is in every language.
-AS_GIVEN = {"token", "span", "answer", "preset"}
+AS_GIVEN = {"token", "span", "answer", "preset", "file"}
 
 
 def render(message: Message, lang: str) -> str:

@@ -31,12 +31,13 @@ from functools import cached_property
 from typing import Any, Callable, Iterator, Sequence
 
 import psutil
+import torch
 
 from engine import kernels, prepare_for_serving
 from engine.generate import SamplingParams, new_token_budget, score_tokens
 from engine.patching import Progress
 from engine.scheduler import Scheduler, in_thread_of_its_own
-from engine.steering import Steering, steered, steering_vector
+from engine.steering import Steering, residual_norm, steered, steering_vector
 from model import GPT2, GPT2Config, load_pretrained
 from model.adapters import adapter_names, adapters_on_by_default
 from model.checkpoint import pick_device, resolve_checkpoint
@@ -56,8 +57,12 @@ from .running import (MAX_UPDATES_PER_SECOND, SETTING_RANGES, TOP_SHOWN, LiveVie
                       checked_slider, checked_text, drawn_seed, outcome_of, sampling_params, steering_asked,
                       steering_state)
 from .tracing import MAX_CHARS as TRACE_CHARS, Trace, trace
+from .vectors import SteeringVector
 
 BUNDLED = "bundled"
+# What the residual's typical norm is measured on for a steering vector that came without texts (a
+# llama.cpp control vector): the prompt DESIGN.md's steering probe continues.
+NORM_REFERENCE = "Once upon a time, there was a little girl named Lily. She felt"
 # What a load reports to its progress callback, in this order: the files fetched (a hub id's, from
 # the local cache first), the weights read, the engine's fast paths put on.
 LOAD_STEPS = ("download", "load", "kernels")
@@ -346,6 +351,17 @@ class ModelHost:
         except Exception as error:
             yield ["", ""], Outcome.fault(f"/{api.name} compare on {self.current.name}", error), None
 
+    def steering_vector(self, values: dict[str, Any]) -> SteeringVector:
+        """The vector a request's steering adds (its lines', or its file's), as serve/vectors.py
+        writes it into files; refused as a run would be, or where it asks for no steering."""
+        loaded = self.current
+        steering, state = steering_of(loaded, values)
+        if steering is None:
+            raise Refusal("steer_nothing")
+        return SteeringVector(steering.vector.tolist(), steering.layer, steering.strength,
+                              state.field("positive").splitlines(), state.field("negative").splitlines(), loaded.name,
+                              loaded.config.n_layer)
+
     def look_inside(self, prompt: Any, layer: Any, head: Any, adapter: str | None) -> LiveView:
         """The live view of `prompt` (layer and head from 1, held to the model's), the logit lens with
         `adapter` (None: the base model). Bad input is a ValueError naming the field, under the task
@@ -417,15 +433,22 @@ def upcoming(note: Message) -> Message:
 
 def steering_of(loaded: LoadedModel, values: dict[str, Any]) -> tuple[Steering | None, Message | None]:
     """The request's steering (serve.running.steering_asked) on the loaded model, its vector computed
-    once for the run, and the status part that names it; (None, None) where it asks for none."""
-    asked = steering_asked(values, loaded.config.n_layer)
+    once for the run (or a file's, as it came), and the status part that names it; (None, None)
+    where it asks for none."""
+    asked = steering_asked(values, loaded.config)
     if asked is None:
         return None, None
-    # forward passes: not in a server's worker thread, which lives on (in_thread_of_its_own says why)
-    vector, typical = in_thread_of_its_own(lambda: steering_vector(loaded.model, loaded.tokenizer, asked.positive,
-                                                                   asked.negative, asked.layer))
+    model, tokenizer = loaded.model, loaded.tokenizer
+    if asked.vector is None:
+        # forward passes: not in a server's worker thread, which lives on (in_thread_of_its_own says why)
+        vector, typical = in_thread_of_its_own(lambda: steering_vector(model, tokenizer, asked.positive,
+                                                                       asked.negative, asked.layer))
+    else:  # a file's vector, measured against the residual of its own texts where it has them
+        texts = [*asked.positive, *asked.negative] or [NORM_REFERENCE]
+        typical = in_thread_of_its_own(lambda: residual_norm(model, tokenizer, texts, asked.layer))
+        vector = torch.tensor(asked.vector, dtype=model.transformer.wte.weight.dtype, device=model.device)
     steering = Steering(asked.layer, vector, asked.strength)
-    return steering, steering_state(asked, steering, typical)
+    return steering, steering_state(asked, float(vector.norm()), typical)
 
 
 @dataclass(frozen=True)

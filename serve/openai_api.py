@@ -37,12 +37,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.generate import prompt_trace, token_logprobs
 from engine.scheduler import in_thread_of_its_own
+from engine.steering import steered
+from model import GPT2Config
 from tasks import LANGUAGES, TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, Task, TranslateInputs
 from tasks.base import room_to_generate
 
 from .limits import LIMITS, check_setting, check_temperature
 from .messages import Message, Refusal, english, message_of
-from .model_host import ModelHost
+from .model_host import ModelHost, steering_of
 from .outcome import REFUSED, Outcome
 from .running import (MAX_CHARS, MAX_CHAT_TURNS, SETTING_RANGES, Param, TaskAPI, check_count, check_size,
                       checked_text, steering_asked)
@@ -370,7 +372,7 @@ STEERING_FIELDS = {"positive": "steer_positive", "negative": "steer_negative", "
                    "strength": "steer_strength"}
 
 
-def steering_values(body: dict, n_layer: int) -> dict[str, Any]:
+def steering_values(body: dict, config: GPT2Config) -> dict[str, Any]:
     """The body's `steering` ({positive, negative, layer, strength}, this app's own field) as the
     task's steering values, checked as the page checks them (serve.running.steering_asked); a 400
     naming `steering` where it is not that."""
@@ -381,7 +383,7 @@ def steering_values(body: dict, n_layer: int) -> dict[str, Any]:
         raise BadRequest("steering must be an object with positive, negative, layer and strength", param="steering")
     values = {STEERING_FIELDS[name]: value for name, value in steering.items()}
     try:
-        steering_asked(values, n_layer)
+        steering_asked(values, config)
     except ValueError as error:
         raise BadRequest.refusing(error, "steering") from None
     return values
@@ -424,7 +426,7 @@ async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, i
     defaults = api.task.defaults
     base = {**{name: getattr(defaults, name) for name, _ in TASK_SETTINGS}, "stop": stop_list(body.get("stop")),
             # the engine's logprobs 0 is none at all: 1 gives each token's own, its alternatives cut to `top`
-            **settings, **steering_values(body, host.current.config.n_layer), **inputs, "adapter": adapter, "logprobs": max(top, 1) if top >= 0 else 0}
+            **settings, **steering_values(body, host.current.config), **inputs, "adapter": adapter, "logprobs": max(top, 1) if top >= 0 else 0}
     values = [{**base, "seed": (seed + i) % (LIMITS["seed"][1] + 1)} for i in range(n)]
     headers = {"X-Seed": str(seed)}
     meta = {"id": f"{endpoint.id_prefix}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
@@ -450,8 +452,8 @@ async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, i
 
 def prompt_logprobs(host: ModelHost, api: TaskAPI, prompt: str, values: dict, top: int) -> list[dict]:
     """The echoed prompt's tokens with their log-probabilities (Result.logprobs' form), under the
-    request's adapter: what a harness reads to score a text. The prompt must fit whole beside
-    max_tokens, since a cut one would score other tokens than it sent."""
+    request's adapter and steering: what a harness reads to score a text. The prompt must fit whole
+    beside max_tokens, since a cut one would score other tokens than it sent."""
     loaded = host.current
     ids = loaded.tokenizer.encode(prompt)
     n_ctx = loaded.context
@@ -462,7 +464,12 @@ def prompt_logprobs(host: ModelHost, api: TaskAPI, prompt: str, values: dict, to
     adapter = api.task.adapter if values["adapter"] else None
     # a forward pass in a thread of its own, as every one outside the decode loop (serve.running)
     scale = values.get("adapter_scale", api.task.defaults.adapter_scale)
-    trace = in_thread_of_its_own(lambda: prompt_trace(loaded.model, ids, top, adapter, scale))
+    steering, _ = steering_of(loaded, values)
+
+    def traced():
+        with steered(loaded.model, steering):
+            return prompt_trace(loaded.model, ids, top, adapter, scale)
+    trace = in_thread_of_its_own(traced)
     return token_logprobs(loaded.tokenizer, trace)
 
 

@@ -1,7 +1,8 @@
 """What a page in front needs from a replica on another machine (serve/cluster.py), over HTTP: the
 model's description, each task run as a stream of updates ending in its outcome record, the
-comparison of two sides (serve/comparing.py), the Architecture tab's look inside and trace. serve/backend.py is the other
-end. The Gradio page and its API send their work here with `python app.py --backend URL`.
+comparison of two sides (serve/comparing.py), the Architecture tab's look inside and trace, and a
+steering vector to export. serve/backend.py is the other end. The Gradio page and its API send their
+work here with `python app.py --backend URL`.
 
     GET  /studio/model                 the model: name, adapters, config, the model line
     POST /studio/run/{api_name}        the task's values -> NDJSON: {text, outcome, prompt, logprobs}
@@ -9,6 +10,7 @@ end. The Gradio page and its API send their work here with `python app.py --back
                                        comparison}; values left out take the task's defaults
     POST /studio/look_inside           {prompt, layer, head, adapter} -> the live view
     POST /studio/trace                 {clean, corrupted, answer, noise_span} -> the trace (serve/tracing.py)
+    POST /studio/steering              a task's steer_* values -> the steering vector (serve/vectors.py)
 
 A client that closes a stream ends its run and frees its decoding row, as in the app.
 """
@@ -31,6 +33,7 @@ from .messages import Message, message_of
 from .outcome import FAULT, Outcome
 from .running import LiveView
 from .tracing import Trace
+from .vectors import SteeringVector
 
 PREFIX = "/studio"
 
@@ -84,6 +87,7 @@ def page_routes(host: Host, api_key: str | None = None) -> APIRouter:
                          methods=["POST"])
     router.add_api_route("/look_inside", inside, methods=["POST"])
     router.add_api_route("/trace", trace, methods=["POST"])
+    router.add_api_route("/steering", answered(host.steering_vector, SteeringVector.as_json), methods=["POST"])
     return router
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from engine.generate import SamplingParams, resolve_seed
-from engine.steering import Steering
+from model import GPT2Config
 from tasks import Task, TaskDone
 
 from .inspection import Inspection, LogitLens
@@ -40,6 +40,8 @@ SAID_AS = {"text": "text to translate", "clean": "clean prompt", "corrupted": "c
 MAX_CHAT_TURNS = 200  # [user, bot] pairs in a /chat history
 MAX_EXAMPLE_PAIRS = 64  # `source = target` lines in /translate's examples
 MAX_STEER_PAIRS = 32  # positive/negative lines of a steering: a forward pass each, before the run starts
+MAX_FILE_NAME = 1_000  # a steering vector file's name and hash, as a run names them
+DIGEST_SHOWN = 12  # the hex digits of a steering vector file's sha256 that the status line gives
 # The most tokens one request may generate: a request holds a row of the decode batch until it
 # is done, so this bounds how long one user can hold it.
 MAX_NEW_TOKENS = 512
@@ -101,7 +103,8 @@ def drawn_seed(seed: Any) -> Any:
 
 
 # Steering, which every task takes last (steering_asked): the i-th lines of the positive and
-# negative texts form a pair; the layer None is the loaded model's middle; strength 0 is off.
+# negative texts form a pair; the layer None is the loaded model's middle; strength 0 is off. (The
+# page and /studio may send a vector file's record too, steer_file: not an API parameter.)
 STEERING_PARAMS = (Param("steer_positive", str, ""), Param("steer_negative", str, ""),
                    Param("steer_layer", int | None, None), Param("steer_strength", float, 0.0))
 
@@ -119,11 +122,15 @@ def setting_params(task: Task) -> list[Param]:
 
 @dataclass(frozen=True)
 class SteeringAsked:
-    """The steering a request asks for, checked: its pairs of lines, layer and strength."""
+    """The steering a request asks for, checked: its pairs of lines, layer and strength; or, with a
+    vector file's (steer_file), that file's vector, name and hash, the lines then only its texts."""
     positive: tuple[str, ...]
     negative: tuple[str, ...]
     layer: int
     strength: float
+    vector: tuple[float, ...] | None = None  # a file's, in place of the lines' (serve/vectors.py)
+    file: str = ""
+    sha256: str = ""
 
 
 def steering_lines(text: str) -> tuple[str, ...]:
@@ -131,29 +138,55 @@ def steering_lines(text: str) -> tuple[str, ...]:
     return tuple(line.strip() for line in text.splitlines() if line.strip())
 
 
-def steering_asked(values: dict[str, Any], n_layer: int) -> SteeringAsked | None:
-    """The request's steering (STEERING_PARAMS; missing ones are their defaults), checked, or None
-    where it asks for none: strength 0, or both texts empty. A Refusal names the field."""
+def steering_asked(values: dict[str, Any], config: GPT2Config) -> SteeringAsked | None:
+    """The request's steering (STEERING_PARAMS, and a vector file's steer_file; missing ones are
+    their defaults), checked, or None where it asks for none: strength 0, or no texts and no file.
+    A Refusal names the field."""
     positive = steering_lines(checked_text("steer_positive", values.get("steer_positive", "")))
     negative = steering_lines(checked_text("steer_negative", values.get("steer_negative", "")))
     strength = check_setting("steer_strength", values.get("steer_strength", 0.0), *LIMITS["steer_strength"])
-    if strength == 0 or not (positive or negative):
+    file = steer_file_asked(values.get("steer_file"), config.n_embd)
+    if strength == 0 or not (positive or negative or file):
         return None
-    if len(positive) != len(negative):
+    if file is None and len(positive) != len(negative):
         raise Refusal("steer_pairs", positive=len(positive), negative=len(negative))
     check_count("steering pairs", len(positive), MAX_STEER_PAIRS)
     layer = values.get("steer_layer")
+    n_layer = config.n_layer
     layer = n_layer // 2 if layer is None else check_setting("steer_layer", layer, 0, n_layer, integer=True)
-    return SteeringAsked(positive, negative, layer, strength)
+    return SteeringAsked(positive, negative, layer, strength, **(file or {}))
 
 
-def steering_state(asked: SteeringAsked, steering: Steering, typical_norm: float) -> Message:
-    """The status part that names a run's steering: its layer, strength and pairs, the vector's
-    norm beside the residual's there (what a strength means), and the texts, which reproduce it
-    (asked_again)."""
-    return Message.keyed("steered", layer=asked.layer, strength=asked.strength, pairs=len(asked.positive),
-                         norm=float(steering.vector.norm()), typical=typical_norm,
-                         positive="\n".join(asked.positive), negative="\n".join(asked.negative))
+def steer_file_asked(record: Any, n_embd: int) -> dict[str, Any] | None:
+    """A vector file's record as a run takes it (steer_file: {"name", "sha256", "vector"}, from
+    serve/vectors.py), checked, as SteeringAsked's fields; None where the run has none."""
+    if record is None:
+        return None
+    if not (isinstance(record, dict) and isinstance(record.get("name"), str)
+            and isinstance(record.get("sha256"), str) and isinstance(record.get("vector"), list)):
+        raise Refusal("steer_file_record", name="steer_file", width=n_embd)
+    check_size("steer_file", len(record["name"]) + len(record["sha256"]), MAX_FILE_NAME)
+    vector = record["vector"]
+    if len(vector) != n_embd:  # another model's: one of another width
+        raise Refusal("steer_vector_width", file=record["name"], width=len(vector), n_embd=n_embd)
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in vector):
+        raise Refusal("steer_file_record", name="steer_file", width=n_embd)
+    return {"vector": tuple(map(float, vector)), "file": record["name"], "sha256": record["sha256"]}
+
+
+def steering_state(asked: SteeringAsked, norm: float | None = None, typical: float | None = None) -> Message:
+    """The status part that names a run's steering: its layer and strength, its pairs or its file
+    (name and hash), the vector's norm beside the residual's there (what a strength means; None:
+    not measured, as for a run stopped on a replica), and what reproduces it (asked_again): the
+    texts, and a file's vector."""
+    measured = {} if norm is None else {"norm": norm, "typical": typical}
+    texts = {"positive": "\n".join(asked.positive), "negative": "\n".join(asked.negative)}
+    if asked.vector is None:
+        return Message.keyed("steered" if measured else "steered_asked", layer=asked.layer, strength=asked.strength,
+                             pairs=len(asked.positive), **measured, **texts)
+    return Message.keyed("steered_file" if measured else "steered_file_asked", layer=asked.layer,
+                         strength=asked.strength, file=asked.file, digest=asked.sha256[:DIGEST_SHOWN], **measured,
+                         **texts, sha256=asked.sha256, vector=list(asked.vector))
 
 
 def stop_lines(text: str) -> tuple[str, ...]:
@@ -265,7 +298,9 @@ def asked_again(outcome: Outcome, task: Task) -> dict[str, Any]:
     steered = outcome.steering
     steering = {"steer_strength": 0.0} if steered is None else {
         "steer_positive": steered.field("positive"), "steer_negative": steered.field("negative"),
-        "steer_layer": steered.field("layer"), "steer_strength": steered.field("strength")}
+        "steer_layer": steered.field("layer"), "steer_strength": steered.field("strength"),
+        "steer_file": None if steered.field("vector") is None else {
+            "name": steered.field("file"), "sha256": steered.field("sha256"), "vector": steered.field("vector")}}
     return {**{name: getattr(task.defaults, name) for name, _ in SETTINGS}, STOP_PARAM.name: (),
             **dict(outcome.changed), "seed": outcome.seed, **adapter, **steering}
 

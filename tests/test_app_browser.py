@@ -1704,3 +1704,180 @@ def test_translate_names_the_target_language_without_pairs_and_decodes_without_l
     assert penalty > 1  # the default that stops a greedy loop
     expect(page.locator("#translate-repetition_penalty input[type=number]")).to_have_value(f"{penalty:g}")
 
+
+
+# --- steering vectors as files, presets on the bundled model, the trace's progress ---------------
+
+STORY = "Once upon a time, there was a little girl named Lily. She felt"
+
+
+@pytest.fixture(scope="module")
+def bundled_url() -> Iterator[str]:
+    """The app on the bundled model, which the steering presets were measured on."""
+    with serve_studio(["bundled"]) as url:
+        yield url
+
+
+def open_steer(page: Page, task: str) -> None:
+    if not page.locator(f"#{task}-steer_positive textarea").is_visible():
+        page.locator(f"#{task}-steer").get_by_text("Steer", exact=True).click()
+    expect(page.locator(f"#{task}-steer_positive textarea")).to_be_visible()
+
+
+def pick_file(page: Page, button: str, path: Path) -> None:
+    with page.expect_file_chooser() as chooser:
+        page.locator(button).click()
+    chooser.value.set_files(str(path))
+
+
+def run_steered(page: Page, task: str, by: str) -> tuple[str, str]:
+    """Press the run button and wait for the run whose status line names the steering `by`; (output, line)."""
+    page.locator(f"#{task}-run").click()
+    line = page.locator(f"#{task}-status")
+    expect(line).to_contain_text(by)
+    expect(line).to_contain_text("stopped:")
+    return page.locator(f"#{task}-output textarea").input_value(), status(page, task)
+
+
+def test_a_vector_exported_as_files_and_imported_steers_as_its_lines_did(browser, bundled_url, tmp_path):
+    """Export writes the steering vector as a llama.cpp control vector and as safetensors; each,
+    imported, steers the same seed to the same text as the lines did, its name and hash in the status
+    line; a file that is no vector, or one made for another model, is refused saying why, and what
+    steered before goes on steering."""
+    from serve.vectors import SteeringVector, write_vector_files
+
+    page = open_app(browser, bundled_url)
+    try:
+        page.locator("#generate-prompt textarea").fill(STORY)
+        set_setting(page, "generate", "seed", 5)
+        set_setting(page, "generate", "max_new_tokens", 24)
+        open_steer(page, "generate")
+        page.locator("#generate-steer_happier").click()  # happy - sad, layer 2, strength 2
+        expect(page.locator("#generate-steer_strength input[type=range]")).to_have_value("2")
+        typed, line = run_steered(page, "generate", "steered at layer 2, strength 2: 3 pairs")
+        assert typed.strip()
+
+        page.locator("#generate-steer_export").click()
+        files = page.locator("#generate-steer-files")
+        downloaded = {}
+        for suffix in (".gguf", ".safetensors"):
+            link = files.get_by_role("row").filter(has_text=suffix).get_by_role("link")  # the size, ⇣
+            expect(link).to_be_visible()
+            with page.expect_download() as download:
+                link.click()
+            downloaded[suffix] = tmp_path / download.value.suggested_filename
+            download.value.save_as(downloaded[suffix])
+        assert downloaded[".gguf"].name == "steering-layer2-strength2.gguf"
+        screenshot(page, "steer-files")
+
+        # A control vector holds strength x v, as llama.cpp adds it: imported, its strength is 1.
+        for suffix, strength, positive in ((".gguf", "1", ""), (".safetensors", "2", "She was very happy")):
+            name = downloaded[suffix].name
+            pick_file(page, "#generate-steer_import", downloaded[suffix])
+            expect(page.locator("#generate-steer-imported")).to_contain_text(f"steering by {name} (sha256 ")
+            expect(page.locator("#generate-steer_strength input[type=range]")).to_have_value(strength)
+            expect(page.locator("#generate-steer_layer input[type=range]")).to_have_value("2")
+            box = page.locator("#generate-steer_positive textarea")
+            if positive:
+                expect(box).to_have_value(re.compile(f"^{positive}"))
+            else:  # no lines in a control vector: the boxes name the file instead
+                expect(box).to_have_value("")
+                expect(box).to_have_attribute("placeholder", name)
+            text, line = run_steered(page, "generate", f"strength {strength} by {name} (sha256 ")
+            assert text == typed, suffix
+            assert re.search(r"by \S+ \(sha256 [0-9a-f]{12}\): vector norm [\d.]+ against a residual norm", line)
+        screenshot(page, "steer-imported")
+
+        made = tmp_path / "made"
+        write_vector_files(SteeringVector([0.1] * 64, 2, 1.0, [], [], "elsewhere", 4), made / "narrow")
+        write_vector_files(SteeringVector([0.1] * 256, 2, 1.0, [], [], "gpt2-ish", 12), made / "deep")
+        (made / "notes.safetensors").write_text("just some notes", encoding="utf-8")
+        for path, said in ((made / "notes.safetensors", "notes.safetensors is not a steering vector"),
+                           (made / "narrow" / "steering-layer2-strength1.gguf",
+                            "holds a vector of 64 numbers; this model's residual stream has 256"),
+                           (made / "deep" / "steering-layer2-strength1.gguf",
+                            "was made for a model of 12 blocks; this one has 4")):
+            pick_file(page, "#generate-steer_import", path)
+            expect(page.locator("#generate-steer-files-note")).to_contain_text("⚠️ ")
+            expect(page.locator("#generate-steer-files-note")).to_contain_text(said)
+            expect(page.get_by_test_id("toast-body").first).to_contain_text(said)
+        screenshot(page, "steer-import-refused")
+        # the file imported before still steers, and the page serves on
+        expect(page.locator("#generate-steer-imported")).to_contain_text("steering-layer2-strength2.safetensors")
+        set_setting(page, "generate", "seed", 6)
+        run_steered(page, "generate", "seed 6 · ")
+        assert "by steering-layer2-strength2.safetensors" in status(page, "generate")
+        # lines typed put the file away: they steer again (typed key by key: Gradio's input event
+        # follows the keyboard, not a value filled in)
+        page.locator("#generate-steer_negative textarea").fill("")
+        page.locator("#generate-steer_negative textarea").press_sequentially("She was sad.")
+        page.locator("#generate-steer_positive textarea").fill("")
+        page.locator("#generate-steer_positive textarea").press_sequentially("She was glad.")
+        expect(page.locator("#generate-steer-imported")).to_have_text("")
+        run_steered(page, "generate", "steered at layer 2, strength 2: 1 pairs")
+    finally:
+        page.context.close()
+
+
+@pytest.mark.parametrize("width", [1400, 390], ids=["desktop", "phone"])
+def test_a_preset_on_the_bundled_model_steers_a_compare_side_by_side(browser, bundled_url, width):
+    """The bundled model's preset, clicked in a task tab, and Compare: unsteered and steered under
+    one seed, each side labelled, the texts different and the first token where they part marked."""
+    page = open_app(browser, bundled_url)
+    page.set_viewport_size({"width": width, "height": 900})
+    try:
+        page.locator("#generate-prompt textarea").fill(STORY)
+        set_setting(page, "generate", "seed", 3)
+        set_setting(page, "generate", "max_new_tokens", 30)
+        open_steer(page, "generate")
+        page.locator("#generate-steer_sadder").click()  # sad - happy, layer 1, strength 2
+        expect(page.locator("#generate-steer_strength input[type=range]")).to_have_value("2")
+        page.locator("#generate-insight").get_by_text("Why this output").click()
+        compare = page.locator("#generate-compare input")
+        expect(compare).to_be_enabled()
+        compare.check()
+        run_steered(page, "generate", "compared with the same run unsteered")
+        assert "steered at layer 1, strength 2: 3 pairs" in status(page, "generate")
+        off, on = page.locator("#generate-adapter_off"), page.locator("#generate-adapter_on")
+        expect(off).to_contain_text("Unsteered")
+        expect(on).to_contain_text("Steered")
+        unsteered, steered = off.locator("textarea").input_value(), on.locator("textarea").input_value()
+        assert unsteered.strip() and steered.strip() and unsteered != steered
+        expect(page.locator("#generate-tokens .tok.diverges")).to_have_count(2)
+        expect(page.locator("#generate-tokens .token-row-label")).to_have_text(["unsteered", "steered"])
+        page.locator("#generate-adapter_off").scroll_into_view_if_needed()
+        screenshot(page, f"steer-preset-compare-{width}")
+    finally:
+        page.context.close()
+
+
+@pytest.mark.parametrize("width", [1400, 390], ids=["desktop", "phone"])
+def test_a_trace_shows_its_progress_bar_then_the_heatmaps(browser, tiny_checkpoint, width):
+    """On a model slowed to some tenths of a second a block, a trace lasts long enough to be watched:
+    the progress bar shows while it runs, then the heatmaps."""
+    from serve.model_host import ModelHost
+
+    host = ModelHost([str(tiny_checkpoint)], device="cpu")
+    for block in host.current.model.transformer.h:
+        block.register_forward_pre_hook(lambda module, args: time.sleep(0.15))
+    with serve_studio(host) as url:
+        page = open_app(browser, url)
+        page.set_viewport_size({"width": width, "height": 900})
+        try:
+            page.get_by_role("tab", name="Architecture").click()
+            page.locator("#trace-run").click()
+            bar = page.locator("#tab-architecture [role=progressbar]").first
+            expect(bar).to_be_visible()
+            expect(page.locator("#tab-architecture .progress-level-inner").first).to_contain_text(
+                re.compile(r"\d+\.\d%"))  # the share of the layers traced so far, and how many of them
+            expect(page.locator("#trace-residual")).to_contain_text(re.compile(r"\d/6 layers"))
+            page.locator("#trace-run").scroll_into_view_if_needed()
+            screenshot(page, f"trace-progress-{width}")
+            heatmap = page.locator("#trace-residual img")
+            expect(heatmap).to_be_visible()
+            expect(page.locator("#tab-architecture [role=progressbar]")).to_have_count(0)
+            expect(page.locator("#trace-probabilities")).to_contain_text("p_clean")
+            page.locator("#trace-residual").scroll_into_view_if_needed()
+            screenshot(page, f"trace-done-{width}")
+        finally:
+            page.context.close()

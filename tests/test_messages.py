@@ -63,9 +63,10 @@ def test_every_message_reads_in_english_and_in_chinese(key):
         return
     translated = render(message, "zh")
     assert re.search(r"[\u4e00-\u9fff]", translated), translated
-    # names that stay as they are in Chinese: the library, the API's values, the CPU's, the protocol
+    # names that stay as they are in Chinese: the library, the API's values, the CPU's, the protocol, the
+    # file formats and the tool that reads them, the hash
     own_words = set(ENGLISH_WORD.findall(re.sub(r"\{[^}]*\}", "", english_template))) - {
-        "PyTorch", "true", "false", "CPU", "AVX", "HTTP"}
+        "PyTorch", "true", "false", "CPU", "AVX", "HTTP", "GGUF", "llama", "cpp", "safetensors", "sha"}
     left = own_words & set(ENGLISH_WORD.findall(translated))
     assert not left, (translated, left)
 
@@ -205,6 +206,7 @@ def made_messages() -> list[Message]:
         refusal(lambda: presets.without_preset({}, None)),
         # a deployment's ingress, where a replica stops (serve/ingress.py)
         ingress.REPLICA_LOST, ingress.replicas_lost(4), ingress.replica_failed(RuntimeError("x")),
+        *steering_messages(host),
     ]
 
 
@@ -221,6 +223,50 @@ def compared_messages(note: Message) -> list[Message]:
     comparison = Comparison("adapter", tuple(labels[:2]), ({}, {}), 0, ([], []), (None, None), ("", ""),
                             (done, done.noted(note)), (None, None))
     return [*labels, *compared_outcome(comparison).notes, side_outcome(comparison, 1).notes[-1], no_steering().message]
+def steering_messages(host: ModelHost) -> list[Message]:
+    """What steering says: a run's steering (by lines or a file, measured or as a page in front of
+    replicas knows it), the vector files' notes and refusals (serve/vectors.py)."""
+    import tempfile
+    from pathlib import Path
+
+    import gguf
+    import numpy as np
+
+    from engine.steering_files import save_steering
+    from serve.running import steering_asked, steering_state
+    from serve.vectors import MAX_FILE_BYTES, read_vector, write_vector_files
+
+    config = host.current.config
+    steer = {"steer_positive": "Happy.\nGlad.", "steer_negative": "Sad.\nGloomy.", "steer_strength": 2.0}
+    made = []
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        vector = host.steering_vector({**steer, "steer_layer": 1})
+        made.append(write_vector_files(vector, folder / "one")[1])  # no GGUF at layer 1
+        paths, _ = write_vector_files(replace(vector, layer=3), folder / "three")
+        file = read_vector(paths[0], config)
+        made.append(file.imported)
+        asked = steering_asked({**steer, "steer_file": file.record}, config)
+        made += [steering_state(asked, 3.0, 20.0), steering_state(asked), steering_state(steering_asked(steer, config))]
+        for name, write in (("noise.gguf", lambda path: path.write_bytes(b"GGUF\xff")),
+                            ("big.safetensors", lambda path: path.write_bytes(b"\x00" * (MAX_FILE_BYTES + 1)))):
+            write(folder / name)
+            made.append(refusal(lambda: read_vector(folder / name, config)))
+        for changed in (dict(vector=[1.0] * 8), dict(n_layer=12)):
+            paths, _ = write_vector_files(replace(vector, **changed), folder / str(len(made)))
+            made.append(refusal(lambda: read_vector(paths[-1], config)))
+        save_steering(folder / "older.safetensors", replace(vector, layer=9).steering, [], [], "bundled")  # no n_layer
+        made.append(refusal(lambda: read_vector(folder / "older.safetensors", config)))
+        writer = gguf.GGUFWriter(str(folder / "two.gguf"), "controlvector")
+        for k in (1, 2):
+            writer.add_tensor(f"direction.{k}", np.ones(config.n_embd, dtype=np.float32))
+        for step in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file,
+                     writer.close):
+            step()
+        made.append(refusal(lambda: read_vector(folder / "two.gguf", config)))
+    made += [refusal(lambda: host.steering_vector({})),
+             refusal(lambda: steering_asked({**steer, "steer_file": "x"}, config))]
+    return made
 
 
 def test_every_message_the_app_makes_has_its_chinese():

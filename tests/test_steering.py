@@ -303,6 +303,34 @@ def test_v1_takes_steering_in_the_body_and_studio_passes_it_through(host):
     assert last[-1]["text"] != plain_last[-1]["text"]
 
 
+def test_v1_echoes_the_prompts_logprobs_under_the_requests_steering(host):
+    """echo with logprobs scores the prompt as the request runs: steered where it steers (each
+    token but the first changes), as without steering for strength 0."""
+    import openai
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from serve.openai_api import openai_routes
+
+    server = FastAPI()
+    server.include_router(openai_routes(host))
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=TestClient(server),
+                           max_retries=0)
+    steering = {"positive": STEER["steer_positive"], "negative": STEER["steer_negative"], "layer": 1, "strength": 4}
+
+    def echoed(**extra) -> list:
+        done = client.completions.create(model=host.current.name, prompt="Once upon a time there was a cat",
+                                         max_tokens=1, temperature=0, echo=True, logprobs=3, extra_body=extra)
+        logprobs = done.choices[0].logprobs
+        return [logprobs.token_logprobs, logprobs.top_logprobs]
+
+    plain = echoed()
+    steered_scores, steered_top = echoed(steering=steering)
+    assert steered_scores[0] is None and all(a != b for a, b in zip(plain[0][1:], steered_scores[1:]))
+    assert steered_top[1:] != plain[1][1:]
+    assert echoed(steering={**steering, "strength": 0}) == plain
+
+
 def test_a_steered_compare_is_steering_off_and_on_under_one_seed(host):
     """With a strength set, Compare runs the request unsteered and steered (the adapter as its switch
     says) under one seed: each side is the run alone, the first token where they part is marked,

@@ -41,7 +41,7 @@ def test_load_control_vector_gives_back_the_steered_layer_and_what_it_adds(tmp_p
     steering = a_steering(3, strength=-1.5)
     save_control_vector(tmp_path / "v.gguf", steering, model_hint="bundled", n_layer=N_LAYER)
     loaded = load_control_vector(tmp_path / "v.gguf")
-    assert loaded.model_hint == "bundled"
+    assert loaded.model_hint == "bundled" and loaded.layer_count == N_LAYER - 1
     assert sorted(loaded.directions) == list(range(2, N_LAYER + 1))
     back = loaded.steering()
     assert back.layer == 3 and back.strength == 1.0
@@ -75,9 +75,9 @@ def test_a_gguf_that_is_not_a_control_vector_is_refused(tmp_path):
 def test_safetensors_round_trip_keeps_the_vector_and_where_it_came_from(tmp_path, layer):
     steering = a_steering(layer)
     positive, negative = ["I love this.", "A happy day, «très» bien."], ["I hate this.", "A sad day."]
-    save_steering(tmp_path / "s.safetensors", steering, positive, negative, model="assets/bundled")
+    save_steering(tmp_path / "s.safetensors", steering, positive, negative, model="assets/bundled", n_layer=N_LAYER)
     back = load_steering(tmp_path / "s.safetensors")
-    assert (back.positive, back.negative, back.model) == (positive, negative, "assets/bundled")
+    assert (back.positive, back.negative, back.model, back.n_layer) == (positive, negative, "assets/bundled", N_LAYER)
     assert back.steering.layer == layer and back.steering.strength == steering.strength
     assert torch.equal(back.steering.vector, steering.vector)
 

@@ -135,7 +135,9 @@ ENGLISH = {
     "steer_intro": "Adds strength × v to the residual stream after a layer, where v is the mean difference "
                    "between the model's residual at the last token of each positive line and of its negative "
                    "line (the i-th lines form a pair). Strength 0 is off. With a strength set, Compare's "
-                   "*Steering off and on* shows the run unsteered and steered under one seed.",
+                   "*Steering off and on* shows the run unsteered and steered under one seed. *Export* writes "
+                   "the vector as a llama.cpp control vector (GGUF) and as safetensors with its lines; *Import* "
+                   "steers by such a file.",
     "steer_positive": "Towards (positive lines)",
     "steer_positive_info": "one text a line",
     "steer_negative": "Away from (negative lines)",
@@ -146,6 +148,9 @@ ENGLISH = {
     "steer_strength_info": "0 = off; negative steers away from the positive lines",
     "steer_happier": "Preset: happier",
     "steer_sadder": "Preset: sadder",
+    "steer_export": "Export the vector",
+    "steer_import": "Import a vector file",
+    "steer_files": "The vector as files",
     "alternatives": "Alternatives",
     "alternatives_info": "pick one to continue from it, with the same settings and seed",
     "no_adapter_task": "this task has no fine-tuned adapter",
@@ -333,7 +338,8 @@ CHINESE = {
     "compare_second": "第二侧",
     "steer": "转向",
     "steer_intro": "在某一层之后给残差流加上 强度 × v，v 是模型在每行正例与对应反例最后一个词元处残差之差的平均"
-                   "（第 i 行正例与第 i 行反例为一对）。强度 0 即关闭。设了强度后，“并排对比”的“转向关与开”会在同一个种子下显示未转向与已转向的运行。",
+                   "（第 i 行正例与第 i 行反例为一对）。强度 0 即关闭。设了强度后，“并排对比”的“转向关与开”会在同一个种子下显示未转向与已转向的运行。"
+                   "*导出*把向量写成 llama.cpp 控制向量（GGUF）和带文本行的 safetensors 文件；*导入*则按这样的文件转向。",
     "steer_positive": "趋向（正例各行）",
     "steer_negative": "远离（反例各行）",
     "steer_layer": "层",
@@ -344,6 +350,9 @@ CHINESE = {
     "steer_strength_info": "0 = 关闭；负数则远离正例",
     "steer_happier": "预设：更开心",
     "steer_sadder": "预设：更难过",
+    "steer_export": "导出向量",
+    "steer_import": "导入向量文件",
+    "steer_files": "向量文件",
     "alternatives": "备选",
     "alternatives_info": "选一个从它继续，设置和种子不变",
     "no_adapter_task": "此任务没有微调适配器",

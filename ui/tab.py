@@ -153,7 +153,7 @@ class Tab:
     @property
     def buttons(self) -> list[gr.Button]:
         """Every button the tab lays out (the page test holds the page to this list)."""
-        return [*self.run_buttons, self.stop_button, *self.presets.buttons, *self.steer.presets,
+        return [*self.run_buttons, self.stop_button, *self.presets.buttons, *self.steer.buttons,
                 *(c for c in self.widgets.more.values() if isinstance(c, (gr.Button, gr.DownloadButton,
                                                                           gr.UploadButton)))]
 
@@ -535,7 +535,7 @@ def wire_runs(tab: Tab) -> None:
     compare = tab.insight.compare.kind
     gr.on([tab.adapter.change, compare.change], strength_live, [tab.adapter, compare], tab.insight.adapter_scale,
           **PAGE_EVENT)
-    tab.steer.wire()
+    tab.steer.wire(tab.host)
 
 
 def wire_notebook(tab: Tab) -> None:

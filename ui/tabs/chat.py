@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from itertools import product
@@ -37,6 +35,7 @@ from serve.apis import CHAT_API
 from serve.running import RANDOM_SEED, setting_params
 
 from ..conversation import Conversation, Reply
+from ..exports import newest_export
 from ..i18n import i18n
 from ..last_run import LastRun
 from ..messages import BROWSER_SECRET, language, warn
@@ -96,7 +95,7 @@ EDIT_KEYS_JS = """() => {
 }"""
 EXPORT_DIR = Path(tempfile.gettempdir()) / "pre-ln-gpt2-studio" / "conversations"
 # Every finished turn, undo or clear writes the conversation's export; the newest this many are
-# kept. (Gradio serves its own copy of each, which it deletes after an hour: see delete_cache in app.py.)
+# kept (ui/exports.py).
 MAX_EXPORTS = 100
 MAX_EARLIER = 20  # conversations kept under "Earlier conversations", newest first
 STORAGE_KEY = "pre-ln-gpt2-studio-chat"
@@ -279,29 +278,9 @@ def export_conversation(conversation: Conversation) -> str | None:
     # errors="replace": a lone surrogate in the text cannot be written as UTF-8.
     data = json.dumps(conversation.as_json(), ensure_ascii=False, indent=2).encode(errors="replace")
     # Named by content: the same conversation is one file, however often it is exported.
-    directory = EXPORT_DIR / hashlib.sha256(data).hexdigest()[:16]
-    directory.mkdir(parents=True, exist_ok=True)
-    # The newest again, when the same conversation is exported once more: before writing, so that
-    # another request's pruning meanwhile does not take it for an old one.
-    os.utime(directory)
-    path = directory / "conversation.json"
+    path = newest_export(EXPORT_DIR, hashlib.sha256(data).hexdigest()[:16], MAX_EXPORTS) / "conversation.json"
     path.write_bytes(data)
-    prune_exports(directory)
     return str(path)
-
-
-def prune_exports(newest: Path) -> None:
-    """Delete all but the MAX_EXPORTS newest exports; `newest`, just written, stays whatever the
-    clock says (file times are coarse: many exports can share one)."""
-    def modified(directory: Path) -> int:
-        try:
-            return directory.stat().st_mtime_ns
-        except FileNotFoundError:  # another request pruned it just now
-            return 0
-    others = sorted((d for d in EXPORT_DIR.iterdir() if d != newest), key=modified, reverse=True)
-    for directory in others[MAX_EXPORTS - 1:]:
-        shutil.rmtree(directory, ignore_errors=True)
-
 
 
 def stored_conversation(kept: dict) -> Conversation:
