@@ -25,8 +25,8 @@ from .outcome import Outcome
 REQUIRED = inspect.Parameter.empty
 # What a request may hold beside its endpoint's parameters, read by the host itself: what a
 # comparison sets apart (serve/comparing.py), the model a side of one ran on, the tokens a run
-# continued from a chosen token starts with.
-HOST_VALUES = ("compare", "model", "forced")
+# continued from a chosen token starts with, the record of a vector file the page imported (steer_file).
+HOST_VALUES = ("compare", "model", "forced", "steer_file")
 
 # What one request may send. The context window bounds what a model reads, but text is tokenized
 # (and a conversation or example list walked) before it is cut to fit, so these bound that work
