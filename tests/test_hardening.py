@@ -406,6 +406,8 @@ def test_bench_load_runs_users_across_every_endpoint_and_finds_no_unexplained_fa
     assert report["warm_up"]["unexplained"] == 0 and report["warm_up"]["crossed"] == 0
     assert report["server_log"]["generation_failed"] == 0 and report["server_log"]["tracebacks"] == 0
     assert set(report["by_endpoint"]) == set(APIS) | {"/v1/completions", "/v1/chat/completions"}
+    assert set(report["by_path"]) == {"page", "/v1"} and "| way in |" in run.stdout  # side by side: one queue for both
+    assert sum(n["requests"] for n in report["by_path"].values()) == report["requests"]
     assert report["replays"] == len(REPLAYS) + 4  # the /v1 replays too: the test model has every adapter
     assert report["rss_start_mb"] > 0 and math.isfinite(report["tokens_per_s"])
     assert "| requests done |" in run.stdout
