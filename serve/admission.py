@@ -50,11 +50,18 @@ class Waiting:
 
 
 class Ticket:
-    """One run's place: waiting in its queue until `admitted` is set."""
+    """One run's place: waiting in its queue until `admitted` is set, held until it leaves."""
 
     def __init__(self, queue: RunQueue):
         self.queue = queue
         self.admitted = threading.Event()
+        self.left = False
+
+    def leave(self) -> None:
+        """Give the place back (to the first run waiting); again, nothing. A run leaves as soon as
+        its outcome is known, not once its caller has read it: a page's last update takes Gradio a
+        round trip, and the place would stand idle meanwhile."""
+        self.queue._leave(self)
 
     def wait(self, cancel: threading.Event | None = None, tell: bool = False) -> Generator[Waiting, None, bool]:
         """Wait for its turn, or for `cancel` to be set; with `tell`, yielding its place at once
@@ -115,7 +122,7 @@ class RunQueue:
         try:
             yield ticket
         finally:
-            self._leave(ticket)
+            ticket.leave()
 
     def place_of(self, ticket: Ticket) -> int:
         """Its place in the queue, 1 the next to go; 0 once it is not waiting."""
@@ -133,6 +140,9 @@ class RunQueue:
 
     def _leave(self, ticket: Ticket) -> None:
         with self._lock:
+            if ticket.left:
+                return
+            ticket.left = True
             if ticket.admitted.is_set():
                 self.running -= 1
             else:

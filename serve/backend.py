@@ -163,6 +163,8 @@ class RemoteHost:
                                else stopped(api, values, adapter, self._current.config)}
                         return
                     last = {name: update[name] for name in kept}
+                    if update["outcome"] is not None:
+                        ticket.leave()
                     yield update
         except ValueError as refused:  # a full queue; or settings that a stopped run's outcome cannot say
             yield {**last, "outcome": Outcome.refused(refused)}

@@ -46,7 +46,7 @@ from model.checkpoint import pick_device, resolve_checkpoint
 from model.tokenizer import Tokenizer
 from tasks import TASKS, SummarizeInputs, Task, TaskDone, next_prompt, run_task
 
-from .admission import DEFAULT_CONCURRENCY, DEFAULT_QUEUE_SIZE, RunQueue, Waiting
+from .admission import DEFAULT_CONCURRENCY, DEFAULT_QUEUE_SIZE, RunQueue, Ticket, Waiting
 from .apis import CHAT_API
 from .comparing import (STEERING, Axis, Comparison, compared_outcome, no_steering, parse_compare, shown_side,
                         side_labels, side_requests)
@@ -149,7 +149,8 @@ def no_progress(step: str) -> None:
 
 class ModelHost:
     def __init__(self, names: Sequence[str], device: str = "auto", quantize: str | None = None,
-                 allow_load: bool = False, concurrency: int = DEFAULT_CONCURRENCY, queue_size: int = DEFAULT_QUEUE_SIZE):
+                 allow_load: bool = False, concurrency: int = DEFAULT_CONCURRENCY,
+                 queue_size: int = DEFAULT_QUEUE_SIZE):
         """Load the first of `names`; the others can be switched to later. Raises ModelLoadError
         when the first cannot be loaded: there is nothing to serve without it. quantize="int8"
         loads every model with int8 weights (see engine/quantize.py). allow_load: whether `load`
@@ -306,14 +307,14 @@ class ModelHost:
                 if not (yield from ticket.wait(cancel, tell=waiting)):
                     yield "", Outcome.withdrawn(), "", []
                     return
-                yield from self._decoded(api, values, cancel, per_token)
+                yield from self._decoded(api, values, cancel, per_token, ticket)
         except ValueError as error:  # the input's, or a full queue: the message names the field and why
             yield "", Outcome.refused(error), "", []
 
-    def _decoded(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None,
-                 per_token: bool) -> Iterator[RunUpdate]:
-        """`run`'s request once its turn has come: made ready (a refusal is `run`'s to say, a
-        ValueError), then through its model's scheduler."""
+    def _decoded(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None, per_token: bool,
+                 ticket: Ticket) -> Iterator[RunUpdate]:
+        """`run`'s request once its turn has come (`ticket`, left once its outcome is known): made
+        ready (a refusal is `run`'s to say, a ValueError), then through its model's scheduler."""
         sent, held_back = 0, None
         pacer = Pacer(math.inf if per_token else MAX_UPDATES_PER_SECOND)
         where = f"/{api.name} on {values.get('model') or self.current.name}"
@@ -327,6 +328,7 @@ class ModelHost:
                         if event.result.stop_reason == "cancelled":
                             log.info("/%s: stopped by its user after %d tokens", api.name, event.result.generated_tokens)
                         sent += 1
+                        ticket.leave()
                         yield event.text, side.outcome(event, api.task), event.prompt.text, event.result.logprobs
                     elif pacer.due(time.monotonic()):
                         sent, held_back = sent + 1, None
@@ -356,12 +358,12 @@ class ModelHost:
                 if not (yield from ticket.wait(cancel, tell=waiting)):
                     yield ["", ""], Outcome.withdrawn(), None
                     return
-                yield from self._compared(api, values, cancel)
+                yield from self._compared(api, values, cancel, ticket)
         except ValueError as error:
             yield ["", ""], Outcome.refused(error), None
 
-    def _compared(self, api: TaskAPI, values: dict[str, Any],
-                  cancel: threading.Event | None) -> Iterator[CompareUpdate]:
+    def _compared(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None,
+                  ticket: Ticket) -> Iterator[CompareUpdate]:
         """`run_compare`'s two sides once its turn has come, as `_decoded` runs one."""
         try:
             values = api.request(values)
@@ -376,6 +378,7 @@ class ModelHost:
             done = yield from streamed_together([side.events(api.task, cancel) for side in sides])
             comparison = in_thread_of_its_own(lambda: compared(api.task, axis, asked, sides, done,
                                                                shown_side(axis, values)))
+            ticket.leave()
             yield [side.text for side in done], compared_outcome(comparison), comparison
         except ValueError:
             raise

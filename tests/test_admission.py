@@ -48,6 +48,16 @@ def test_a_place_given_back_goes_to_the_first_waiting_not_to_a_newcomer():
         assert newcomer.admitted.is_set()
 
 
+def test_a_place_is_given_back_once_however_often_it_is_left():
+    queue = RunQueue(concurrency=1, queue_size=1)
+    with queue.turn() as first:
+        with queue.turn() as second:
+            first.leave()
+            first.leave()
+            assert second.admitted.is_set() and (queue.running, queue.waiting) == (1, 0)
+    assert (queue.running, queue.waiting) == (0, 0)
+
+
 def test_a_waiting_run_that_leaves_frees_its_place_in_the_queue():
     queue = RunQueue(concurrency=1, queue_size=1)
     with queue.turn():
@@ -96,9 +106,15 @@ def values(api=GENERATE_API, **given) -> dict:
     return {**{name: p.default for name, p in api.signature.parameters.items()}, **given}
 
 
+def compared(**given) -> dict:
+    """A summary's request with the adapter off and on (run_compare's values)."""
+    return values(SUMMARIZE_API, article="A fox.", compare="adapter", **given)
+
+
 @pytest.fixture(scope="module")
-def model_host(tiny_checkpoint) -> ModelHost:
-    return ModelHost([str(tiny_checkpoint)], device="cpu", concurrency=1, queue_size=1)
+def model_host(adapter_checkpoint) -> ModelHost:
+    """One place, one waiting; a summarize adapter to compare with."""
+    return ModelHost([str(adapter_checkpoint)], device="cpu", concurrency=1, queue_size=1)
 
 
 @contextmanager
@@ -121,12 +137,22 @@ def test_a_hosts_waiting_run_tells_its_place_and_goes_when_its_turn_comes(model_
 
 
 @pytest.mark.parametrize("compare", [False, True])
+def test_a_run_gives_its_place_back_once_its_outcome_is_known_not_once_it_is_read(model_host, compare):
+    if compare:
+        run = model_host.run_compare(SUMMARIZE_API, compared(max_new_tokens=3))
+    else:
+        run = model_host.run(GENERATE_API, values(prompt="Hello", max_new_tokens=3))
+    with closing(run):
+        last = next(update for update in run if update[1] is not None)  # its last update, not yet read past
+        assert last[1].ran and model_host.queue.running == 0
+
+
+@pytest.mark.parametrize("compare", [False, True])
 def test_stop_withdraws_a_waiting_run_and_says_so(model_host, compare):
     cancel = threading.Event()
     with place_taken(model_host):
         if compare:
-            run = model_host.run_compare(SUMMARIZE_API, values(SUMMARIZE_API, article="A fox.", seed=5), cancel,
-                                         waiting=True)
+            run = model_host.run_compare(SUMMARIZE_API, compared(seed=5), cancel, waiting=True)
         else:
             run = model_host.run(GENERATE_API, values(prompt="Hello", seed=5), cancel, waiting=True)
         assert next(run) == Waiting(1)
@@ -142,8 +168,8 @@ def test_a_run_that_finds_the_hosts_queue_full_is_refused_as_any_other_way_in(mo
         waiting = model_host.run(GENERATE_API, values(prompt="Hello"), waiting=True)
         assert next(waiting) == Waiting(1)  # the queue's one waiting place
         *_, (_, outcome, _, _) = model_host.run(GENERATE_API, values(prompt="Hello"))
-        *_, (_, compared, _) = model_host.run_compare(SUMMARIZE_API, values(SUMMARIZE_API, article="A fox."))
-        for refusal in (outcome, compared):
+        *_, (_, compare_outcome, _) = model_host.run_compare(SUMMARIZE_API, compared())
+        for refusal in (outcome, compare_outcome):
             assert refusal.kind == REFUSED and refusal.message.key == QUEUE_FULL
             assert refusal.message.field("capacity") == 2
         waiting.close()
