@@ -32,10 +32,10 @@ QUEUE_FULL = "queue_full"  # the key of the refusal of a run that finds the queu
 # How often a waiting run that asks to (Ticket.wait) is told its place: what a page shows while
 # it waits; and each one lets Gradio close the run of a page that has gone.
 WAITING_UPDATE_S = 1.0
+CANCEL_POLL_S = 0.25  # how soon a waiting run sees that its cancel event was set (each look wakes a thread)
 # Threads a server keeps beside those of the runs in the queue (Starlette's and Gradio's default):
 # each run waits for its turn in a thread of its own (RunQueue.threads).
 OTHER_THREADS = 40
-CANCEL_POLL_S = 0.25  # how soon a waiting run sees that its cancel event was set (each look wakes a thread)
 
 
 @dataclass(frozen=True)
