@@ -9,8 +9,8 @@ QUEUE_FULL, the same message on every path (the page's status line, the Gradio A
 (serve/outcome.py).
 
 Gradio's own queue does not hold the runs (ui/tab.py, GENERATION_EVENT): when it held the page's
-behind its workers while /v1 went straight to the scheduler, under load a page's run waited five
-times as long for its first text as a /v1 one (docs/hardening.md, "Load").
+behind its workers while /v1 went straight to the scheduler, under load a page's run waited four
+to six times as long for its first text as a /v1 one (docs/hardening.md, "Load").
 """
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ NOTHING = gr.skip()
 GENERATION = "generation"  # the concurrency group of every request that runs the model
 # Every event that runs the model: Gradio starts it at once, and the run waits for its turn in the
 # host's queue (serve/admission.py), where the page's runs and /v1's go in the order they came.
-# (Held back by Gradio's workers, the page's waited five times as long as /v1's under load.)
+# (Held back by Gradio's workers, the page's waited four to six times as long as /v1's under load.)
 GENERATION_EVENT = dict(concurrency_id=GENERATION, concurrency_limit=None)
 STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
 GENERATING = str(i18n("generating"))  # a status the browser translates
