@@ -145,11 +145,11 @@ class RemoteHost:
     def updates(self, route: str, api: TaskAPI, values: dict, cancel: threading.Event | None, adapter: Message,
                 kept: list[str], waiting: bool = False) -> Iterator[dict | Waiting]:
         """The backend's updates, each with its outcome as the record, once the run's turn has come
-        in the page's queue (its places meanwhile, Waiting, where `waiting` asks for them). Where
-        the stream ends before its last update, the text so far (the `kept` fields) with an outcome
-        of its own: stopped by its user (seed, settings and `adapter` state, as far as they are
-        known here), or a fault that says what happened to the backend; refused where the queue is
-        full."""
+        in the page's queue (its places meanwhile, Waiting, where `waiting` asks for them): refused
+        where the queue is full, withdrawn where Stop comes first. Where the stream ends before its
+        last update, the text so far (the `kept` fields) with an outcome of its own: stopped by its
+        user (seed, settings and `adapter` state, as far as they are known here), or a fault that
+        says what happened to the backend."""
         values = {**values, "seed": drawn_seed(values.get("seed"))}
         last: dict = {name: "" if name == "text" else ["", ""] for name in kept}
         try:
