@@ -21,7 +21,8 @@ import gradio as gr
 from fastapi import APIRouter
 from huggingface_hub.constants import HF_HUB_CACHE
 
-from serve import MAX_BATCH, QUANTIZATIONS, TASKS
+from serve import QUANTIZATIONS, TASKS
+from serve.admission import DEFAULT_CONCURRENCY, DEFAULT_QUEUE_SIZE
 from serve.messages import Message, localized, render
 from serve.backend import RemoteHost
 from serve.host import Host
@@ -34,7 +35,7 @@ from ui.compare import model_choices
 from ui.i18n import CHINESE, ENGLISH, i18n
 from ui.messages import LANGUAGE_SWITCHED, PAGE_LANGUAGE_JS, Page, language, warn
 from ui.presets import PRESETS_CSS, presets_store
-from ui.tab import (GENERATION, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, serves_bundled,
+from ui.tab import (GENERATION_EVENT, RUN_SHORTCUT_JS, TAB_CSS, Tab, TaskView, adapter_props, serves_bundled,
                     task_tab)
 from ui.tabs.architecture import ARCHITECTURE_CSS, architecture_tab, lens_choices
 from ui.tabs.chat import CHAT, CHAT_CSS, EDIT_KEYS_JS, KEEP_MESSAGE_BOX_IN_VIEW_JS
@@ -47,16 +48,14 @@ PAGE_JS = (f"() => {{ ({RUN_SHORTCUT_JS})(); ({EDIT_KEYS_JS})(); ({KEEP_MESSAGE_
            f"({PAGE_LANGUAGE_JS})(); ({NAMED_PARTS_JS})(); }}")
 VIEWS: dict[str, TaskView] = {view.task.name: view for view in (GENERATE, CHAT, TRANSLATE, SUMMARIZE)}
 
-# Generations running at once share one batched decode step (engine/scheduler.py), so as many as
-# it has rows cost little more than one; the queue bounds how many more can wait.
-DEFAULT_CONCURRENCY, DEFAULT_QUEUE_SIZE = MAX_BATCH, 64
 APP_DIR = Path(__file__).resolve().parent
 MAX_UPLOAD = "1mb"
 
 
-def build_app(host: Host, concurrency: int = DEFAULT_CONCURRENCY, queue_size: int = DEFAULT_QUEUE_SIZE) -> gr.Blocks:
+def build_app(host: Host) -> gr.Blocks:
     """The whole interface, serving the models of `host`, with its queue set up; start it with
-    `launch`. At most `concurrency` generations run at once (UI and API together)."""
+    `launch`. Every generation, the page's and the APIs', takes its turn in the host's queue
+    (serve/admission.py), not Gradio's."""
     stop_switches = StopSwitches()
     with gr.Blocks(title="Pre-LN GPT-2 Studio", delete_cache=(3600, 3600)) as demo:
         # Pressed by the page when its language is switched in Settings (ui/messages.py).
@@ -84,8 +83,8 @@ def build_app(host: Host, concurrency: int = DEFAULT_CONCURRENCY, queue_size: in
             lens_adapter, architecture_buttons = architecture_tab(page, host)
 
         for tab in tabs:
-            gr.api(api_endpoint(tab.view.api, host), api_name=tab.view.api.name, concurrency_id=GENERATION)
-        gr.api(compare_endpoint(host), api_name="compare", concurrency_id=GENERATION)  # two runs of any of them
+            gr.api(api_endpoint(tab.view.api, host), api_name=tab.view.api.name, **GENERATION_EVENT)
+        gr.api(compare_endpoint(host), api_name="compare", **GENERATION_EVENT)  # two runs of any of them
         # A trace is seconds of the CPU's work: one at a time, beside the generations
         gr.api(trace_endpoint(host), api_name="trace", concurrency_limit=1, concurrency_id="trace")
         model_parts = ModelParts(model_info, model_choice, tabs, lens_adapter)
@@ -112,8 +111,12 @@ def build_app(host: Host, concurrency: int = DEFAULT_CONCURRENCY, queue_size: in
     # Every button each tab lays out, by the tab's elem_id: the page holds no other (tests/test_page.py).
     demo.buttons_by_tab = {**{f"tab-{tab.view.task.name}": [button.elem_id for button in tab.buttons] for tab in tabs},
                            "tab-architecture": [button.elem_id for button in architecture_buttons]}
-    # The default limit applies to every event that names none: all generations share it (GENERATION).
-    return demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
+    # Gradio starts a generation at once (GENERATION_EVENT) and the run waits for its turn in the
+    # host's queue, in a thread of Gradio's: room for all of them (launch), beside the other events'.
+    demo.max_threads = host.queue.threads
+    # The page's other queued events (a trace, the live view, a model change) each name their
+    # limit; they wait here, in Gradio's queue, as many as the host's queue holds.
+    return demo.queue(default_concurrency_limit=host.queue.concurrency, max_size=host.queue.queue_size)
 
 
 def launch(demo: gr.Blocks, models: Sequence[str] = (), routes: Sequence[APIRouter] = (), **options):
@@ -133,7 +136,7 @@ def launch(demo: gr.Blocks, models: Sequence[str] = (), routes: Sequence[APIRout
     blocking = not options.pop("prevent_thread_lock", False)
     quiet = options.pop("quiet", False)  # Gradio's own lines name its launch()'s arguments, not this app's flags
     served = demo.launch(i18n=i18n, css=PAGE_CSS, js=PAGE_JS, blocked_paths=blocked, max_file_size=MAX_UPLOAD,
-                         prevent_thread_lock=True, quiet=True, **options)
+                         max_threads=demo.max_threads, prevent_thread_lock=True, quiet=True, **options)
     if not quiet:
         print(f"* Running on local URL:  {served[1]}")
         if not demo.share and "SPACE_ID" not in os.environ:
@@ -145,11 +148,10 @@ def launch(demo: gr.Blocks, models: Sequence[str] = (), routes: Sequence[APIRout
     return served
 
 
-def v1_routes(host: ModelHost, api_key: str | None = None,
-              capacity: int = DEFAULT_CONCURRENCY + DEFAULT_QUEUE_SIZE) -> list[APIRouter]:
-    """OpenAI's /v1 API for `host`'s models (serve/openai_api.py): with `api_key`, each request
-    needs it; `capacity` of them at once, as many as the page's generations and its queue."""
-    return [openai_routes(host, api_key, capacity)]
+def v1_routes(host: ModelHost, api_key: str | None = None) -> list[APIRouter]:
+    """OpenAI's /v1 API for `host`'s models (serve/openai_api.py), its runs in the queue of the
+    page's: with `api_key`, each request needs it."""
+    return [openai_routes(host, api_key)]
 
 
 @dataclass(frozen=True)
@@ -262,9 +264,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--share", action="store_true", default=env_flag("STUDIO_SHARE"),
                         help="also serve through a public gradio.live link (env STUDIO_SHARE=1)")
     parser.add_argument("--concurrency", type=int, default=int(env.get("STUDIO_CONCURRENCY", DEFAULT_CONCURRENCY)),
-                        help=f"generations run at the same time (env STUDIO_CONCURRENCY; default {DEFAULT_CONCURRENCY})")
+                        help=f"generations run at the same time, the page's and /v1's together "
+                             f"(env STUDIO_CONCURRENCY; default {DEFAULT_CONCURRENCY})")
     parser.add_argument("--queue-size", type=int, default=int(env.get("STUDIO_QUEUE_SIZE", DEFAULT_QUEUE_SIZE)),
-                        help=f"requests that may wait; more are turned away (env STUDIO_QUEUE_SIZE; "
+                        help=f"requests that may wait for their turn, in the order they came, the page's and "
+                             f"/v1's in one queue; more are turned away (env STUDIO_QUEUE_SIZE; "
                              f"default {DEFAULT_QUEUE_SIZE})")
     parser.add_argument("--backend", default=env.get("STUDIO_BACKEND") or None, metavar="URL",
                         help="send every tab's work to a deployment of replicas (python -m serve.cluster) at URL "
@@ -292,13 +296,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         if args.backend:  # the deployment answers /v1 itself, at its own address
-            host, routes = RemoteHost(args.backend, args.backend_key), []
+            host, routes = RemoteHost(args.backend, args.backend_key, args.concurrency, args.queue_size), []
         else:
-            host = ModelHost(args.model, device=args.device, quantize=args.quantize, allow_load=args.allow_load)
-            routes = v1_routes(host, args.api_key, args.concurrency + args.queue_size)
+            host = ModelHost(args.model, device=args.device, quantize=args.quantize, allow_load=args.allow_load,
+                             concurrency=args.concurrency, queue_size=args.queue_size)
+            routes = v1_routes(host, args.api_key)
     except ModelLoadError as error:
         sys.exit(f"app.py: {localized(error, 'en')}")
-    demo = build_app(host, concurrency=args.concurrency, queue_size=args.queue_size)
+    demo = build_app(host)
     launch(demo, models=args.model, routes=routes, server_name=args.host, server_port=args.port, share=args.share)
 
 

@@ -33,7 +33,8 @@ Before the measured run the users run the same mix for --warm-up seconds, so tha
 (long prompts, adapters, refusals, cancels) has been through the app when its memory is read.
 
 Prints requests done, errors by kind (every one must be explained: a validation message, a
-cancel, or a full queue), p50/p95 latency to the first streamed text, tokens/s over all users,
+cancel, or a full queue), p50/p95 latency to the first streamed text (overall, by endpoint, and
+for the page's Gradio endpoints beside /v1, which share one queue), tokens/s over all users,
 the app's resident memory after warm-up and at the end (psutil, on the server's pid), and how
 many outputs came back crossed between users. --json writes the same as numbers.
 """
@@ -626,7 +627,25 @@ def summarize(outcomes: list[Outcome], elapsed_s: float) -> dict:
     report["unexplained_examples"] = [f"{o.api_name}: {o.kind} {o.detail}" for o in outcomes if not o.explained][:10]
     report["crossed_examples"] = [f"{o.api_name}: {o.detail}" for o in outcomes if o.crossed][:10]
     report["by_endpoint"] = {name: numbers(group) for name, group in sorted(by_endpoint.items())}
+    report["by_path"] = {path: numbers([o for o in outcomes if path_of(o.api_name) == path]) for path in PATHS}
+    report["page_over_v1_p50"] = path_ratio(report["by_path"])
     return report
+
+
+PATHS = ("page", "/v1")  # Gradio's endpoints, as the page runs them, and OpenAI's API: one queue should serve both
+
+
+def path_of(api_name: str) -> str | None:
+    """Which way a request went in (PATHS); None for a user whose client itself failed ("?")."""
+    if api_name.startswith("/v1"):
+        return "/v1"
+    return "page" if api_name in APIS else None
+
+
+def path_ratio(by_path: dict) -> float | None:
+    """How much longer a page request waited for its first text than a /v1 one (p50 over p50)."""
+    page, v1 = (by_path[path]["ttft_p50_ms"] for path in PATHS)
+    return None if page is None or not v1 else page / v1
 
 
 def server_log_faults(log_path: Path | None) -> dict | None:
@@ -672,11 +691,19 @@ def table(report: dict) -> str:
              "first text p50 / p95 (ms) |", "|---|---:|---:|---:|---:|---:|---:|---:|",
              *(f"| {name} | {n['requests']} | {n['completed']} | {n['refused']} | {n['cancelled']} | "
                f"{n['unexplained']} | {n['crossed']} | {whole(n['ttft_p50_ms'])} / {whole(n['ttft_p95_ms'])} |"
-               for name, n in report["by_endpoint"].items())]
+               for name, n in report["by_endpoint"].items()), "",
+             "| way in | requests | completed | first text p50 / p95 (ms) |", "|---|---:|---:|---:|",
+             *(f"| {path} | {n['requests']} | {n['completed']} | {whole(n['ttft_p50_ms'])} / {whole(n['ttft_p95_ms'])} |"
+               for path, n in report["by_path"].items()),
+             "", f"page p50 / /v1 p50 of the first text: {ratio_text(report['page_over_v1_p50'])}"]
     for title in ("unexplained_examples", "crossed_examples"):
         if report[title]:
             lines += ["", title.replace("_", " ") + ":", *(f"- {line}" for line in report[title])]
     return "\n".join(lines)
+
+
+def ratio_text(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 def parse_args(argv=None) -> argparse.Namespace:

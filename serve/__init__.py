@@ -5,7 +5,8 @@ layers below is handed on here.
 - limits.py: what a request may send (each setting's range) and how it is checked;
 - messages.py: the messages a user can get, in their language;
 - model_host.py: the model host that loads, switches and schedules; backend.py: the same host
-  on other machines (a deployment's replicas);
+  on other machines (a deployment's replicas); admission.py: the one queue every run of a host
+  takes its turn in, whichever way it came;
 - running.py: running a task as a stream of updates ending in its outcome record (outcome.py);
 - comparing.py: one request run twice under one seed, the two sides apart in what it names (the
   adapter, the steering, the model, one setting);
@@ -14,10 +15,9 @@ layers below is handed on here.
   replica stops.
 """
 from engine.quantize import QUANTIZATIONS
-from engine.scheduler import MAX_BATCH
 from tasks import DEFAULT_EXAMPLES, LANGUAGES, TASKS, Task
 from tasks.dialogue import PERSONAS
 from tasks.translation import goes_through_english
 
-__all__ = ["QUANTIZATIONS", "MAX_BATCH", "TASKS", "Task", "LANGUAGES", "DEFAULT_EXAMPLES", "PERSONAS",
+__all__ = ["QUANTIZATIONS", "TASKS", "Task", "LANGUAGES", "DEFAULT_EXAMPLES", "PERSONAS",
            "goes_through_english"]

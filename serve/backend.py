@@ -11,6 +11,9 @@ A backend that does not take the connection is said within CONNECT_TIMEOUT_S, on
 sending within SILENCE_S, in the tab's status line; a replica that stops in the middle of a stream
 ends that run with a message that says to try again (another replica answers). Stop closes the
 stream at once, which ends the run on its replica and frees its decoding row.
+
+The page's runs take their turn in its own queue first (serve/admission.py, as a ModelHost's):
+at most `concurrency` are sent to the deployment at once.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import httpx
 from engine.kernels import BUILDING
 from model import GPT2Config
 
+from .admission import DEFAULT_CONCURRENCY, DEFAULT_QUEUE_SIZE, RunQueue, Waiting
 from .messages import Message, Refusal
 from .model_host import ModelLoadError, no_progress
 from .outcome import DONE, FAULT, Outcome, message_from_json
@@ -67,10 +71,13 @@ class RemoteModel:
 class RemoteHost:
     """serve/host.py's Host for a model on a deployment's replicas."""
 
-    def __init__(self, url: str, api_key: str | None = None):
+    def __init__(self, url: str, api_key: str | None = None, concurrency: int = DEFAULT_CONCURRENCY,
+                 queue_size: int = DEFAULT_QUEUE_SIZE):
         """Ask the backend at `url` what it serves (with `api_key`, the deployment's --api-key);
-        BackendDown where it does not answer."""
+        BackendDown where it does not answer. At most `concurrency` runs are sent it at once, and
+        `queue_size` more wait here for their turn (admission.py)."""
         self.url = url.rstrip("/")
+        self.queue = RunQueue(concurrency, queue_size)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(SILENCE_S, connect=CONNECT_TIMEOUT_S))
         self.loading: str | None = None  # the backend switches nothing from here
@@ -113,15 +120,17 @@ class RemoteHost:
         return RemoteModel(info["name"], info["adapters"], info["adapters_on"], GPT2Config(**info["config"]),
                            info["decode_path"], info["line"], self.url)
 
-    def run(self, api: TaskAPI, values: dict[str, Any],
-            cancel: threading.Event | None = None) -> Iterator[tuple[str, Outcome | None, str, list]]:
+    def run(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None = None,
+            waiting: bool = False) -> Iterator[tuple[str, Outcome | None, str, list] | Waiting]:
         adapter = adapter_state(values.get("adapter", False), values.get("adapter_scale", 1.0))
-        for update in self.updates(f"run/{api.name}", api, values, cancel, adapter, ["text"]):
-            yield update["text"], update["outcome"], update.get("prompt", ""), update.get("logprobs", [])
+        for update in self.updates(f"run/{api.name}", api, values, cancel, adapter, ["text"], waiting):
+            if isinstance(update, Waiting):
+                yield update
+            else:
+                yield update["text"], update["outcome"], update.get("prompt", ""), update.get("logprobs", [])
 
-    def run_compare(self, api: TaskAPI, values: dict[str, Any],
-                    cancel: threading.Event | None = None) -> Iterator[tuple[list[str], Outcome | None,
-                                                                             Comparison | None]]:
+    def run_compare(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None = None,
+                    waiting: bool = False) -> Iterator[tuple[list[str], Outcome | None, Comparison | None] | Waiting]:
         """The replica's comparison: values["compare"] goes with the request, as it names what differs."""
         try:
             values = api.request(values)  # what it leaves out, as the replica will fill it in
@@ -129,24 +138,36 @@ class RemoteHost:
             yield ["", ""], Outcome.refused(error), None
             return
         adapter = adapter_state(values.get("adapter", False) is True, values.get("adapter_scale", 1.0))
-        for update in self.updates(f"compare/{api.name}", api, values, cancel, adapter, ["texts"]):
-            yield update["texts"], update["outcome"], update.get("comparison")
+        for update in self.updates(f"compare/{api.name}", api, values, cancel, adapter, ["texts"], waiting):
+            yield update if isinstance(update, Waiting) else (update["texts"], update["outcome"],
+                                                              update.get("comparison"))
 
     def updates(self, route: str, api: TaskAPI, values: dict, cancel: threading.Event | None, adapter: Message,
-                kept: list[str]) -> Iterator[dict]:
-        """The backend's updates, each with its outcome as the record; where the stream ends
-        before its last update, the text so far (the `kept` fields) with an outcome of its own:
-        stopped by its user (seed, settings and `adapter` state, as far as they are known here),
-        or a fault that says what happened to the backend."""
+                kept: list[str], waiting: bool = False) -> Iterator[dict | Waiting]:
+        """The backend's updates, each with its outcome as the record, once the run's turn has come
+        in the page's queue (its places meanwhile, Waiting, where `waiting` asks for them): refused
+        where the queue is full, withdrawn where Stop comes first. Where the stream ends before its
+        last update, the text so far (the `kept` fields) with an outcome of its own: stopped by its
+        user (seed, settings and `adapter` state, as far as they are known here), or a fault that
+        says what happened to the backend."""
         values = {**values, "seed": drawn_seed(values.get("seed"))}
         last: dict = {name: "" if name == "text" else ["", ""] for name in kept}
-        for update in self.stream(route, values, cancel):
-            if isinstance(update, Outcome):  # the run ended here: Stop, or the backend failed
-                yield {**last, "outcome": update if update.kind == FAULT else stopped(api, values, adapter,
-                                                                                       self._current.config)}
-                return
-            last = {name: update[name] for name in kept}
-            yield update
+        try:
+            with self.queue.turn() as ticket:
+                if not (yield from ticket.wait(cancel, tell=waiting)):  # Stop before its turn came
+                    yield {**last, "outcome": Outcome.withdrawn()}
+                    return
+                for update in self.stream(route, values, cancel):
+                    if isinstance(update, Outcome):  # the run ended here: Stop, or the backend failed
+                        yield {**last, "outcome": update if update.kind == FAULT
+                               else stopped(api, values, adapter, self._current.config)}
+                        return
+                    last = {name: update[name] for name in kept}
+                    if update["outcome"] is not None:
+                        ticket.leave()
+                    yield update
+        except ValueError as refused:  # a full queue; or settings that a stopped run's outcome cannot say
+            yield {**last, "outcome": Outcome.refused(refused)}
 
     def stream(self, route: str, values: dict, cancel: threading.Event | None) -> Iterator[dict | Outcome]:
         """The backend's updates; an Outcome of its own where the stream ends before its last

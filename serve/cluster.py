@@ -45,6 +45,7 @@ from starlette.routing import Mount
 
 from engine.scheduler import MAX_BATCH
 
+from .admission import DEFAULT_CONCURRENCY
 from .ingress import Forwarder, answered
 from .model_host import BUNDLED, ModelHost
 from .replica import DEFAULT_CAPACITY, replica_app
@@ -76,9 +77,10 @@ class ModelReplica:
                  threads: int = 1, api_key: str | None = None, capacity: int = DEFAULT_CAPACITY,
                  stall_s: float = STALL_S, test_hooks: bool = False):
         torch.set_num_threads(threads)  # the CPUs Ray gave this replica, not the machine's
-        self.host = ModelHost(models, device=device, quantize=quantize)
+        # its runs, decoding or waiting, at most `capacity`: those Ray lets through (max_ongoing_requests)
+        self.host = ModelHost(models, device=device, quantize=quantize, queue_size=capacity - DEFAULT_CONCURRENCY)
         self.replica = serve.get_replica_context().replica_id.unique_id
-        self.app = replica_app(self.host, self.replica, api_key, capacity)
+        self.app = replica_app(self.host, self.replica, api_key)
         self.stall_s, self.test_hooks, self.failed_checks = stall_s, test_hooks, 0
 
     async def http(self, asked: dict) -> AsyncIterator[dict | bytes]:

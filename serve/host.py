@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 from model import GPT2Config
 
+from .admission import RunQueue, Waiting
 from .comparing import Comparison
 from .messages import Message
 from .outcome import Outcome
@@ -48,6 +49,7 @@ class Host(Protocol):
     names: tuple[str, ...]  # the models it can serve, the first at start
     loading: str | None  # the model being loaded to switch to, while it loads
     allow_load: bool  # whether `load` and `unload` may change `names`
+    queue: RunQueue  # where every run takes its turn, whoever sent it (admission.py)
 
     @property
     def current(self) -> ServedModel: ...
@@ -67,12 +69,14 @@ class Host(Protocol):
     def settling(self) -> bool:
         """Whether the model line may still change by itself (the decode kernels build)."""
 
-    def run(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None = None) -> Iterator[RunUpdate]:
+    def run(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None = None,
+            waiting: bool = False) -> Iterator[RunUpdate | Waiting]:
         """One request's updates, at most MAX_UPDATES_PER_SECOND a second, the last with its outcome:
-        done, refused (the field and why) or a fault."""
+        done, refused (the field and why, or a full queue), a fault, or stopped (`cancel`). Before
+        them, with `waiting`, its place in the queue while it waits for its turn."""
 
-    def run_compare(self, api: TaskAPI, values: dict[str, Any],
-                    cancel: threading.Event | None = None) -> Iterator[CompareUpdate]:
+    def run_compare(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None = None,
+                    waiting: bool = False) -> Iterator[CompareUpdate | Waiting]:
         """The request twice under one seed, the two sides differing in what values["compare"] names
         (serve/comparing.py: "adapter", "steering", "model:<id>" or "setting:<name>=<value>"), as
         `run` streams one; the last update has the shown side's outcome and the Comparison."""

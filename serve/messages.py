@@ -111,6 +111,12 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                       "{name}必须是由 {api} 的参数组成的对象，收到的是 {kind}"),
     "unknown_parameter": ("{api} takes no parameter {name} (it takes: {names})", "{api} 没有参数 {name}（它的参数：{names}）"),
     "missing_parameter": ("{name} is missing: {api} needs it", "缺少{name}：{api} 需要它"),
+    # the queue every run of the model takes its turn in (serve/admission.py)
+    "queue_full": ("the queue is full: {capacity} requests are running or waiting; please try again in a few seconds",
+                   "队列已满：{capacity} 个请求正在运行或等待；请过几秒再试"),
+    "waiting": ("waiting for the model: number {place} in the queue", "等待模型：排在队列第 {place} 位"),
+    # a request its user stopped before its turn came (serve/outcome.py, Outcome.withdrawn)
+    "stopped_waiting": ("stopped while it waited for its turn: nothing was generated", "在排队等待时停止：没有生成任何内容"),
     # the model panel (serve/model_host.py)
     "not_a_model": ("{name} is not one of the models this app was started with ({names})",
                     "{name} 不是本应用启动时给定的模型之一（{names}）"),

@@ -10,11 +10,13 @@ Each request takes `host.current` once, at its start, so a switch never changes 
 is already running. Each loaded model has its own Scheduler, which decodes the requests running
 on it in one batch (see engine/scheduler.py).
 
-Both the browser and `gradio_client` end up in `ModelHost.run`, which takes plain values and
-yields updates at most MAX_UPDATES_PER_SECOND times a second, ending with the run's outcome
-record (serve/outcome.py). Bad input of any kind ends it refused, with the message that names the
-field and the limit, so the caller sees why and the app keeps serving; a generation that fails,
-or is cancelled, or whose client leaves, frees its decoding row and is logged in one line.
+The browser, `gradio_client` and /v1 all end up in `ModelHost.run`, which takes plain values,
+waits for the request's turn in the host's one queue (serve/admission.py: first come, first
+served, whichever way the request came in) and yields updates at most MAX_UPDATES_PER_SECOND
+times a second, ending with the run's outcome record (serve/outcome.py). Bad input of any kind
+ends it refused, with the message that names the field and the limit, so the caller sees why and
+the app keeps serving; a generation that fails, or is cancelled, or whose client leaves, frees
+its decoding row and is logged in one line.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from model.checkpoint import pick_device, resolve_checkpoint
 from model.tokenizer import Tokenizer
 from tasks import TASKS, SummarizeInputs, Task, TaskDone, next_prompt, run_task
 
+from .admission import DEFAULT_CONCURRENCY, DEFAULT_QUEUE_SIZE, RunQueue, Ticket, Waiting
 from .apis import CHAT_API
 from .comparing import (STEERING, Axis, Comparison, compared_outcome, no_steering, parse_compare, shown_side,
                         side_labels, side_requests)
@@ -146,12 +149,15 @@ def no_progress(step: str) -> None:
 
 class ModelHost:
     def __init__(self, names: Sequence[str], device: str = "auto", quantize: str | None = None,
-                 allow_load: bool = False):
+                 allow_load: bool = False, concurrency: int = DEFAULT_CONCURRENCY,
+                 queue_size: int = DEFAULT_QUEUE_SIZE):
         """Load the first of `names`; the others can be switched to later. Raises ModelLoadError
         when the first cannot be loaded: there is nothing to serve without it. quantize="int8"
         loads every model with int8 weights (see engine/quantize.py). allow_load: whether `load`
         and `unload` may change the list (off by default: anyone who reaches the page could fill
-        the memory)."""
+        the memory). At most `concurrency` runs go at once, and `queue_size` more wait for their
+        turn (admission.py)."""
+        self.queue = RunQueue(concurrency, queue_size)
         self.names = tuple(dict.fromkeys(str(name) for name in names))
         if not self.names:
             raise ValueError("at least one model is needed")
@@ -285,14 +291,30 @@ class ModelHost:
         return Prepared(loaded, params, inputs, adapter, *steering_of(loaded, values))
 
     def run(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None = None,
-            per_token: bool = False) -> Iterator[RunUpdate]:
+            per_token: bool = False, waiting: bool = False) -> Iterator[RunUpdate | Waiting]:
         """Stream (text so far, outcome, prompt sent, logprobs) for one request, as often as a Pacer of
         MAX_UPDATES_PER_SECOND lets it (per_token: at every token that changes the task's text, as
         /v1 streams); the outcome (None until then), prompt and logprobs (with the logprobs setting:
         each generated token's, see engine.generate.Result) come with the last update, which always
-        goes, and each update holds all the text so far. Bad input ends it with a refused outcome, a
-        failure with a fault's, after the text made before it. The request runs on the model served
-        when it starts (or on values["model"], one side of a comparison continued from a token)."""
+        goes, and each update holds all the text so far. The request first waits for its turn in
+        the queue (admission.py), telling its place (Waiting) where `waiting` asks for it: a full
+        queue refuses it, and Stop (`cancel`) before its turn withdraws it. Bad input ends it with a
+        refused outcome, a failure with a fault's, after the text made before it. The request runs
+        on the model served when its turn comes (or on values["model"], one side of a comparison
+        continued from a token)."""
+        try:
+            with self.queue.turn() as ticket:
+                if not (yield from ticket.wait(cancel, tell=waiting)):
+                    yield "", Outcome.withdrawn(), "", []
+                    return
+                yield from self._decoded(api, values, cancel, per_token, ticket)
+        except ValueError as error:  # the input's, or a full queue: the message names the field and why
+            yield "", Outcome.refused(error), "", []
+
+    def _decoded(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None, per_token: bool,
+                 ticket: Ticket) -> Iterator[RunUpdate]:
+        """`run`'s request once its turn has come (`ticket`, left once its outcome is known): made
+        ready (a refusal is `run`'s to say, a ValueError), then through its model's scheduler."""
         sent, held_back = 0, None
         pacer = Pacer(math.inf if per_token else MAX_UPDATES_PER_SECOND)
         where = f"/{api.name} on {values.get('model') or self.current.name}"
@@ -306,14 +328,15 @@ class ModelHost:
                         if event.result.stop_reason == "cancelled":
                             log.info("/%s: stopped by its user after %d tokens", api.name, event.result.generated_tokens)
                         sent += 1
+                        ticket.leave()
                         yield event.text, side.outcome(event, api.task), event.prompt.text, event.result.logprobs
                     elif pacer.due(time.monotonic()):
                         sent, held_back = sent + 1, None
                         yield event.text, None, "", []
                     else:
                         held_back = event.text
-        except ValueError as error:  # the input's: the message names the field and why
-            yield "", Outcome.refused(error), "", []
+        except ValueError:
+            raise
         except GeneratorExit:  # Gradio closes the run when its client cancels or goes away
             log.info("/%s: cancelled, or its client left, after %d updates; its decoding row is freed", api.name, sent)
             raise
@@ -322,13 +345,26 @@ class ModelHost:
                 yield held_back, None, "", []
             yield "", Outcome.fault(where, error), "", []
 
-    def run_compare(self, api: TaskAPI, values: dict[str, Any],
-                    cancel: threading.Event | None = None) -> Iterator[CompareUpdate]:
+    def run_compare(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None = None,
+                    waiting: bool = False) -> Iterator[CompareUpdate | Waiting]:
         """The request (api.request: defaults for what it leaves out) twice at once under one seed,
         the two sides differing in what values["compare"] names (serve/comparing.py), each on its
         own model's scheduler. (Both texts so far, None, None) as often as the Pacer lets, then the
-        texts, the outcome of the side shown (compared_outcome) and the Comparison. Stop (cancel)
-        ends both; refusals and faults end it with their outcome, as in `run`."""
+        texts, the outcome of the side shown (compared_outcome) and the Comparison. It takes one
+        turn in the queue; waiting, a full queue and Stop before its turn are as in `run`. Stop
+        (cancel) ends both; refusals and faults end it with their outcome, as in `run`."""
+        try:
+            with self.queue.turn() as ticket:
+                if not (yield from ticket.wait(cancel, tell=waiting)):
+                    yield ["", ""], Outcome.withdrawn(), None
+                    return
+                yield from self._compared(api, values, cancel, ticket)
+        except ValueError as error:
+            yield ["", ""], Outcome.refused(error), None
+
+    def _compared(self, api: TaskAPI, values: dict[str, Any], cancel: threading.Event | None,
+                  ticket: Ticket) -> Iterator[CompareUpdate]:
+        """`run_compare`'s two sides once its turn has come, as `_decoded` runs one."""
         try:
             values = api.request(values)
             values["seed"] = drawn_seed(values["seed"])  # one seed, drawn once, for both sides
@@ -342,9 +378,10 @@ class ModelHost:
             done = yield from streamed_together([side.events(api.task, cancel) for side in sides])
             comparison = in_thread_of_its_own(lambda: compared(api.task, axis, asked, sides, done,
                                                                shown_side(axis, values)))
+            ticket.leave()
             yield [side.text for side in done], compared_outcome(comparison), comparison
-        except ValueError as error:
-            yield ["", ""], Outcome.refused(error), None
+        except ValueError:
+            raise
         except GeneratorExit:
             log.info("/%s: a comparison was cancelled, or its client left; its decoding rows are freed", api.name)
             raise

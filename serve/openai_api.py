@@ -16,8 +16,9 @@ Both endpoints take one field of this app's own, `steering`: {"positive", "negat
 "strength"}, as the page's steering (the `openai` client sends it in `extra_body`).
 
 Requests run through the host's run (serve/model_host.py), under the same limits and checks as
-the page and the Gradio API; a refusal is a 400 in OpenAI's error shape naming the field (`param`), an unknown
-model a 404. The seed each choice ran with comes back in `system_fingerprint` (`seed-N`; the
+the page and the Gradio API, and take their turn in the same queue (serve/admission.py), first
+come first served; a refusal is a 400 in OpenAI's error shape naming the field (`param`), an unknown
+model a 404, a full queue a 429 with the page's message. The seed each choice ran with comes back in `system_fingerprint` (`seed-N`; the
 choices of n > 1 run with N, N+1, ...), so a run can be repeated. Streaming (server-sent events,
 a chunk per decoded token, ending `data: [DONE]`) stops the generation and frees its decoding row
 when the client goes.
@@ -25,7 +26,6 @@ when the client goes.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -42,6 +42,7 @@ from model import GPT2Config
 from tasks import LANGUAGES, TASKS, DialogueInputs, GenerateInputs, SummarizeInputs, Task, TranslateInputs
 from tasks.base import room_to_generate
 
+from .admission import QUEUE_FULL
 from .limits import LIMITS, check_setting, check_temperature
 from .messages import Message, Refusal, english, message_of
 from .model_host import ModelHost, steering_of
@@ -106,60 +107,27 @@ class BadRequest(ValueError):
         return JSONResponse(self.error_object(), status_code=self.status, headers=retry)
 
 
-class Admission:
-    """At most `capacity` requests at once (those decoding and those waiting for a row, as the
-    page's queue holds them): one more is told to come back (429)."""
-
-    def __init__(self, capacity: int):
-        self.capacity, self.taken, self._lock = capacity, 0, threading.Lock()
-
-    def enter(self) -> None:
-        with self._lock:
-            if self.taken >= self.capacity:
-                raise BadRequest(f"too many requests at once ({self.capacity}); please retry in a few seconds",
-                                 status=429, kind="rate_limit_error", code="queue_full")
-            self.taken += 1
-
-    def leave(self) -> None:
-        with self._lock:
-            self.taken -= 1
-
-
-def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 72) -> APIRouter:
-    """The /v1 routes for the models `host` serves, `capacity` requests at a time (Admission);
-    with `api_key`, each needs it as a bearer token."""
+def openai_routes(host: ModelHost, api_key: str | None = None) -> APIRouter:
+    """The /v1 routes for the models `host` serves, each run taking its turn in the host's queue
+    as the page's do; with `api_key`, each request needs it as a bearer token."""
     router = APIRouter(prefix="/v1")
-    admission = Admission(capacity)
     started = int(time.time())
+    # A run waits for its turn in a thread: enough of them that every run the queue holds has one,
+    # and that a request past its capacity reaches it, to be refused, rather than waiting for a thread.
+    threads = anyio.CapacityLimiter(host.queue.threads)
 
-    def guarded(handler, admitted: bool = True):
+    def guarded(handler):
         async def handle(request: Request):
             if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
                 response = BadRequest("a valid API key is needed: Authorization: Bearer KEY", status=401,
                                       kind="authentication_error", code="invalid_api_key").response()
             else:
-                response = await (admitted_answer if admitted else answer)(handler, request)
+                response = await answer(handler, request)
             # What a seed's text may depend on: the decode kernels and PyTorch's products round
             # differently (docs/api.md, "Seeds").
             response.headers["X-Decode-Path"] = host.current.decode_path
             return response
         return handle
-
-    async def admitted_answer(handler, request: Request):
-        try:
-            admission.enter()
-        except BadRequest as refused:
-            return refused.response()
-        left = False
-        try:
-            response = await answer(handler, request)
-            if isinstance(response, StreamingResponse):  # its place is given back when the stream ends
-                response.body_iterator = leaving(response.body_iterator, admission)
-                left = True
-            return response
-        finally:
-            if not left:
-                admission.leave()
 
     def model_object(model_id: str) -> dict:
         return {"id": model_id, "object": "model", "created": started, "owned_by": "pre-ln-gpt2-studio"}
@@ -183,7 +151,7 @@ def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 7
             raise BadRequest("prompt must be text (one string)", param="prompt")
         api = TaskAPI(task, "v1/completions", (Param("prompt", str),),
                       make_inputs=lambda prompt: GenerateInputs(checked_text("prompt", prompt)), description="")
-        return await respond(request, host, body, api, {"prompt": prompt}, adapter, COMPLETIONS)
+        return await respond(request, host, body, api, {"prompt": prompt}, adapter, COMPLETIONS, threads)
 
     async def chat_completions(request: Request):
         body = await json_body(request)
@@ -191,10 +159,10 @@ def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 7
         inputs = chat_inputs(task, body)
         api = TaskAPI(task, "v1/chat/completions", (Param("inputs", task.inputs),),
                       make_inputs=lambda inputs: inputs, description="")
-        return await respond(request, host, body, api, {"inputs": inputs}, adapter, CHAT_COMPLETIONS)
+        return await respond(request, host, body, api, {"inputs": inputs}, adapter, CHAT_COMPLETIONS, threads)
 
-    router.add_api_route("/models", guarded(models, admitted=False), methods=["GET"])
-    router.add_api_route("/models/{model_id:path}", guarded(one_model, admitted=False), methods=["GET"])
+    router.add_api_route("/models", guarded(models), methods=["GET"])
+    router.add_api_route("/models/{model_id:path}", guarded(one_model), methods=["GET"])
     router.add_api_route("/completions", guarded(completions), methods=["POST"])
     router.add_api_route("/chat/completions", guarded(chat_completions), methods=["POST"])
 
@@ -202,7 +170,7 @@ def openai_routes(host: ModelHost, api_key: str | None = None, capacity: int = 7
         raise BadRequest(f"no route {request.method} {request.url.path}: the API has GET /v1/models, "
                          "POST /v1/completions and POST /v1/chat/completions", status=404, code="unknown_url")
     # last, so that it answers only what no route above does, in OpenAI's shape rather than FastAPI's
-    router.add_api_route("/{path:path}", guarded(unknown, admitted=False),
+    router.add_api_route("/{path:path}", guarded(unknown),
                          methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     return router
 
@@ -212,15 +180,6 @@ async def answer(handler, request: Request):
         return await handler(request)
     except BadRequest as refused:
         return refused.response()
-
-
-async def leaving(events, admission: Admission):
-    """A stream's events; once it ends, however (its client gone too), its place is given back."""
-    try:
-        async for data in events:
-            yield data
-    finally:
-        admission.leave()
 
 
 def model_ids(host: ModelHost) -> list[str]:
@@ -414,8 +373,9 @@ def choice_count(body: dict) -> int:
 
 
 async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, inputs: dict, adapter: bool,
-                  endpoint: Endpoint):
-    """The request's n runs, streamed as server-sent events or answered at once when all have ended."""
+                  endpoint: Endpoint, threads: anyio.CapacityLimiter):
+    """The request's n runs, one after another (each takes its turn in the queue as it starts),
+    streamed as server-sent events or answered at once when all have ended; run in `threads`."""
     settings = request_values(body)
     top = logprobs_asked(body, endpoint.chat)
     n = choice_count(body)
@@ -434,12 +394,14 @@ async def respond(request: Request, host: ModelHost, body: dict, api: TaskAPI, i
     echoed = inputs["prompt"] if echo else ""
     if body.get("stream"):
         with_usage = usage_asked(body)
-        first, runs = await anyio.to_thread.run_sync(start_runs, api, host, values)
-        return StreamingResponse(streamed(request, first, runs, endpoint, meta, top, echoed, with_usage),
+        first, runs = await anyio.to_thread.run_sync(start_runs, api, host, values, limiter=threads)
+        return StreamingResponse(streamed(request, first, runs, endpoint, meta, top, echoed, threads, with_usage),
                                  media_type="text/event-stream", headers=headers)
-    echoed_logprobs = (await anyio.to_thread.run_sync(prompt_logprobs, host, api, inputs["prompt"], base, top)
+    echoed_logprobs = (await anyio.to_thread.run_sync(prompt_logprobs, host, api, inputs["prompt"], base, top,
+                                                      limiter=threads)
                        if echo and top >= 0 else [])
-    finals = await anyio.to_thread.run_sync(lambda: [last_of(api, host, run_values) for run_values in values])
+    finals = await anyio.to_thread.run_sync(lambda: [last_of(api, host, run_values) for run_values in values],
+                                            limiter=threads)
     choices = []
     for index, (text, outcome, _, logprobs) in enumerate(finals):
         shared = dict(index=index, text=text, outcome=outcome, logprobs=logprobs, top=top)
@@ -498,6 +460,8 @@ def last_of(api: TaskAPI, host: ModelHost, values: dict) -> tuple[str, Outcome, 
 def checked_outcome(update):
     text, outcome, prompt, logprobs = update
     if outcome is not None and not outcome.ran:
+        if outcome.kind == REFUSED and outcome.message.key == QUEUE_FULL:  # the page's full queue too: come back
+            raise BadRequest(english(outcome.message), status=429, kind="rate_limit_error", code=QUEUE_FULL)
         if outcome.kind == REFUSED:  # the field the message names, where it names one
             raise BadRequest(english(outcome.message), param=outcome.message.field("name"))
         raise BadRequest(english(outcome.message), status=500, kind="server_error")
@@ -514,7 +478,7 @@ def start_runs(api: TaskAPI, host: ModelHost, values: list[dict]):
 
 
 async def streamed(request: Request, first, runs: list[Iterator], endpoint: Endpoint, meta: dict, top: int,
-                   echoed: str, with_usage: bool = False):
+                   echoed: str, threads: anyio.CapacityLimiter, with_usage: bool = False):
     """Server-sent events: each choice's text, one chunk per decoded token that changes it (a token
     whose text is held back, as the start of a possible stop string or a reply's trailing space,
     goes in the chunk of the next token that shows), then a chunk with its finish_reason (and
@@ -529,7 +493,7 @@ async def streamed(request: Request, first, runs: list[Iterator], endpoint: Endp
             sent, update, opening = "", first if index == 0 else None, True
             while True:
                 if update is None:
-                    update = await anyio.to_thread.run_sync(next, events, None)
+                    update = await anyio.to_thread.run_sync(next, events, None, limiter=threads)
                     if update is None:
                         break
                 text, outcome, _, logprobs = checked_outcome(update)
@@ -552,7 +516,7 @@ async def streamed(request: Request, first, runs: list[Iterator], endpoint: Endp
     finally:
         with anyio.CancelScope(shield=True):  # a client gone cancels this task: the runs must close all the same
             for events in runs:
-                await anyio.to_thread.run_sync(events.close)
+                await anyio.to_thread.run_sync(events.close, limiter=threads)
 
 
 def event(data: dict) -> str:

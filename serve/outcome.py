@@ -16,7 +16,8 @@ from .messages import Message, message_of, render
 log = logging.getLogger(__name__)
 
 # EDITED: no run at all, a reply the user wrote over by hand (Chat): it has no seed, counts or tokens.
-DONE, REFUSED, FAULT, EDITED = "done", "refused", "fault", "edited"
+# WITHDRAWN: no run at all either, a request its user stopped while it waited for its turn (serve/admission.py).
+DONE, REFUSED, FAULT, EDITED, WITHDRAWN = "done", "refused", "fault", "edited", "withdrawn"
 REFUSED_MARK = "⚠️ "  # how the line of a refusal or a fault starts
 # Why a run stopped, as its status line says it to a person (Result.stop_reason keeps the code).
 STOP_REASON_WORDS = {"eos": "end of text", "stop_string": "stop string", "max_tokens": "max_new_tokens reached",
@@ -28,7 +29,7 @@ RETRY_NOTES = {SAME_SEED.key, GREEDY_SAME.key}
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: str  # DONE, REFUSED, FAULT or EDITED
+    kind: str  # DONE, REFUSED, FAULT, EDITED or WITHDRAWN
     message: Message | None = None  # a refusal's or fault's: which field and why
     seed: int | None = None
     prompt_tokens: int = 0
@@ -65,6 +66,11 @@ class Outcome:
     def edited(cls) -> "Outcome":
         """A reply edited by hand: what the model is given as its words from then on."""
         return cls(EDITED, Message.keyed("edited_by_hand"))
+
+    @classmethod
+    def withdrawn(cls) -> "Outcome":
+        """A request stopped while it waited for its turn: nothing was generated, nothing to reproduce."""
+        return cls(WITHDRAWN, Message.keyed("stopped_waiting"))
 
     @property
     def ran(self) -> bool:
@@ -115,10 +121,11 @@ def message_from_json(data: dict) -> Message:
 def status_line(outcome: Outcome | None, lang: str) -> str:
     """The line under a tab's output for `outcome` (None: no run yet), in `lang`: how to reproduce
     the run (seed, counts, speed, why it stopped, the adapter, the steering, the settings changed) and its notes;
-    or, marked, why it was refused or failed; or that the reply was edited by hand."""
+    or, marked, why it was refused or failed; or that the reply was edited by hand, or the request
+    stopped before its turn came."""
     if outcome is None:
         return ""
-    if outcome.kind == EDITED:
+    if outcome.kind in (EDITED, WITHDRAWN):  # no run, and nothing wrong with it either
         return render(outcome.message, lang)
     if not outcome.ran:
         return REFUSED_MARK + render(outcome.message, lang)

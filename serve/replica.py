@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from .admission import DEFAULT_CONCURRENCY, DEFAULT_QUEUE_SIZE
 from .model_host import ModelHost
 from .openai_api import openai_routes
 from .page_api import page_routes
 
 REPLICA_HEADER = b"x-replica"
-DEFAULT_CAPACITY = 72  # requests a replica takes at once, decoding or waiting: the app's 8 + 64
+DEFAULT_CAPACITY = DEFAULT_CONCURRENCY + DEFAULT_QUEUE_SIZE  # runs a replica holds, decoding or waiting, as the app
 
 
 class NamedReplica:
@@ -28,11 +29,11 @@ class NamedReplica:
         await self.app(scope, receive, send_named)
 
 
-def replica_app(host: ModelHost, replica: str, api_key: str | None = None,
-                capacity: int = DEFAULT_CAPACITY) -> FastAPI:
-    """One replica's HTTP app: /v1 and /studio on `host`, every response named by `replica`."""
+def replica_app(host: ModelHost, replica: str, api_key: str | None = None) -> FastAPI:
+    """One replica's HTTP app: /v1 and /studio on `host`, every response named by `replica`; the
+    runs of both take their turn in the host's one queue."""
     app = FastAPI(title="Pre-LN GPT-2 Studio replica", docs_url=None, redoc_url=None)
-    app.include_router(openai_routes(host, api_key=api_key, capacity=capacity))
+    app.include_router(openai_routes(host, api_key=api_key))
     app.include_router(page_routes(host, api_key))
     app.add_middleware(NamedReplica, replica=replica)
     return app

@@ -280,11 +280,11 @@ def wait_until(condition, timeout_s: float = 10.0) -> bool:
 
 
 @contextmanager
-def studio_app(models, api_key: str | None = None, capacity: int | None = None, **launch_options) -> Iterator[tuple]:
+def studio_app(models, api_key: str | None = None, **launch_options) -> Iterator[tuple]:
     """The app, as app.py builds and launches it, served on a free loopback port in this process;
     yields (its gr.Blocks, its URL). `models`: the names to start it with, or a host the test keeps
-    to look inside (a ModelHost, or a RemoteHost in front of a deployment, which answers /v1 itself);
-    `api_key` and `capacity`: the /v1 API's."""
+    to look inside (a ModelHost, or a RemoteHost in front of a deployment, which answers /v1 itself;
+    its queue is the app's); `api_key`: the /v1 API's."""
     import app  # here, not at the top: only the app tests pay for importing Gradio
     from bench.load import free_port
     from serve.backend import RemoteHost
@@ -292,8 +292,7 @@ def studio_app(models, api_key: str | None = None, capacity: int | None = None, 
 
     # loading allowed, as app.py has it where it is run by hand
     host = models if isinstance(models, (ModelHost, RemoteHost)) else ModelHost(models, device="cpu", allow_load=True)
-    v1 = {} if capacity is None else {"capacity": capacity}
-    routes = app.v1_routes(host, api_key, **v1) if isinstance(host, ModelHost) else []
+    routes = app.v1_routes(host, api_key) if isinstance(host, ModelHost) else []
     demo = app.build_app(host)
     _, url, _ = app.launch(demo, models=host.names, routes=routes,
                            server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,

@@ -206,12 +206,14 @@ def test_a_page_in_front_of_replicas_passes_stop_strings_and_penalties_on(plain_
     which runs them as the host here does: the same text and the same record of the settings."""
     from fastapi.testclient import TestClient
 
+    from serve.admission import RunQueue
     from serve.apis import CHAT_API
     from serve.backend import RemoteHost
     from serve.replica import replica_app
 
     remote = object.__new__(RemoteHost)  # a RemoteHost whose HTTP client is the replica's app in-process
     remote.url, remote.http = "http://testserver", TestClient(replica_app(plain_host, "replica-1"))
+    remote.queue = RunQueue()  # the page's own, which its runs take their turn in
     values = {**{name: p.default for name, p in CHAT_API.signature.parameters.items()}, "message": "Hello there!",
               "temperature": 0.9, "seed": 4, "presence_penalty": 1.0, "frequency_penalty": -0.5,
               "stop": "never\\n\\n"}

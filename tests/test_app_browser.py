@@ -370,6 +370,42 @@ def test_stop_ends_a_long_generation_and_keeps_its_text(slow_page):
     screenshot(page, "stopped")
 
 
+def test_a_run_waiting_for_its_turn_shows_its_place_and_stop_takes_it_out(browser, tiny_checkpoint):
+    """The page's run waits in the queue it shares with /v1 (here its one place taken by a run that is
+    not read to its end) and says its place there; Stop takes it out, saying so, and the last run's
+    text stays; a run that waits goes once the place is given back."""
+    from contextlib import closing
+
+    from serve.apis import GENERATE_API
+    from serve.model_host import ModelHost
+
+    host = ModelHost([str(tiny_checkpoint)], device="cpu", concurrency=1, queue_size=2)
+    values = {name: p.default for name, p in GENERATE_API.signature.parameters.items()}
+    with serve_studio(host) as url:
+        page = open_app(browser, url)
+        try:
+            status, output = page.locator("#generate-status"), page.locator("#generate-output textarea")
+            page.locator("#generate-prompt textarea").fill("Once upon a time")
+            before = press(page, "generate", "run", 40)  # a run before: its text stays
+            with closing(host.run(GENERATE_API, {**values, "prompt": "Hold on", "max_new_tokens": 4})) as holding:
+                next(holding)  # the one place taken
+                set_setting(page, "generate", "seed", 41)
+                page.locator("#generate-run").click()
+                expect(status).to_contain_text("waiting for the model: number 1 in the queue")
+                screenshot(page, "waiting-for-its-turn")
+                page.locator("#generate-stop").click()
+                expect(status).to_contain_text("stopped while it waited for its turn: nothing was generated")
+                assert host.queue.waiting == 0 and output.input_value() == before
+                expect(page.locator("#generate-run")).to_be_enabled()
+                page.locator("#generate-run").click()
+                expect(status).to_contain_text("waiting for the model: number 1 in the queue")
+            line = wait_for_run(page, "generate", 41)  # the place given back: its turn
+            assert "generated tokens" in line and "waited" not in line
+            assert output.input_value() and output.input_value() != before
+        finally:
+            page.context.close()
+
+
 def test_a_generation_that_fails_says_so_and_gives_the_run_buttons_back(browser, tiny_checkpoint):
     """A fault (here the model's forward pass raises) is said in the status line and a notice; the
     run buttons, held while the run went, come back, and the next run works."""

@@ -15,11 +15,13 @@ import re
 import subprocess
 import sys
 import time
-from contextlib import closing
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing, contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
+import openai
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
@@ -34,6 +36,8 @@ from model.tokenizer import load_tokenizer
 from tasks import LANGUAGES
 from ui.conversation import Conversation
 from ui.tabs import chat
+from serve.admission import QUEUE_FULL
+from serve.messages import Message, english
 from serve.model_host import ModelHost
 from serve.running import MAX_CHARS, MAX_NEW_TOKENS
 
@@ -395,6 +399,70 @@ def test_chat_exports_are_capped(tmp_path, monkeypatch):
 
 # --- load ---------------------------------------------------------------------------------------
 
+@contextmanager
+def one_place(app_models, queue_size: int) -> Iterator[tuple[ModelHost, Client, openai.OpenAI, Callable[[], None]]]:
+    """The app on a host that runs one request at a time, `queue_size` more waiting, with that one
+    place taken by a /v1 stream that is not read on: (host, a Gradio client, a /v1 client, a
+    function that closes the stream and so gives its place back)."""
+    host = ModelHost(app_models[:1], device="cpu", concurrency=1, queue_size=queue_size)
+    with serve_studio(host) as url:
+        v1 = openai.OpenAI(base_url=f"{url.rstrip('/')}/v1", api_key="unused", max_retries=0)
+        holding = v1.completions.create(model=host.current.name, prompt="Hold", stream=True, max_tokens=500, seed=1)
+        next(iter(holding))  # decoding: the one place
+        try:
+            yield host, Client(url, verbose=False), v1, holding.close
+        finally:
+            holding.close()
+
+
+def test_page_and_v1_requests_start_in_the_order_they_came(app_models):
+    """The page's requests (Gradio's queue lets them through at once) and /v1's wait in one queue:
+    with one place, a page request, then a /v1 one, then a page one start in that order. (When
+    Gradio's workers held the page's, the /v1 request went ahead of the first page one.)"""
+    started = []  # each run's prompt as it reaches the scheduler: one at a time, in the order they start
+    with one_place(app_models, queue_size=3) as (host, client, v1, release), ThreadPoolExecutor(1) as pool:
+        scheduler, decode = host.current.scheduler, host.current.scheduler.decode
+
+        def recorded(prompt, *args, **kwargs):
+            started.append(host.current.tokenizer.decode(prompt))
+            return decode(prompt, *args, **kwargs)
+        scheduler.decode = recorded
+        first = client.submit("First", max_new_tokens=2, seed=1, api_name="/generate")
+        assert wait_until(lambda: host.queue.waiting == 1, timeout_s=60)
+        second = pool.submit(v1.completions.create, model=host.current.name, prompt="Second", max_tokens=2)
+        assert wait_until(lambda: host.queue.waiting == 2, timeout_s=60)
+        third = client.submit("Third", max_new_tokens=2, seed=1, api_name="/generate")
+        assert wait_until(lambda: host.queue.waiting == 3, timeout_s=60)
+        assert started == []  # all three wait for the one place
+        release()
+        first.result(timeout=120), second.result(timeout=120), third.result(timeout=120)
+    assert [next(word for word in ("First", "Second", "Third") if word in prompt) for prompt in started] \
+        == ["First", "Second", "Third"]
+
+
+def test_a_full_queue_is_the_same_refusal_from_the_page_and_from_v1(app_models):
+    with one_place(app_models, queue_size=1) as (host, client, v1, release):
+        waiting = client.submit("Waiting", max_new_tokens=2, seed=1, api_name="/generate")
+        assert wait_until(lambda: host.queue.waiting == 1, timeout_s=60)
+        full = english(Message.keyed(QUEUE_FULL, capacity=2))
+        with pytest.raises(AppError) as page:
+            client.predict("Full", api_name="/generate")
+        with pytest.raises(openai.RateLimitError) as api:
+            v1.completions.create(model=host.current.name, prompt="Full", max_tokens=2)
+        assert str(page.value) == full
+        assert api.value.body["message"] == full and api.value.body["code"] == QUEUE_FULL
+        assert api.value.response.headers["retry-after"]
+        # and the page's own tabs, which run through the host: by the message's key
+        *_, (_, outcome, _, _) = host.run(APIS["/generate"], {**api_defaults(), "prompt": "Full"})
+        assert outcome.message == Message.keyed(QUEUE_FULL, capacity=2)
+        release()
+        assert waiting.result(timeout=120)[1].startswith("seed 1 · ")  # its turn came
+
+
+def api_defaults(api_name: str = "/generate") -> dict:
+    return {name: p.default for name, p in APIS[api_name].signature.parameters.items()}
+
+
 def test_bench_load_runs_users_across_every_endpoint_and_finds_no_unexplained_failure(app_models, tmp_path):
     report_path = tmp_path / "load.json"
     run = subprocess.run([sys.executable, "-m", "bench.load", "--clients", "3", "--seconds", "10", "--warm-up", "3",
@@ -409,6 +477,8 @@ def test_bench_load_runs_users_across_every_endpoint_and_finds_no_unexplained_fa
     assert report["warm_up"]["unexplained"] == 0 and report["warm_up"]["crossed"] == 0
     assert report["server_log"]["generation_failed"] == 0 and report["server_log"]["tracebacks"] == 0
     assert set(report["by_endpoint"]) == set(APIS) | {"/v1/completions", "/v1/chat/completions"}
+    assert set(report["by_path"]) == {"page", "/v1"} and "| way in |" in run.stdout  # side by side: one queue for both
+    assert sum(n["requests"] for n in report["by_path"].values()) == report["requests"]
     assert report["replays"] == len(REPLAYS) + 4  # the /v1 replays too: the test model has every adapter
     assert report["rss_start_mb"] > 0 and math.isfinite(report["tokens_per_s"])
     assert "| requests done |" in run.stdout

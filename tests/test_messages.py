@@ -13,6 +13,7 @@ from engine import kernels
 from engine.generate import ContextLengthError, Result, SamplingParams
 from model import GPT2, GPT2Config
 from serve import backend, ingress
+from serve.admission import RunQueue, Waiting
 from serve.apis import example_pairs, history_pairs
 from serve.inspection import inspect_prompt
 from serve.limits import added_stops, checked_params
@@ -207,6 +208,8 @@ def made_messages() -> list[Message]:
         # a deployment's ingress, where a replica stops (serve/ingress.py)
         ingress.REPLICA_LOST, ingress.replicas_lost(4), ingress.replica_failed(RuntimeError("x")),
         *steering_messages(host),
+        # the queue every run takes its turn in (serve/admission.py)
+        refusal(lambda: RunQueue(0, 0).turn().__enter__()), Waiting(3).message, Outcome.withdrawn().message,
     ]
 
 

@@ -422,8 +422,8 @@ def test_with_an_api_key_a_v1_request_needs_it_and_the_page_does_not(app_models)
 
 
 def test_past_its_capacity_a_request_is_told_to_retry_and_a_loading_model_to_wait(app_models):
-    host = ModelHost(app_models[:2], device="cpu")
-    with studio_app(host, capacity=1) as (_, url):
+    host = ModelHost(app_models[:2], device="cpu", concurrency=1, queue_size=0)
+    with studio_app(host) as (_, url):
         client = openai.OpenAI(base_url=f"{url.rstrip('/')}/v1", api_key="unused", max_retries=0)
         model = host.current.name
         holding = client.completions.create(model=model, prompt=PROMPT, stream=True, max_tokens=500)

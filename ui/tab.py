@@ -11,6 +11,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from serve import Task
+from serve.admission import Waiting
 from serve.comparing import ADAPTER, Comparison, side_outcome
 from serve.messages import Message, render
 from serve.host import Host, ServedModel
@@ -42,6 +43,10 @@ button.label-wrap > .icon {{ flex: none; }}
 # one value, and a lone skip leaves every output as it is.
 NOTHING = gr.skip()
 GENERATION = "generation"  # the concurrency group of every request that runs the model
+# Every event that runs the model: Gradio starts it at once, and the run waits for its turn in the
+# host's queue (serve/admission.py), where the page's runs and /v1's go in the order they came.
+# (Held back by Gradio's workers, the page's waited four to six times as long as /v1's under load.)
+GENERATION_EVENT = dict(concurrency_id=GENERATION, concurrency_limit=None)
 STOP_WAIT_S = 5.0  # how long Stop waits for the run to show its partial text before dropping it
 GENERATING = str(i18n("generating"))  # a status the browser translates
 BUTTON_MIN_WIDTH = 90  # three run buttons side by side on a 390 px phone
@@ -159,8 +164,8 @@ class Tab:
 
     def held(self, busy: bool) -> dict:
         """The run buttons waiting while a run goes (busy), or pressable again; Stop red while there
-        is something to stop, and grey otherwise (it stays pressable: a run still waiting in the
-        queue, which has not turned it red yet, can be stopped too)."""
+        is something to stop (a run waiting for its turn too), and grey otherwise (it stays
+        pressable: a run Gradio has not started yet, which has not turned it red, can be stopped too)."""
         return {**{button: gr.update(interactive=not busy) for button in self.run_buttons},
                 self.stop_button: gr.update(variant="stop" if busy else "secondary")}
 
@@ -206,7 +211,7 @@ class Tab:
         reads = {*self.named_inputs.values(), insight.show_tokens, *insight.compare.inputs, self.last_run,
                  insight.alternatives, *([when] if when is not None else [])}
         handler = dict(fn=self.run_handler(prepare, continuing, appends, when), inputs=reads, outputs=outputs,
-                       show_progress="minimal", api_visibility="private", concurrency_id=GENERATION)
+                       show_progress="minimal", api_visibility="private", **GENERATION_EVENT)
         listeners = [trigger for trigger in triggers if not isinstance(trigger, gr.events.Dependency)]
         events = [gr.on(listeners, **handler)] if listeners else []
         # A handler that readies the tab first (Chat's edit): the run goes after it.
@@ -269,7 +274,11 @@ class Tab:
         """One run's updates as its text streams, and its outcome, tokens and prompt at its end."""
         view, insight, output = self.view, self.insight, self.widgets.output
         cleared = {box: "" for box in self.widgets.cleared}
-        for text, outcome, prompt, logprobs in self.host.run(view.api, run.values, cancel):
+        for update in self.host.run(view.api, run.values, cancel, waiting=True):
+            if isinstance(update, Waiting):
+                yield {self.status: waiting_line(update, lang)}
+                continue
+            text, outcome, prompt, logprobs = update
             if outcome is None:
                 yield {output: view.present(run.values, text), **cleared}
             elif not outcome.ran:
@@ -290,7 +299,11 @@ class Tab:
         Compare would show in the output box (Comparison.shown), both prompts, and both rows of
         tokens, under labels that say what differs."""
         view, insight = self.view, self.insight
-        for texts, outcome, comparison in self.host.run_compare(view.api, run.values, cancel):
+        for update in self.host.run_compare(view.api, run.values, cancel, waiting=True):
+            if isinstance(update, Waiting):
+                yield {self.status: waiting_line(update, lang)}
+                continue
+            texts, outcome, comparison = update
             if outcome is None:
                 yield insight.compare.streaming(texts)
             elif not outcome.ran:
@@ -327,6 +340,12 @@ class ReadyRun:
     comparing: bool
     appends: bool
     before: LastRun  # the tab's last run, which stays should this one not run
+
+
+def waiting_line(waiting: Waiting, lang: str) -> str:
+    """The status line while a run waits for its turn in the queue: its place; once its turn has
+    come, that it generates."""
+    return GENERATING if waiting.place == 0 else render(waiting.message, lang)
 
 
 def notice(outcome: Outcome, lang: str) -> gr.Error:
@@ -558,9 +577,9 @@ def wire_notebook(tab: Tab) -> None:
 
 def wire_stop(tab: Tab) -> None:
     """Stop first asks the run to end, so that it shows its partial text and a status saying
-    "Stop pressed"; only then does Gradio cancel the run's event, which ends a run still waiting
-    in the queue or one that did not end in time. A run cancelled so never says it has ended:
-    the run buttons come back with Stop."""
+    "Stop pressed" (a run still waiting for its turn leaves the queue, saying so); only then does
+    Gradio cancel the run's event, which ends one that did not end in time. A run cancelled so
+    never says it has ended: the run buttons come back with Stop."""
     def stop(request: gr.Request):
         tab.stop_switches.stop(request.session_hash, tab.view.task.name, STOP_WAIT_S)
 
