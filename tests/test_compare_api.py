@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from serve.admission import RunQueue
 from serve.apis import APIS
 
 from .conftest import make_hf_checkpoint, serve_studio
@@ -144,6 +145,7 @@ def test_studio_compare_takes_compare_in_its_body_and_a_page_in_front_passes_it_
 
     remote = object.__new__(RemoteHost)  # a RemoteHost whose HTTP client is the replica's app in-process
     remote.url, remote.http = "http://testserver", http
+    remote.queue = RunQueue()  # the page's own, which its runs take their turn in
     *_, (texts, outcome, from_replica) = remote.run_compare(APIS["generate"], {**STORY, "compare": "setting:top_k=3"})
     *_, (here, _, local) = host.run_compare(APIS["generate"], {**STORY, "compare": "setting:top_k=3"})
     assert outcome.ran and texts == here and from_replica.entries == local.entries
