@@ -158,13 +158,14 @@ class Steer:
     @property
     def follows_model(self) -> list[gr.Component]:
         """What for_model changes."""
-        return [self.layer, *self.presets, *self.by_file]
+        return [self.layer, *self.presets, self.imported, self.imported_line]
 
     def for_model(self, loaded: ServedModel) -> dict:
         """The layer slider sized for the model now served; the presets only where they were measured;
-        an imported file put away (it was fitted to the model before)."""
+        an imported file put away (it was fitted to the model before). Not the lines' boxes: this runs
+        as the page loads too, and an update of a box then put back what was typed in its first moments."""
         n_layer = loaded.config.n_layer
-        return {self.layer: gr.update(maximum=n_layer, value=n_layer // 2), **self.put_away(),
+        return {self.layer: gr.update(maximum=n_layer, value=n_layer // 2), self.imported: None, self.imported_line: "",
                 **{button: gr.update(visible=loaded.name in PRESETS) for button in self.presets}}
 
 
