@@ -4,13 +4,18 @@
                            [--new-tokens N] [--reps N] [--bundled DIR]
 
 GPT-2 in its 124M shape with random weights (no download) is built once and loaded into both our
-GPT2 and transformers' GPT2LMHeadModel. The runs alternate (ours fp32, ours int8, transformers
-sdpa, transformers eager, ours batch 8, prefills) and each number is the median of --reps runs,
+GPT2 and transformers' GPT2LMHeadModel. The runs alternate (ours fp32 and int8 at batch 1 and 8,
+transformers sdpa and eager, prefills) and each number is the median of --reps runs,
 so a slow moment of the machine hits every variant alike. Decode speed is greedy, from a 32-token
 prompt, prefill included, for ours and for `GPT2LMHeadModel.generate` alike.
 
-Also measured: the memory read bandwidth, in every round like the rest, and from it the roofline
-(bandwidth / weight bytes read per token: at batch 1 every weight is read once per token); peak
+Also measured: the read bandwidth, in every round like the rest, and from it each roofline (the
+bandwidth / the weight bytes a token reads: at batch 1 every weight is read once per token; at
+batch 8 once for 8 tokens), with each decode figure as a fraction of its own. The bandwidth is
+read over as many bytes as each model's weights (fp32, int8), for the caches hold a different
+share of each: on a CPU with a 300 MiB L3, the int8 weights of GPT-2 small (124 MB) stay in it
+and the fp32 ones (497 MB) do not. Also: which integer dot products int8 takes
+(engine/kernels.py, INT8_DOT), int8's logits against fp32's on the same prompt; peak
 resident memory; the time to load a checkpoint of the 124M shape, ours against
 `GPT2LMHeadModel.from_pretrained` (after the peak memory is taken: each load holds another copy
 for a moment); and, on the
@@ -57,7 +62,13 @@ BUNDLED_KEYS = ("bundled_load_s", "bundled_int8_ppl_ratio", "clients1_tok_s", "c
                 "clients8_int8_tok_s", "clients8_nokernels_tok_s", "clients8_per_round", "clients8_int8_per_round",
                 "clients8_kernels_gain_per_round")
 KEYS = ("ours_fp32_tok_s", "ours_int8_tok_s", "hf_sdpa_tok_s", "hf_eager_tok_s", "ours_batch8_tok_s",
-        "prefill512_ours_ms", "prefill512_hf_ms", "ttft_ms", "peak_rss_mb", "roofline_fp32_tok_s")
+        "ours_int8_batch8_tok_s", "prefill512_ours_ms", "prefill512_hf_ms", "ttft_ms", "peak_rss_mb",
+        "roofline_fp32_tok_s", "roofline_int8_tok_s", "int8_dot")
+# Each decode figure and the roofline it is a fraction of: (tokens/s key, roofline key, rows).
+FRACTIONS = {"fp32": ("ours_fp32_tok_s", "roofline_fp32_tok_s", 1),
+             "int8": ("ours_int8_tok_s", "roofline_int8_tok_s", 1),
+             "batch8": ("ours_batch8_tok_s", "roofline_fp32_tok_s", BATCH),
+             "int8_batch8": ("ours_int8_batch8_tok_s", "roofline_int8_tok_s", BATCH)}
 
 
 def sync(device: torch.device) -> None:
@@ -73,17 +84,33 @@ def seconds(run: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def memory_read_bandwidth(model: GPT2) -> Callable[[], float]:
-    """A measurement of the memory read bandwidth, to take in each round: the bytes per second of
-    summing a tensor far larger than any cache, the best of 5 sums in a row (GB/s). On a CPU the
-    tensor is the model's token embedding (154 MB in fp32 for GPT-2 small, against 32 MiB of L3
-    on the machine of docs/performance.md), so that the measurement adds nothing to the peak
-    resident memory the table reports; on a GPU, whose caches come closer to that, 256 MiB of its
-    own."""
+def read_bandwidth(model: GPT2, nbytes: int) -> Callable[[], float]:
+    """A measurement of the read bandwidth over `nbytes`, to take in each round: the bytes per
+    second of summing that many bytes as floats, the best of 5 sums in a row (GB/s), as a decode
+    step reads its weights again and again. On a CPU the bytes are the fp32 model's own weight
+    matrices, which engine.kernels put in one block of memory, so that the measurement adds nothing
+    to the peak resident memory the table reports; on a GPU, 256 MiB of its own."""
     device = model.device
-    x = model.transformer.wte.weight if device.type == "cpu" else torch.ones(64 * 2**20, device=device)
+    if device.type == "cpu":
+        x = weight_block(model)[:nbytes].view(torch.float32)
+    else:
+        x = torch.ones(64 * 2**20, device=device)
     x.sum()
     return lambda: x.numel() * x.element_size() / min(seconds(x.sum, device) for _ in range(5)) / 1e9
+
+
+def weight_block(model: GPT2) -> torch.Tensor:
+    """The bytes of the model's weight matrices, as one uint8 tensor: from the first to the end of
+    the last, in the block engine.kernels.weights_on_huge_pages moved them into; the token
+    embedding alone where they are not in one block."""
+    matrices = [p for p in model.parameters() if p.dim() == 2]
+    storage = matrices[0].untyped_storage()
+    if any(p.untyped_storage().data_ptr() != storage.data_ptr() for p in matrices):
+        return model.transformer.wte.weight.detach().view(-1).view(torch.uint8)
+    block = torch.empty(0, dtype=torch.uint8).set_(storage)
+    first = min(p.data_ptr() for p in matrices) - storage.data_ptr()
+    end = max(p.data_ptr() + p.numel() * p.element_size() for p in matrices) - storage.data_ptr()
+    return block[first:end]
 
 
 def projections(model: nn.Module) -> list[nn.Module]:
@@ -107,7 +134,9 @@ def roofline_breakdown(model: GPT2, prompt: torch.Tensor) -> dict[str, float]:
     layers = projections(model)
     dtype = model.transformer.wte.weight.dtype
     inputs = [torch.randn(1, 1, m.in_features, device=device, dtype=dtype) for m in layers]
-    sum_s = min(seconds(lambda: [m.weight.sum() for m in layers], device) for _ in range(5))
+    # int8 read as floats too: summed as integers, PyTorch widens every byte to 64 bits
+    weights = [m.weight.view(torch.float32) if m.weight.dtype == torch.int8 else m.weight for m in layers]
+    sum_s = min(seconds(lambda: [w.sum() for w in weights], device) for _ in range(5))
     products_s = min(seconds(lambda: [m(x) for m, x in zip(layers, inputs)], device) for _ in range(5))
     cache = new_cache(model, 1, prompt.shape[1] + 6)
     model(prompt, cache=cache, last_only=True)
@@ -144,6 +173,14 @@ def build_models(device: torch.device, dtype: torch.dtype):
     ours.to(device=device, dtype=dtype).eval()
     int8.to(device=device, dtype=dtype).eval()
     return prepare_for_serving(ours), prepare_for_serving(int8, "int8"), hf
+
+
+@torch.inference_mode()
+def int8_logits_error(ours: GPT2, int8: GPT2, prompt: torch.Tensor) -> float:
+    """How far int8's logits for the prompt's next token are from fp32's: the largest difference
+    over the largest fp32 logit (the prompt's 32 rows take the int8 kernel)."""
+    fp32, rounded = (model(prompt, cache=new_cache(model, 1, prompt.shape[1]), last_only=True) for model in (ours, int8))
+    return ((rounded - fp32).abs().max() / fp32.abs().max()).item()
 
 
 @torch.inference_mode()
@@ -305,7 +342,6 @@ def machine() -> str:
 
 def table(n: dict, device: torch.device, dtype: torch.dtype, new_tokens: int, reps: int) -> str:
     hf_best = max(n["hf_sdpa_tok_s"], n["hf_eager_tok_s"])
-    ratio = n["ours_fp32_tok_s"] / n["roofline_fp32_tok_s"]
     # The GPT-2 small rows run in --dtype (the JSON keys keep issue 5's "fp32" names); the bundled
     # model's rows always run in fp32.
     width = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
@@ -316,6 +352,10 @@ def table(n: dict, device: torch.device, dtype: torch.dtype, new_tokens: int, re
     def per_round(key, fmt="{:.2f}x"):
         return "" if n.get(key) is None else f" (per round {fmt.format(n[key])})"
 
+    fractions = " · ".join(f"{label} {n[f'{name}_roofline_fraction']:.0%}"
+                           + per_round(f"{name}_roofline_per_round", "{:.0%}") for name, label in (
+        ("fp32", f"batch 1 {width}"), ("int8", "batch 1 int8"), ("batch8", f"batch {BATCH} {width}"),
+        ("int8_batch8", f"batch {BATCH} int8")))
     rows = [
         (f"decode, batch 1, {width} (tokens/s)", f"{n['ours_fp32_tok_s']:.1f}",
          f"sdpa {n['hf_sdpa_tok_s']:.1f} · eager {n['hf_eager_tok_s']:.1f}",
@@ -324,25 +364,39 @@ def table(n: dict, device: torch.device, dtype: torch.dtype, new_tokens: int, re
          f"{n['ours_int8_tok_s'] / hf_best:.2f}x the faster" + per_round("int8_vs_hf_per_round")),
         (f"decode, batch {BATCH}, {width} (tokens/s, all rows)", f"{n['ours_batch8_tok_s']:.1f}", "",
          f"{n['ours_batch8_tok_s'] / n['ours_fp32_tok_s']:.2f}x our batch 1" + per_round("batch8_per_round")),
+        (f"decode, batch {BATCH}, int8 weights (tokens/s, all rows)", f"{n['ours_int8_batch8_tok_s']:.1f}", "",
+         f"{n['ours_int8_batch8_tok_s'] / n['ours_int8_tok_s']:.2f}x our int8 batch 1"),
         (f"prefill, {PREFILL_TOKENS}-token prompt (ms)", f"{n['prefill512_ours_ms']:.0f}",
          f"sdpa {n['prefill512_hf_sdpa_ms']:.0f} · eager {n['prefill512_hf_eager_ms']:.0f}",
          f"{n['prefill512_hf_ms'] / n['prefill512_ours_ms']:.2f}x as fast as the faster" + per_round("prefill_per_round")),
         (f"time to first token, {PROMPT_TOKENS}-token prompt (ms)", f"{n['ttft_ms']:.0f}", "", ""),
-        ("memory read bandwidth (GB/s)", f"{n['bandwidth_gb_s']:.1f}", "",
-         f"rounds {n['bandwidth_low_gb_s']:.1f}-{n['bandwidth_high_gb_s']:.1f}"),
-        (f"roofline, {width} / int8 (tokens/s)", f"{n['roofline_fp32_tok_s']:.1f} / {n['roofline_int8_tok_s']:.1f}", "",
-         f"{width} at {ratio:.0%}{per_round('roofline_fp32_per_round', '{:.0%}')} · int8 at "
-         f"{n['ours_int8_tok_s'] / n['roofline_int8_tok_s']:.0%}"),
+        (f"read bandwidth over the {width} / int8 weights' bytes (GB/s)",
+         f"{n['bandwidth_gb_s']:.1f} / {n['bandwidth_int8_gb_s']:.1f}", "",
+         f"rounds {n['bandwidth_low_gb_s']:.1f}-{n['bandwidth_high_gb_s']:.1f} / "
+         f"{n['bandwidth_int8_low_gb_s']:.1f}-{n['bandwidth_int8_high_gb_s']:.1f}"),
+        (f"roofline at batch 1, {width} / int8 (tokens/s)",
+         f"{n['roofline_fp32_tok_s']:.1f} / {n['roofline_int8_tok_s']:.1f}", "", ""),
+        ("decode as a fraction of its roofline", "", "", fractions),
+        (f"int8 products: the integer dot products taken", n["int8_dot"], "", ""),
+        ("int8 logits against fp32, 32-token prompt (largest difference / largest logit)",
+         f"{n['int8_logits_error']:.4f}", "", ""),
         ("the weights, summed matrix by matrix (GB/s)", f"{n['weights_sum_gb_s']:.1f}", "",
          f"{n['weights_sum_gb_s'] / n['bandwidth_gb_s']:.0%} of the bandwidth"),
         ("our batch-1 products over the same matrices (GB/s; ms per token)", f"{n['products_gb_s']:.1f}; {n['products_ms']:.1f}",
          "", f"{n['products_gb_s'] / n['bandwidth_gb_s']:.0%} of the bandwidth"),
         ("one batch-1 decode step (ms)", f"{n['decode_step_ms']:.1f}", "",
          f"{1000 / (n['roofline_fp32_tok_s'] * n['decode_step_ms']):.0%} of the roofline"),
+        ("int8: the weights summed / our batch-1 products (GB/s; ms per token)",
+         f"{n['int8_weights_sum_gb_s']:.1f} / {n['int8_products_gb_s']:.1f}; {n['int8_products_ms']:.1f}", "",
+         f"products at {n['int8_products_gb_s'] / n['bandwidth_int8_gb_s']:.0%} of the bandwidth"),
+        ("int8: one batch-1 decode step (ms)", f"{n['int8_decode_step_ms']:.1f}", "",
+         f"{1000 / (n['roofline_int8_tok_s'] * n['int8_decode_step_ms']):.0%} of the roofline; the products "
+         f"{n['int8_products_ms'] / n['int8_decode_step_ms']:.0%} of it"),
         *[(f"the decode kernels' gain: {label} (tokens/s, on / off)",
             f"{n[f'ours_{key}_tok_s']:.1f} / {n[f'ours_{key}_nokernels_tok_s']:.1f}", "",
             f"{n[f'ours_{key}_tok_s'] / n[f'ours_{key}_nokernels_tok_s']:.2f}x" + per_round(f"{key}_kernels_gain_per_round"))
-          for key, label in (("fp32", f"batch 1 {width}"), ("int8", "batch 1 int8"), ("batch8", f"batch {BATCH} {width}"))],
+          for key, label in (("fp32", f"batch 1 {width}"), ("int8", "batch 1 int8"), ("batch8", f"batch {BATCH} {width}"),
+                             ("int8_batch8", f"batch {BATCH} int8"))],
         ("peak resident memory of this process (MB)", f"{n['peak_rss_mb']:.0f}", "", "both models loaded"),
         ("load a checkpoint of the 124M shape (s)", f"{n['load_ours_s']:.2f}", f"{n['load_hf_s']:.2f}",
          f"{n['load_hf_s'] / n['load_ours_s']:.2f}x as fast (ours makes every weight its own memory and loads the "
@@ -402,13 +456,15 @@ def main(argv=None) -> None:
 def against_transformers(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict[str, float]:
     """Every measurement on GPT-2 small's shape, ours and transformers' alternating."""
     ours, int8, hf = build_models(device, dtype)
-    bandwidth_gb_s = memory_read_bandwidth(ours)
+    fp32_bytes, int8_bytes = weight_bytes_per_token(ours), weight_bytes_per_token(int8)
     vocab = ours.config.vocab_size
     prompt = random_ids(vocab, 1, PROMPT_TOKENS, seed=1).to(device)
     breakdown = roofline_breakdown(ours, prompt)
+    breakdown.update({f"int8_{key}": value for key, value in roofline_breakdown(int8, prompt).items()})
     batch = random_ids(vocab, BATCH, PROMPT_TOKENS, seed=2).to(device)
     long_prompt = random_ids(vocab, 1, PREFILL_TOKENS, seed=3).to(device)
     first_token_s: list[float] = []
+    logits_error = int8_logits_error(ours, int8, prompt)
 
     def ours_fp32() -> float:
         tok_s, first = ours_decode(ours, prompt, args.new_tokens)
@@ -417,15 +473,18 @@ def against_transformers(args: argparse.Namespace, device: torch.device, dtype: 
 
     print(f"decode and prefill, {args.reps} rounds:", flush=True)
     rounds = alternate({
-        "bandwidth_gb_s": bandwidth_gb_s,
+        "bandwidth_gb_s": read_bandwidth(ours, fp32_bytes),
+        "bandwidth_int8_gb_s": read_bandwidth(ours, int8_bytes),
         "ours_fp32_tok_s": ours_fp32,
         "ours_int8_tok_s": lambda: ours_decode(int8, prompt, args.new_tokens)[0],
         "hf_sdpa_tok_s": lambda: hf_decode(hf, "sdpa", prompt, args.new_tokens),
         "hf_eager_tok_s": lambda: hf_decode(hf, "eager", prompt, args.new_tokens),
         "ours_batch8_tok_s": lambda: ours_decode(ours, batch, args.new_tokens)[0],
+        "ours_int8_batch8_tok_s": lambda: ours_decode(int8, batch, args.new_tokens)[0],
         "ours_fp32_nokernels_tok_s": without_kernels(lambda: ours_decode(ours, prompt, args.new_tokens)[0]),
         "ours_int8_nokernels_tok_s": without_kernels(lambda: ours_decode(int8, prompt, args.new_tokens)[0]),
         "ours_batch8_nokernels_tok_s": without_kernels(lambda: ours_decode(ours, batch, args.new_tokens)[0]),
+        "ours_int8_batch8_nokernels_tok_s": without_kernels(lambda: ours_decode(int8, batch, args.new_tokens)[0]),
         "prefill512_ours_ms": lambda: 1000 * ours_prefill(ours, long_prompt),
         "prefill512_hf_sdpa_ms": lambda: 1000 * hf_prefill(hf, "sdpa", long_prompt),
         "prefill512_hf_eager_ms": lambda: 1000 * hf_prefill(hf, "eager", long_prompt),
@@ -433,10 +492,17 @@ def against_transformers(args: argparse.Namespace, device: torch.device, dtype: 
     n = medians(rounds)
     n["prefill512_hf_ms"] = min(n["prefill512_hf_sdpa_ms"], n["prefill512_hf_eager_ms"])
     n["ttft_ms"] = 1000 * statistics.median(first_token_s[1:])  # the warm-up run's is left out
-    fp32_bytes, int8_bytes = weight_bytes_per_token(ours), weight_bytes_per_token(int8)
     n["roofline_fp32_tok_s"] = n["bandwidth_gb_s"] * 1e9 / fp32_bytes
-    n["roofline_int8_tok_s"] = n["bandwidth_gb_s"] * 1e9 / int8_bytes
-    n["bandwidth_low_gb_s"], n["bandwidth_high_gb_s"] = min(rounds["bandwidth_gb_s"]), max(rounds["bandwidth_gb_s"])
+    n["roofline_int8_tok_s"] = n["bandwidth_int8_gb_s"] * 1e9 / int8_bytes
+    for key in ("bandwidth", "bandwidth_int8"):
+        n[f"{key}_low_gb_s"], n[f"{key}_high_gb_s"] = min(rounds[f"{key}_gb_s"]), max(rounds[f"{key}_gb_s"])
+    n["int8_dot"] = kernels.INT8_DOT if kernels.decode_kernels() is not None else kernels.decode_path()
+    n["int8_logits_error"] = logits_error
+    rooflines = {"roofline_fp32_tok_s": [gb_s * 1e9 / fp32_bytes for gb_s in rounds["bandwidth_gb_s"]],
+                 "roofline_int8_tok_s": [gb_s * 1e9 / int8_bytes for gb_s in rounds["bandwidth_int8_gb_s"]]}
+    for name, (tok_s, roofline, rows) in FRACTIONS.items():
+        n[f"{name}_roofline_fraction"] = n[tok_s] / (rows * n[roofline])
+        n[f"{name}_roofline_per_round"] = ratio_per_round(rounds[tok_s], [rows * r for r in rooflines[roofline]])
 
     hf_best = list(map(max, rounds["hf_sdpa_tok_s"], rounds["hf_eager_tok_s"]))
     n.update({
@@ -447,9 +513,7 @@ def against_transformers(args: argparse.Namespace, device: torch.device, dtype: 
                                                       rounds["prefill512_hf_eager_ms"])), rounds["prefill512_ours_ms"]),
         **{f"{name}_kernels_gain_per_round": ratio_per_round(rounds[f"ours_{name}_tok_s"],
                                                              rounds[f"ours_{name}_nokernels_tok_s"])
-           for name in ("fp32", "int8", "batch8")},
-        "roofline_fp32_per_round": ratio_per_round(rounds["ours_fp32_tok_s"],
-                                                   [gb_s * 1e9 / fp32_bytes for gb_s in rounds["bandwidth_gb_s"]]),
+           for name in ("fp32", "int8", "batch8", "int8_batch8")},
     })
     n.update(breakdown)
     return n

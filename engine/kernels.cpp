@@ -1,47 +1,66 @@
-// Decode kernels for an x86 CPU with AVX2 or AVX-512 (see engine/kernels.py): matrix-vector products, and
-// attention for one new token per sequence.
+// Decode kernels for an x86 CPU with AVX2 or AVX-512 (see engine/kernels.py): matrix products for a
+// few rows, with fp32 or int8 weights, and attention for one new token per sequence.
 //
 // A decode step multiplies a few rows (one token per sequence) by every weight matrix, so its
 // speed is how fast the weights stream from memory. Each output channel is one dot product of a
 // contiguous weight row with each input row, and several input rows share one pass over the
 // weight row (struct Pass). Every input row is summed in the same order whatever the number of rows, so a
 // sequence gets bit-identical results alone or in a batch.
-#include <torch/extension.h>
+//
+// int8 weights are multiplied in integers. A call first rounds its input rows to 8 bits, one
+// scale per group of 64 values (struct Activations); then one instruction multiplies 64 or 32
+// weight bytes by as many input bytes and adds them four by four into 32-bit sums, exactly, and
+// each group's sums are scaled into a float sum once. Converting each weight to float instead
+// costs more arithmetic than the memory takes to deliver the weights. The instruction is the best
+// the CPU has (kernels.py picks it at run time and builds only that one, see INT8_DOT there):
+// AVX512-VNNI's vpdpbusd on 64 bytes, AVX-VNNI's on 32, or AVX2's vpmaddubsw and vpmaddwd.
+//
+// Only the headers the code uses: torch/extension.h takes 16 of a build's 21 seconds to read.
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <immintrin.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 namespace {
 
+using at::Tensor;
+using MaybeTensor = std::optional<Tensor>;
+
 // How the products are blocked, by weight type and vector width.
-// - `rows`: a call with up to this many rows (a small decode batch) takes one weight row at a
-//   time and runs all its rows over it. Memory sets the speed there, and one stream of weights
-//   reads fastest.
+// - `rows`: a call with up to this many rows (a small decode batch) takes `weights` weight rows
+//   at a time and runs all its rows over them. Memory sets the speed there, and few streams of
+//   weights read fastest.
 // - `block_weights` x `block_rows`: a call with more rows (a decode batch of 5-8, a prompt)
 //   takes blocks of that many weight rows and input rows. Arithmetic sets the speed there, so
 //   each weight vector loaded serves several input rows and each input vector several weight
 //   rows; the block's sums fill most of the vector registers (16 with AVX2, 32 with AVX-512).
 //   The shapes are the fastest of those tried on each width.
-// - `accumulators` per sum: int8 spends its time converting weights to float, so one sum needs
-//   two independent accumulators to keep the FMA units busy.
 template <typename Weight> struct Pass;
 #ifdef __AVX512F__
 template <> struct Pass<float> {
-  static constexpr int rows = 4, block_weights = 4, block_rows = 6, accumulators = 1;
-};
-template <> struct Pass<int8_t> {
-  static constexpr int rows = 4, block_weights = 2, block_rows = 6, accumulators = 2;
+  static constexpr int rows = 4, weights = 1, block_weights = 4, block_rows = 6;
 };
 #else
 template <> struct Pass<float> {
-  static constexpr int rows = 4, block_weights = 3, block_rows = 4, accumulators = 1;
+  static constexpr int rows = 4, weights = 1, block_weights = 3, block_rows = 4;
 };
+#endif
+#ifdef __AVX512VNNI__
 template <> struct Pass<int8_t> {
-  static constexpr int rows = 4, block_weights = 2, block_rows = 3, accumulators = 2;
+  static constexpr int rows = 4, weights = 2, block_weights = 4, block_rows = 4;
+};
+#else
+template <> struct Pass<int8_t> {
+  static constexpr int rows = 4, weights = 2, block_weights = 2, block_rows = 3;
 };
 #endif
 
@@ -56,29 +75,28 @@ inline int64_t prefetch_rows(int64_t in) {
   return std::max<int64_t>(kPrefetchRows, kPrefetchBytes / (in * static_cast<int64_t>(sizeof(Weight))));
 }
 
-// The vectors the products work in: AVX-512's 16 floats where the build targets it (kernels.py
-// asks for that on a CPU that has it), AVX2's 8 otherwise. The attention keeps AVX2's 8: a head
-// is 64 wide, and its time is not in the arithmetic.
+// Ask for the line `rows_ahead` rows past each of the WR weight rows at w (row length `in`).
+template <int WR, typename Weight>
+inline void prefetch_ahead(const Weight* w, int64_t in) {
+  const char* ahead = reinterpret_cast<const char*>(w + prefetch_rows<Weight>(in) * in);
+  for (int j = 0; j < WR; j++) _mm_prefetch(ahead + j * in * sizeof(Weight), _MM_HINT_T0);
+}
+
+// The float vectors the products work in: AVX-512's 16 floats where the build targets it
+// (kernels.py asks for that on a CPU that has it), AVX2's 8 otherwise. The attention keeps
+// AVX2's 8: a head is 64 wide, and its time is not in the arithmetic.
 #ifdef __AVX512F__
 using Floats = __m512;
 constexpr int kLanes = 16;
 inline Floats zeros() { return _mm512_setzero_ps(); }
 inline Floats fmadd(Floats a, Floats b, Floats c) { return _mm512_fmadd_ps(a, b, c); }
-inline Floats add(Floats a, Floats b) { return _mm512_add_ps(a, b); }
 inline Floats load_floats(const float* w) { return _mm512_loadu_ps(w); }
-inline Floats load_floats(const int8_t* w) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
-}
 #else
 using Floats = __m256;
 constexpr int kLanes = 8;
 inline Floats zeros() { return _mm256_setzero_ps(); }
 inline Floats fmadd(Floats a, Floats b, Floats c) { return _mm256_fmadd_ps(a, b, c); }
-inline Floats add(Floats a, Floats b) { return _mm256_add_ps(a, b); }
 inline Floats load_floats(const float* w) { return _mm256_loadu_ps(w); }
-inline Floats load_floats(const int8_t* w) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w))));
-}
 #endif
 
 inline float horizontal_sum(__m256 v) {
@@ -105,84 +123,248 @@ struct Output {
   }
 };
 
-// y[r + k, o + j] for WR weight rows from w (output channels o...) and N input rows from x
-// (rows r...), each `in` long: one dot product each, the tail past the last full step added
-// last. Every dot product takes the same additions in the same order whatever WR and N are, so
-// a row's result does not depend on the call's other rows.
-template <int WR, int N, typename Weight>
-inline void dot_block(const Weight* w, const float* x, int64_t in, int64_t o, int64_t r, const Output& out) {
-  constexpr int A = Pass<Weight>::accumulators, step = kLanes * A;
-  static_assert(64 % (step * sizeof(Weight)) == 0, "a step within one cache line");
-  Floats acc[WR][N][A];
+// The input rows of an fp32 product, as they are.
+struct FloatRows {
+  const float* x;
+  int64_t in;
+  const float* row(int64_t r) const { return x + r * in; }
+};
+
+// y[r + k, o + j] for WR weight rows from w (output channels o...) and N input rows of x (rows
+// r...), each `in` long: one dot product each, the tail past the last full vector added last.
+// Every dot product takes the same additions in the same order whatever WR and N are, so a
+// row's result does not depend on the call's other rows.
+template <int WR, int N>
+inline void dot_block(const float* w, const FloatRows& x, int64_t o, int64_t r, const Output& out) {
+  const int64_t in = x.in;
+  Floats acc[WR][N];
   for (int j = 0; j < WR; j++)
-    for (int k = 0; k < N; k++)
-      for (int a = 0; a < A; a++) acc[j][k][a] = zeros();
-  const char* ahead = reinterpret_cast<const char*>(w + prefetch_rows<Weight>(in) * in);
+    for (int k = 0; k < N; k++) acc[j][k] = zeros();
   int64_t i = 0;
-  for (; i + step <= in; i += step) {
-    if ((i * sizeof(Weight)) % 64 == 0)  // once per line
-      for (int j = 0; j < WR; j++) _mm_prefetch(ahead + (j * in + i) * sizeof(Weight), _MM_HINT_T0);
-    Floats wv[WR][A];
-    for (int j = 0; j < WR; j++)
-      for (int a = 0; a < A; a++) wv[j][a] = load_floats(w + j * in + i + kLanes * a);
-    for (int k = 0; k < N; k++)
-      for (int a = 0; a < A; a++) {
-        const Floats xv = load_floats(x + k * in + i + kLanes * a);
-        for (int j = 0; j < WR; j++) acc[j][k][a] = fmadd(wv[j][a], xv, acc[j][k][a]);
-      }
+  for (; i + kLanes <= in; i += kLanes) {
+    if ((i * sizeof(float)) % 64 == 0) prefetch_ahead<WR>(w + i, in);  // once per line
+    Floats wv[WR];
+    for (int j = 0; j < WR; j++) wv[j] = load_floats(w + j * in + i);
+    for (int k = 0; k < N; k++) {
+      const Floats xv = load_floats(x.row(r + k) + i);
+      for (int j = 0; j < WR; j++) acc[j][k] = fmadd(wv[j], xv, acc[j][k]);
+    }
   }
   for (int j = 0; j < WR; j++)
     for (int k = 0; k < N; k++) {
-      Floats total = acc[j][k][0];
-      for (int a = 1; a < A; a++) total = add(total, acc[j][k][a]);
-      float s = horizontal_sum(total);
-      for (int64_t t = i; t < in; t++) s += static_cast<float>(w[j * in + t]) * x[k * in + t];
+      float s = horizontal_sum(acc[j][k]);
+      for (int64_t t = i; t < in; t++) s += w[j * in + t] * x.row(r + k)[t];
       out.put(r + k, o + j, s);
     }
 }
 
+// ---- int8 weights: integer dot products ----
+
+constexpr int kGroup = 64;  // input values sharing one 8-bit scale (quantize.py's GROUP)
+
+// One path of the three (the file's head): a group of 64 bytes as the dot-product instruction
+// takes it. `load_weights` loads a weight row's group once for all the input rows it meets, and
+// `dot_group` returns integer lanes whose total is exactly sum(w[i] * x[i]) over the group.
+#if defined(__AVX512VNNI__)
+constexpr const char* kInt8Dot = "AVX512-VNNI";
+using Ints = __m512i;
+using GroupFloats = __m512;
+// vpdpbusd multiplies unsigned bytes by signed ones. The weights are made unsigned by adding 128
+// (flipping their top bit), which adds 128 * the sum of each lane's four input bytes: the lane
+// starts from minus that (Activations' offsets), so its total is exact.
+struct WeightGroup { Ints u; };
+inline WeightGroup load_weights(const int8_t* w) {
+  return {_mm512_xor_si512(_mm512_loadu_si512(w), _mm512_set1_epi8(static_cast<char>(0x80)))};
+}
+inline Ints dot_group(const WeightGroup& w, const int8_t* x, const int32_t* offset) {
+  return _mm512_dpbusd_epi32(_mm512_loadu_si512(offset), w.u, _mm512_loadu_si512(x));
+}
+inline GroupFloats group_zeros() { return _mm512_setzero_ps(); }
+inline GroupFloats scaled_add(Ints sums, float scale, GroupFloats acc) {
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(scale), acc);
+}
+constexpr bool kUnsignedWeights = true;
+#elif defined(__AVXVNNI__)
+constexpr const char* kInt8Dot = "AVX-VNNI";
+using Ints = __m256i;
+using GroupFloats = __m256;
+// As with AVX512-VNNI, in two halves of 32 bytes summed into the same 8 lanes.
+struct WeightGroup { Ints u[2]; };
+inline WeightGroup load_weights(const int8_t* w) {
+  const Ints flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  return {{_mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const Ints*>(w)), flip),
+           _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const Ints*>(w + 32)), flip)}};
+}
+inline Ints dot_group(const WeightGroup& w, const int8_t* x, const int32_t* offset) {
+  const Ints low = _mm256_dpbusd_avx_epi32(_mm256_loadu_si256(reinterpret_cast<const Ints*>(offset)), w.u[0],
+                                           _mm256_loadu_si256(reinterpret_cast<const Ints*>(x)));
+  return _mm256_dpbusd_avx_epi32(low, w.u[1], _mm256_loadu_si256(reinterpret_cast<const Ints*>(x + 32)));
+}
+inline GroupFloats group_zeros() { return _mm256_setzero_ps(); }
+inline GroupFloats scaled_add(Ints sums, float scale, GroupFloats acc) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(scale), acc);
+}
+constexpr bool kUnsignedWeights = true;
+#else
+constexpr const char* kInt8Dot = "AVX2";
+using Ints = __m256i;
+using GroupFloats = __m256;
+// vpmaddubsw multiplies unsigned bytes by signed ones and adds pairs into 16 bits, saturating.
+// |x| (at most 127) times w with x's sign (at most 127) keeps each pair within 2 * 127 * 127,
+// short of the saturation; vpmaddwd then adds pairs of those into 32 bits.
+struct WeightGroup { Ints w[2]; };
+inline WeightGroup load_weights(const int8_t* w) {
+  return {{_mm256_loadu_si256(reinterpret_cast<const Ints*>(w)), _mm256_loadu_si256(reinterpret_cast<const Ints*>(w + 32))}};
+}
+inline Ints dot_half(Ints w, const int8_t* x) {
+  const Ints xv = _mm256_loadu_si256(reinterpret_cast<const Ints*>(x));
+  const Ints pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(w, xv));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+inline Ints dot_group(const WeightGroup& w, const int8_t* x, const int32_t*) {
+  return _mm256_add_epi32(dot_half(w.w[0], x), dot_half(w.w[1], x + 32));
+}
+inline GroupFloats group_zeros() { return _mm256_setzero_ps(); }
+inline GroupFloats scaled_add(Ints sums, float scale, GroupFloats acc) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(scale), acc);
+}
+constexpr bool kUnsignedWeights = false;  // no offsets: the weights stay signed
+#endif
+
+constexpr int kOffsetLanes = sizeof(Ints) / sizeof(int32_t);
+
+// The input rows of an int8 product, rounded to 8 bits. In each group of kGroup values of a row,
+// scale = max|x| / 127 and q = round(x / scale), half to even (quantize.py's rows_in_8_bits, in
+// the same float operations, so q is the same), and x is about q * scale. Rows are padded with
+// zeros to whole groups. A row holding a NaN or an infinity has `poison` NaN, so its results are
+// NaN as in PyTorch. Made once per call, before the threads split the output channels.
+struct Activations {
+  int64_t in, groups;
+  std::vector<int8_t> values;    // rows x groups x kGroup
+  std::vector<float> scales;     // rows x groups
+  std::vector<float> poison;     // per row: 0, or NaN
+  std::vector<int32_t> offsets;  // rows x groups x kOffsetLanes: dot_group's starting lanes (VNNI)
+
+  const int8_t* group(int64_t r, int64_t g) const { return values.data() + (r * groups + g) * kGroup; }
+  float scale(int64_t r, int64_t g) const { return scales[r * groups + g]; }
+  const int32_t* offset(int64_t r, int64_t g) const {
+    return kUnsignedWeights ? offsets.data() + (r * groups + g) * kOffsetLanes : nullptr;
+  }
+};
+
+Activations in_8_bits(const float* x, int64_t rows, int64_t in) {
+  Activations a{in, (in + kGroup - 1) / kGroup};
+  a.values.assign(rows * a.groups * kGroup, 0);
+  a.scales.assign(rows * a.groups, 0.0f);
+  a.poison.assign(rows, 0.0f);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t g = 0; g < a.groups; g++) {
+      const float* values = x + r * in + g * kGroup;
+      const int64_t n = std::min<int64_t>(kGroup, in - g * kGroup);
+      float top = 0.0f;
+      bool finite = true;
+      for (int64_t i = 0; i < n; i++) {
+        finite &= std::isfinite(values[i]);
+        top = std::max(top, std::fabs(values[i]));
+      }
+      if (!finite) {
+        a.poison[r] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      const float scale = top / 127.0f;
+      a.scales[r * a.groups + g] = scale;
+      int8_t* q = a.values.data() + (r * a.groups + g) * kGroup;
+      if (scale > 0.0f)
+        for (int64_t i = 0; i < n; i++) q[i] = static_cast<int8_t>(std::nearbyint(values[i] / scale));
+    }
+  if constexpr (kUnsignedWeights) {  // minus 128 * each lane's input bytes: dot_group with every weight 0, made 128
+    a.offsets.resize(rows * a.groups * kOffsetLanes);
+    const int8_t zero_bytes[kGroup] = {};
+    const int32_t zero_lanes[kOffsetLanes] = {};
+    const WeightGroup all_128 = load_weights(zero_bytes);
+    for (int64_t i = 0; i < rows * a.groups; i++) {
+      int32_t* lanes = a.offsets.data() + i * kOffsetLanes;
+      const Ints sums = dot_group(all_128, a.values.data() + i * kGroup, zero_lanes);
+      std::memcpy(lanes, &sums, sizeof sums);
+      for (int l = 0; l < kOffsetLanes; l++) lanes[l] = -lanes[l];
+    }
+  }
+  return a;
+}
+
+// dot_block for int8 weights: each (weight row, input row) pair's float sum gathers its groups'
+// exact integer sums, each times the input's group scale; a last group shorter than kGroup (only
+// where `in` is not a multiple of 64, never in GPT-2) is summed one value at a time.
+template <int WR, int N>
+inline void dot_block(const int8_t* w, const Activations& x, int64_t o, int64_t r, const Output& out) {
+  const int64_t in = x.in, full = in / kGroup;
+  GroupFloats acc[WR][N];
+  for (int j = 0; j < WR; j++)
+    for (int k = 0; k < N; k++) acc[j][k] = group_zeros();
+  for (int64_t g = 0; g < full; g++) {
+    prefetch_ahead<WR>(w + g * kGroup, in);
+    WeightGroup wv[WR];
+    for (int j = 0; j < WR; j++) wv[j] = load_weights(w + j * in + g * kGroup);
+    for (int k = 0; k < N; k++) {
+      const int8_t* xq = x.group(r + k, g);
+      const int32_t* offset = x.offset(r + k, g);
+      const float scale = x.scale(r + k, g);
+      for (int j = 0; j < WR; j++) acc[j][k] = scaled_add(dot_group(wv[j], xq, offset), scale, acc[j][k]);
+    }
+  }
+  for (int j = 0; j < WR; j++)
+    for (int k = 0; k < N; k++) {
+      float s = horizontal_sum(acc[j][k]);
+      if (full < x.groups) {
+        const int8_t* xq = x.group(r + k, full);
+        int32_t tail = 0;
+        for (int64_t t = full * kGroup; t < in; t++) tail += w[j * in + t] * xq[t - full * kGroup];
+        s += static_cast<float>(tail) * x.scale(r + k, full);
+      }
+      out.put(r + k, o + j, s + x.poison[r + k]);
+    }
+}
+
 // dot_block for wr <= WR weight rows and n <= N input rows, with both known at compile time.
-template <int WR, int N, typename Weight>
-inline void dot_block_upto(int64_t wr, int64_t n, const Weight* w, const float* x, int64_t in, int64_t o, int64_t r,
+template <int WR, int N, typename Weight, typename Rows>
+inline void dot_block_upto(int64_t wr, int64_t n, const Weight* w, const Rows& x, int64_t o, int64_t r,
                            const Output& out) {
   if constexpr (WR > 1) {
-    if (wr < WR) return dot_block_upto<WR - 1, N>(wr, n, w, x, in, o, r, out);
+    if (wr < WR) return dot_block_upto<WR - 1, N>(wr, n, w, x, o, r, out);
   }
   if constexpr (N > 1) {
-    if (n < N) return dot_block_upto<WR, N - 1>(wr, n, w, x, in, o, r, out);
+    if (n < N) return dot_block_upto<WR, N - 1>(wr, n, w, x, o, r, out);
   }
-  dot_block<WR, N>(w, x, in, o, r, out);
+  dot_block<WR, N>(w, x, o, r, out);
 }
 
 // Blocks of WR weight rows x N input rows over output channels [begin, end) and every row.
-template <int WR, int N, typename Weight>
-void blocks(const Weight* w, const float* x, int64_t rows, int64_t in, int64_t begin, int64_t end, const Output& out) {
+template <int WR, int N, typename Weight, typename Rows>
+void blocks(const Weight* w, const Rows& x, int64_t rows, int64_t begin, int64_t end, const Output& out) {
   for (int64_t o = begin; o < end; o += WR)
     for (int64_t r = 0; r < rows; r += N)
-      dot_block_upto<WR, N>(std::min<int64_t>(WR, end - o), std::min<int64_t>(N, rows - r), w + o * in, x + r * in,
-                            in, o, r, out);
+      dot_block_upto<WR, N>(std::min<int64_t>(WR, end - o), std::min<int64_t>(N, rows - r), w + o * x.in, x, o, r,
+                            out);
 }
 
-// y = x @ w.T * scale + bias over `rows` rows of x (rows, in), into out.
-template <typename Weight>
-void rows_times_weight(const float* x, int64_t rows, int64_t in, const Weight* w, int64_t out_features,
-                       const Output& out) {
+// y = x @ w.T * scale + bias over `rows` input rows, into out.
+template <typename Weight, typename Rows>
+void rows_times_weight(const Rows& x, int64_t rows, const Weight* w, int64_t out_features, const Output& out) {
   using P = Pass<Weight>;
   at::parallel_for(0, out_features, 64, [&](int64_t begin, int64_t end) {
     if (rows <= P::rows)
-      blocks<1, P::rows>(w, x, rows, in, begin, end, out);
+      blocks<P::weights, P::rows>(w, x, rows, begin, end, out);
     else
-      blocks<P::block_weights, P::block_rows>(w, x, rows, in, begin, end, out);
+      blocks<P::block_weights, P::block_rows>(w, x, rows, begin, end, out);
   });
 }
 
-bool is_cpu_float(const torch::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == torch::kFloat; }
+bool is_cpu_float(const Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
 
 // Whether the products can take this weight (int8 with a scale, or fp32), bias and scale.
-bool takes_weight(const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias,
-                  const c10::optional<torch::Tensor>& scale) {
+bool takes_weight(const Tensor& weight, const MaybeTensor& bias, const MaybeTensor& scale) {
   if (weight.dim() != 2 || !weight.device().is_cpu() || !weight.is_contiguous() || weight.size(1) == 0
-      || weight.scalar_type() != (scale ? torch::kChar : torch::kFloat))
+      || weight.scalar_type() != (scale ? at::kChar : at::kFloat))
     return false;
   for (const auto* extra : {&bias, &scale})
     if (extra->has_value() && (!is_cpu_float(**extra) || (*extra)->dim() != 1 || (*extra)->size(0) != weight.size(0)
@@ -195,21 +377,21 @@ bool takes_weight(const torch::Tensor& weight, const c10::optional<torch::Tensor
 // the call: another device, dtype or memory order, or mismatched shapes (left to PyTorch, which
 // names them). kernels.py has already decided the call is theirs to take (few rows, no autograd).
 // Checked here rather than in Python: a decode step makes about fifty of these calls.
-c10::optional<torch::Tensor> linear(const torch::Tensor& input, const torch::Tensor& weight,
-                                    const c10::optional<torch::Tensor>& bias,
-                                    const c10::optional<torch::Tensor>& scale) {
-  if (input.dim() < 1 || !is_cpu_float(input) || !takes_weight(weight, bias, scale)) return c10::nullopt;
-  if (input.size(-1) != weight.size(1) || input.numel() == 0) return c10::nullopt;
-  const torch::Tensor x = input.reshape({-1, weight.size(1)}).contiguous();
+MaybeTensor linear(const Tensor& input, const Tensor& weight, const MaybeTensor& bias, const MaybeTensor& scale) {
+  if (input.dim() < 1 || !is_cpu_float(input) || !takes_weight(weight, bias, scale)) return std::nullopt;
+  if (input.size(-1) != weight.size(1) || input.numel() == 0) return std::nullopt;
+  const Tensor x = input.reshape({-1, weight.size(1)}).contiguous();
   std::vector<int64_t> shape = input.sizes().vec();
   shape.back() = weight.size(0);
-  torch::Tensor y = input.new_empty(shape);
+  Tensor y = at::empty(shape, input.options());
   const Output out{y.data_ptr<float>(), weight.size(0), scale ? scale->data_ptr<float>() : nullptr,
                    bias ? bias->data_ptr<float>() : nullptr};
+  const int64_t rows = x.size(0), in = x.size(1);
   if (scale)
-    rows_times_weight(x.data_ptr<float>(), x.size(0), x.size(1), weight.data_ptr<int8_t>(), out.out_features, out);
+    rows_times_weight(in_8_bits(x.data_ptr<float>(), rows, in), rows, weight.data_ptr<int8_t>(), out.out_features,
+                      out);
   else
-    rows_times_weight(x.data_ptr<float>(), x.size(0), x.size(1), weight.data_ptr<float>(), out.out_features, out);
+    rows_times_weight(FloatRows{x.data_ptr<float>(), in}, rows, weight.data_ptr<float>(), out.out_features, out);
   return y;
 }
 
@@ -342,14 +524,14 @@ void attend(const float* q, const float* k, const float* v, int64_t slot_stride,
 }
 
 // Whether decode_attention can take this mask for rows x slots (no mask: yes).
-bool takes_mask(const c10::optional<torch::Tensor>& seen, int64_t rows, int64_t slots) {
-  return !seen || (seen->scalar_type() == torch::kBool && seen->dim() == 2 && seen->size(0) == rows
+bool takes_mask(const MaybeTensor& seen, int64_t rows, int64_t slots) {
+  return !seen || (seen->scalar_type() == at::kBool && seen->dim() == 2 && seen->size(0) == rows
                    && seen->size(1) == slots && seen->stride(1) == 1 && seen->device().is_cpu());
 }
 
 // Whether decode_attention can take q, keys, values and seen (below).
-bool takes_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
-                     const c10::optional<torch::Tensor>& seen) {
+bool takes_attention(const Tensor& q, const Tensor& keys, const Tensor& values,
+                     const MaybeTensor& seen) {
   for (const auto* t : {&q, &keys, &values})
     if (t->dim() != 4 || !is_cpu_float(*t) || t->stride(3) != 1) return false;
   const int64_t rows = q.size(0), heads = q.size(1), slots = keys.size(2), dim = q.size(3);
@@ -362,11 +544,11 @@ bool takes_attention(const torch::Tensor& q, const torch::Tensor& keys, const to
 // slots, dim) as views of the KV cache, `seen` an optional (rows, slots) mask (the query's own
 // row of the causal-padding mask). Returns (rows, heads, 1, dim) as a view of (rows, 1, heads,
 // dim), so the caller's merge of the heads is free. None where the kernel cannot take the call.
-c10::optional<torch::Tensor> decode_attention(const torch::Tensor& q, const torch::Tensor& keys,
-                                              const torch::Tensor& values, const c10::optional<torch::Tensor>& seen) {
-  if (!takes_attention(q, keys, values, seen)) return c10::nullopt;
+MaybeTensor decode_attention(const Tensor& q, const Tensor& keys,
+                                              const Tensor& values, const MaybeTensor& seen) {
+  if (!takes_attention(q, keys, values, seen)) return std::nullopt;
   const int64_t heads = q.size(1), slots = keys.size(2), dim = q.size(3);
-  torch::Tensor y = torch::empty({q.size(0), 1, heads, dim}, q.options());
+  Tensor y = at::empty({q.size(0), 1, heads, dim}, q.options());
   const float *qs = q.data_ptr<float>(), *ks = keys.data_ptr<float>(), *vs = values.data_ptr<float>();
   const bool* seen_data = seen ? seen->data_ptr<bool>() : nullptr;
   float* outs = y.data_ptr<float>();
@@ -386,6 +568,7 @@ c10::optional<torch::Tensor> decode_attention(const torch::Tensor& q, const torc
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("int8_dot") = kInt8Dot;  // which path int8 products take in this build
   // Without the GIL: the scheduler decodes on its own thread while the app's threads serve.
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
   m.def("decode_attention", &decode_attention, py::call_guard<py::gil_scoped_release>());

@@ -4,19 +4,20 @@ new token per row, on an x86 CPU, put onto a loaded model from outside (`install
 Decoding one token multiplies one row per sequence by every weight matrix, so its speed is how
 fast the weights stream from memory. `kernels.cpp` reads them about twice as fast as PyTorch's
 own product for a few rows (dot products of contiguous weight rows, several input rows sharing
-each read), and int8 weights, converted to float in registers and scaled per output channel
-afterwards, in a third of the fp32 time (docs/performance.md has the measured table). The
-attention kernel does what scaled_dot_product_attention does for a query of one token.
+each read). int8 weights are multiplied by the input rows rounded to 8 bits, in the CPU's integer
+dot-product instructions (INT8_DOT: the best of AVX512-VNNI, AVX-VNNI and AVX2 this CPU has), so
+they stream at the speed of their quarter of the bytes (docs/performance.md has the measured
+tables). The attention kernel does what scaled_dot_product_attention does for a query of one token.
 
 Each input row is summed in the same order whatever the number of rows, and a row's attention
 whatever the other rows' lengths, so a request decodes to bit-identical results alone or in a
 batch of other users' requests (engine/scheduler.py).
 
 The C++ is compiled by torch.utils.cpp_extension in a background thread, started by `install`,
-so it never stands between launch and the first answer: until it is ready (about a minute the
-first time), and wherever it cannot be (no AVX2, as on ARM; no C++ compiler;
+so it never stands between launch and the first answer: until it is ready (10 to 20 seconds the
+first time: only the headers it needs, and only the instructions this CPU has), and wherever it cannot be (no AVX2, as on ARM; no C++ compiler;
 STUDIO_DECODE_KERNELS=0), every call runs on PyTorch's products and attention, with the same
-results up to rounding. The build is keyed on the source's content and the vector width, so a
+results up to rounding. The build is keyed on the source's content and its compiler flags, so a
 moved checkout finds it in the cache (~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR).
 """
 from __future__ import annotations
@@ -41,13 +42,18 @@ import torch.nn.functional as F
 from model.gpt2 import Attention
 
 
-def cpu_vendor() -> str:
-    """The CPU's vendor as Linux names it ("AuthenticAMD", "GenuineIntel"); "" where unknown."""
+def cpu_info(field: str) -> str:
+    """A field of the first CPU in /proc/cpuinfo ("vendor_id", "flags"); "" where unknown."""
     try:
         with open("/proc/cpuinfo") as info:
-            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("vendor_id")), "")
+            return next((line.split(":", 1)[1].strip() for line in info if line.split(":")[0].strip() == field), "")
     except OSError:
         return ""
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor as Linux names it ("AuthenticAMD", "GenuineIntel"); "" where unknown."""
+    return cpu_info("vendor_id")
 
 
 # The CPU's widest vectors, as PyTorch found them (ATEN_CPU_CAPABILITY=avx2 makes an AVX-512 CPU
@@ -58,6 +64,30 @@ WIDE = CAPABILITY == "AVX512"
 # rows; on AMD CPUs with AVX-512 the kernels stay ahead up to a whole prompt chunk, since MKL runs
 # a generic code path there. On Intel MKL takes its tuned path, so prompts stay with it.
 KERNEL_ROWS = 512 if WIDE and cpu_vendor() == "AuthenticAMD" else 48
+# The integer dot products int8 weights can take (kernels.cpp), best first: the CPU flag each
+# needs, as Linux lists it, and the compiler flag that lets the build use it. AVX512-VNNI only in
+# the AVX-512 build.
+INT8_DOTS = {"AVX512-VNNI": ("avx512_vnni", ["-mavx512vnni"]), "AVX-VNNI": ("avx_vnni", ["-mavxvnni"]),
+             "AVX2": ("avx2", [])}
+
+
+def int8_dots_here() -> list[str]:
+    """The int8 paths this CPU and build can run, best first."""
+    flags = set(cpu_info("flags").split())
+    return [name for name, (flag, _) in INT8_DOTS.items() if flag in flags and (WIDE or name != "AVX512-VNNI")]
+
+
+def pick_int8_dot() -> str:
+    """The best int8 path here, or the one STUDIO_INT8_DOT names where this CPU can run it (the
+    tests build each path a CPU has; a side-by-side run can take a lesser one)."""
+    here = int8_dots_here() or ["AVX2"]
+    asked = os.environ.get("STUDIO_INT8_DOT")
+    if asked is not None and asked not in here:
+        warnings.warn(f"STUDIO_INT8_DOT={asked} is not a path this CPU can run ({', '.join(here)}): taking {here[0]}")
+    return asked if asked in here else here[0]
+
+
+INT8_DOT = pick_int8_dot()
 SOURCE = Path(__file__).with_name("kernels.cpp")
 
 log = logging.getLogger(__name__)
@@ -82,7 +112,7 @@ class DecodePath:
 
     def __str__(self) -> str:
         if not self.why:
-            return f"decode kernels ({CAPABILITY})"
+            return f"decode kernels ({CAPABILITY}, int8 on {INT8_DOT})"
         return f"PyTorch ({WHY_NOT[self.why].format(detail=self.detail)})"
 
 
@@ -130,6 +160,7 @@ def build_plan() -> tuple[bytes, list[str], Path]:
     flags = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
     if WIDE:
         flags += ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
+    flags += INT8_DOTS[INT8_DOT][1]  # only the instructions this CPU has: nothing else is compiled
     key = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
     return source, flags, root / f"studio_decode_kernels_{key}"
@@ -153,10 +184,13 @@ def _compile() -> None:
                 staged = directory / "kernels.cpp.new"
                 staged.write_bytes(source)
                 staged.replace(copy)
-            log.info("building the decode kernels in the background (about a minute the first time)")
-            _module = load(name, [str(copy)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                           build_directory=str(directory))
-        log.info("decode kernels ready: decoding runs on them from now on")
+            log.info("building the decode kernels in the background (10 to 20 seconds the first time)")
+            module = load(name, [str(copy)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                          build_directory=str(directory))
+            if module.int8_dot != INT8_DOT:  # the flags did not give the path asked for: say so, not a slow surprise
+                raise RuntimeError(f"the build took the {module.int8_dot} int8 path, not {INT8_DOT}")
+            _module = module
+        log.info("decode kernels ready (int8 on %s): decoding runs on them from now on", INT8_DOT)
     except Exception as error:  # a missing compiler or ninja: slower, not broken
         _why_not = ("build_failed", type(error).__name__)
         log.warning("decode kernels unavailable, decoding stays on PyTorch: the build failed: %s", error)

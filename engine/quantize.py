@@ -4,12 +4,14 @@ Decoding one token reads every weight once, so on a CPU (and on a GPU at small b
 is set by memory bandwidth: int8 weights are a quarter of fp32's bytes. Each output channel (a
 row of the weight) gets its own scale, max|w| / 127, symmetric around zero.
 
-Only the weights are rounded: inputs stay in floating point, so a token's result does not depend
-on the other rows of its call (other users' requests, in a batched decode step). On a CPU decode
-steps and prompts of up to kernels.KERNEL_ROWS rows run on the int8 kernel of engine/kernels.py,
-which converts the weights to float in registers as it streams them; elsewhere (longer prompts, a
-GPU, bf16, the kernels not built yet) the int8 weights are scaled back to the input's dtype for
-PyTorch's product.
+Each layer's inputs are rounded to 8 bits too, as it runs: one scale per group of GROUP values of
+a row (rows_in_8_bits), so the CPU can multiply them with the weights in its integer dot-product
+instructions. Per row alone cost the bundled model 1.0% of validation perplexity; per group of 64,
+0.3% (docs/performance.md). Each row is rounded from its own values, so a token's result does not
+depend on the other rows of its call (other users' requests, in a batched decode step). On a CPU
+decode steps and prompts of up to kernels.KERNEL_ROWS rows run on the int8 kernel of
+engine/kernels.py; elsewhere (longer prompts, a GPU, the kernels not built yet) PyTorch computes
+the same product in floating point: the rounded inputs times the int8 weights, scaled.
 
 GPT-2's output head shares its weight with the token embedding. The head gets its own int8 copy
 (it is a quarter of the model's reads per token) while the embedding lookup, which reads one
@@ -24,6 +26,19 @@ import torch.nn.functional as F
 from . import kernels
 
 QUANTIZATIONS = ("int8",)
+GROUP = 64  # input values sharing one 8-bit scale (kernels.cpp's kGroup)
+
+
+def rows_in_8_bits(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to 8 bits as the int8 kernel rounds it, in x's dtype: along the last dimension,
+    in groups of GROUP values, scale = max|x| / 127 and x becomes round(x / scale) * scale (half
+    to even). kernels.cpp takes the same float operations, so the 8-bit values are the same.
+    A NaN or an infinity makes NaN of its group."""
+    width = x.shape[-1]
+    groups = F.pad(x, (0, -width % GROUP)).unflatten(-1, (-1, GROUP))
+    scale = groups.abs().amax(dim=-1, keepdim=True) / 127
+    steps = torch.where(scale > 0, torch.round(groups / scale), 0.0)
+    return (steps * scale).flatten(-2)[..., :width]
 
 
 class Int8Linear(nn.Module):
@@ -44,7 +59,7 @@ class Int8Linear(nn.Module):
         y = kernels.linear(x, self.weight, self.bias, self.scale)
         if y is not None:
             return y
-        y = F.linear(x, self.weight.to(x.dtype)) * self.scale
+        y = F.linear(rows_in_8_bits(x), self.weight.to(x.dtype)) * self.scale
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:

@@ -206,6 +206,8 @@ TEMPLATES: dict[str, tuple[str, str]] = {
                        "处理这个请求的副本出错（{kind}）；请重试"),
     # which path decodes (engine/kernels.py, decode_state; serve/model_host.py)
     "kernels_on": ("decode kernels ({capability})", "解码内核（{capability}）"),
+    "kernels_on_int8": ("decode kernels ({capability}; int8 products on {int8_dot})",
+                        "解码内核（{capability}；8 位整数乘积用 {int8_dot}）"),
     "kernels_off": ("PyTorch ({reason})", "PyTorch（{reason}）"),
     "no_avx2": ("the CPU has no AVX2 ({capability})", "CPU 不支持 AVX2（{capability}）"),
     "build_failed": ("the build failed ({kind})", "构建失败（{kind}）"),

@@ -127,16 +127,20 @@ class LoadedModel:
         if self.quantize:
             line += MODEL_LINE_QUANTIZED[lang].format(quantize=self.quantize)
         if device.type == "cpu":
-            line += MODEL_LINE_DECODING[lang].format(path=render(path_message(kernels.current_path()), lang))
+            path = path_message(kernels.current_path(), int8=self.quantize == "int8")
+            line += MODEL_LINE_DECODING[lang].format(path=render(path, lang))
         return line
 
 
 DETAIL_OF = {"no_avx2": "capability", "build_failed": "kind"}  # the field a reason's detail fills
 
 
-def path_message(path: kernels.DecodePath) -> Message:
-    """Which path decodes, as the model line says it."""
+def path_message(path: kernels.DecodePath, int8: bool = False) -> Message:
+    """Which path decodes, as the model line says it; for int8 weights, which integer dot
+    products multiply them (kernels.INT8_DOT)."""
     if not path.why:
+        if int8:
+            return Message.keyed("kernels_on_int8", capability=kernels.CAPABILITY, int8_dot=kernels.INT8_DOT)
         return Message.keyed("kernels_on", capability=kernels.CAPABILITY)
     if path.why in DETAIL_OF:  # its own message, with the CPU's capability or the build's error
         return Message.keyed("kernels_off", reason=Message.keyed(path.why, **{DETAIL_OF[path.why]: path.detail}))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.decode import BUNDLED_KEYS, CLIENTS, KEYS, scheduler_clients, table, without_kernels
+from bench.decode import BUNDLED_KEYS, CLIENTS, FRACTIONS, KEYS, scheduler_clients, table, without_kernels
 from engine import kernels
 from model import load_pretrained
 
@@ -33,16 +33,21 @@ def test_the_decode_table_has_a_row_for_each_figure_and_the_kernels_side_by_side
         "hf_sdpa_tok_s", "hf_eager_tok_s", "prefill512_hf_sdpa_ms", "prefill512_hf_eager_ms", "bandwidth_gb_s",
         "bandwidth_low_gb_s", "bandwidth_high_gb_s", "roofline_int8_tok_s", "weights_sum_gb_s", "products_gb_s",
         "products_ms", "decode_step_ms", "load_ours_s", "load_hf_s", "ours_fp32_nokernels_tok_s",
-        "ours_int8_nokernels_tok_s", "ours_batch8_nokernels_tok_s")})
+        "ours_int8_nokernels_tok_s", "ours_batch8_nokernels_tok_s", "ours_int8_batch8_nokernels_tok_s",
+        "bandwidth_int8_gb_s", "bandwidth_int8_low_gb_s", "bandwidth_int8_high_gb_s", "int8_logits_error",
+        *(f"int8_{key}" for key in ("weights_sum_gb_s", "products_gb_s", "products_ms", "decode_step_ms")),
+        *(f"{name}_roofline_fraction" for name in FRACTIONS))})
+    numbers["int8_dot"] = "AVX512-VNNI"
     text = table(numbers, torch.device("cpu"), torch.float32, 2, 1)
-    for row in ("| decode, batch 1, fp32 (tokens/s) |", "| roofline, fp32 / int8 (tokens/s) |",
+    for row in ("| decode, batch 1, fp32 (tokens/s) |", "| roofline at batch 1, fp32 / int8 (tokens/s) |",
                 "| the decode kernels' gain: batch 1 fp32", "| the decode kernels' gain: batch 1 int8",
                 "| the decode kernels' gain: batch 8 fp32", "| the decode kernels' gain: bundled fp32, 8 clients",
-                "| bundled model, fp32: scheduler, 1 / 8 clients"):
+                "| bundled model, fp32: scheduler, 1 / 8 clients", "| the decode kernels' gain: batch 8 int8",
+                "| decode as a fraction of its roofline |", "| int8 products: the integer dot products taken | AVX512-VNNI |"):
         assert row in text
     # A run in bf16 (on a GPU, say) labels its GPT-2 small rows bf16; the bundled model stays fp32.
     bf16 = table(numbers, torch.device("cpu"), torch.bfloat16, 2, 1)
-    assert "| decode, batch 1, bf16 (tokens/s) |" in bf16 and "| roofline, bf16 / int8 (tokens/s) |" in bf16
+    assert "| decode, batch 1, bf16 (tokens/s) |" in bf16 and "| roofline at batch 1, bf16 / int8 (tokens/s) |" in bf16
     assert "| decode, batch 1, fp32" not in bf16 and "| bundled model, fp32: scheduler" in bf16
 
 

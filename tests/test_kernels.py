@@ -15,15 +15,15 @@ import torch.nn.functional as F
 from engine import kernels
 from engine.cache import new_cache
 from engine.kernels import KernelAttention, KernelLinear
-from engine.quantize import Int8Linear
+from engine.quantize import GROUP, Int8Linear, rows_in_8_bits
 from model import GPT2, GPT2Config, gpt2
 
 from .conftest import REPO
 
 pytestmark = pytest.mark.slow  # the decode kernels, built first
 
-# in_features 100 and 120 leave tails after the last full step (16 or 32 wide: fp32 or int8,
-# AVX2 or AVX-512), and 37 outputs a part of a block of weight rows; 768 is GPT-2's width.
+# in_features 100 and 120 leave tails after the last full step (fp32: 8 or 16 wide, AVX2 or
+# AVX-512; int8: a group of 64), and 37 outputs a part of a block of weight rows; 768 is GPT-2's width.
 SHAPES = [(100, 37), (120, 37), (768, 300)]
 
 
@@ -46,8 +46,9 @@ def layer(kind: str, in_features: int, out_features: int, bias: bool) -> torch.n
 
 
 def pytorch_product(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The layer's product in plain PyTorch: int8's with its inputs rounded to 8 bits as the kernel rounds them."""
     if isinstance(module, Int8Linear):
-        y = F.linear(x, module.weight.float()) * module.scale
+        y = F.linear(rows_in_8_bits(x), module.weight.float()) * module.scale
         return y if module.bias is None else y + module.bias
     return F.linear(x, module.weight, module.bias)
 
@@ -68,8 +69,8 @@ def test_a_decode_step_runs_on_the_kernel_and_equals_pytorch(kind, in_features, 
 
 
 @pytest.mark.parametrize("kind", ["fp32", "int8"])
-# 40, 100, 120: shorter than two of int8's steps (16 wide with AVX2, 32 with AVX-512), and tails
-# past the last full step of either width; 768: no tail.
+# 40: shorter than one of int8's groups; 100, 120: tails past the last full step or group of
+# either width; 768: no tail.
 @pytest.mark.parametrize("in_features", [40, 100, 120, 768])
 @torch.no_grad()
 def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kind, in_features):
@@ -256,34 +257,71 @@ def test_a_lock_left_by_a_killed_build_does_not_stop_the_next_one():
     assert not (directory / "lock").exists()
 
 
-def test_the_avx2_build_gives_pytorchs_results_and_a_rows_bits_alone():
-    """The kernels come in two builds, AVX2 and AVX-512 (kernels.WIDE). PyTorch can be told to
-    stop at AVX2, so on a CPU with AVX-512 the narrower build is checked as well, in a fresh
-    interpreter: products (fp32 and int8) and attention against PyTorch, and a row's bits alone
-    or in a batch."""
-    code = """
-import torch, torch.nn.functional as F
+# Checks a build's products (fp32 and int8) and attention against PyTorch, and a row's bits alone
+# or in a batch, in a fresh interpreter (a process makes one build).
+CHECK_A_BUILD = """
+import math, torch, torch.nn.functional as F
 from engine import kernels
-from engine.quantize import Int8Linear
-assert not kernels.WIDE and kernels.KERNEL_ROWS == 48
-if kernels.wait_until_built():
-    torch.manual_seed(0)
-    for in_features in (40, 100, 768):
-        fp32 = kernels.KernelLinear(in_features, 301)
-        for layer in (fp32, Int8Linear(fp32.weight, fp32.bias)):
-            x = torch.randn(8, in_features)
-            with torch.no_grad():
-                got = layer(x)
-                weight = layer.weight.float() * getattr(layer, "scale", torch.ones(1))[:, None]
-                expected = F.linear(x, weight, layer.bias)
-                assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
-                assert all(torch.equal(layer(x[r:r + 1])[0], got[r]) for r in range(8))
-    q, k, v = torch.randn(3, 2, 1, 64), torch.randn(3, 2, 30, 64), torch.randn(3, 2, 30, 64)
-    got, expected = kernels.decode_attention(q, k, v, None), F.scaled_dot_product_attention(q, k, v)
-    assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
+from engine.quantize import Int8Linear, rows_in_8_bits
+assert kernels.wait_until_built(), kernels.decode_path()
+print(kernels.WIDE, kernels.decode_kernels().int8_dot)
+torch.manual_seed(0)
+for in_features in (40, 100, 768):
+    fp32 = kernels.KernelLinear(in_features, 301)
+    for layer in (fp32, Int8Linear(fp32.weight, fp32.bias)):
+        x = torch.randn(8, in_features)
+        x[3, 0] = math.nan  # a row with a NaN gives NaN; the others stay as they were
+        with torch.no_grad():
+            got = layer(x)
+            scale = getattr(layer, "scale", None)
+            rows = x if scale is None else rows_in_8_bits(x)
+            expected = F.linear(rows, layer.weight.float() * (1 if scale is None else scale[:, None]), layer.bias)
+            assert got[3].isnan().all() and expected[3].isnan().all()
+            got[3], expected[3] = 0, 0
+            assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
+            x[3, 0] = 0
+            got = layer(x)
+            assert all(torch.equal(layer(x[r:r + 1])[0], got[r]) for r in range(8))
+q, k, v = torch.randn(3, 2, 1, 64), torch.randn(3, 2, 30, 64), torch.randn(3, 2, 30, 64)
+got, expected = kernels.decode_attention(q, k, v, None), F.scaled_dot_product_attention(q, k, v)
+assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
 print("checked")
 """
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("int8_dot", list(kernels.INT8_DOTS))
+def test_each_build_this_cpu_can_run_gives_pytorchs_results_and_a_rows_bits_alone(int8_dot):
+    """The kernels come in one build per vector width (AVX2 or AVX-512, kernels.WIDE) and int8
+    path (kernels.INT8_DOTS): this machine's, and each other its CPU can run, chosen with
+    STUDIO_INT8_DOT; the AVX2 path with PyTorch told to stop at AVX2, so that the narrower fp32
+    build is checked too."""
+    env = {**os.environ, "STUDIO_INT8_DOT": int8_dot}
+    if int8_dot == "AVX2":
+        env["ATEN_CPU_CAPABILITY"] = "avx2"
+    elif int8_dot not in kernels.int8_dots_here():
+        pytest.skip(f"the CPU has no {int8_dot}")
+    done = subprocess.run([sys.executable, "-c", CHECK_A_BUILD], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.strip().endswith("checked")
+    wide, built_dot, checked = done.stdout.split()[-3:]
+    assert (built_dot, checked) == (int8_dot, "checked")
+    assert wide == str(int8_dot != "AVX2" and kernels.WIDE)
+
+
+@torch.no_grad()
+def test_the_integer_product_equals_pytorchs_exactly_where_no_float_rounds():
+    """Inputs whole numbers with 127 at the top of each group and weights whole numbers with 127 in
+    each row: every scale is 1, the 8-bit values are the inputs, and every sum stays exact in
+    float, so the kernel's integer product and PyTorch's float one give the same bits (any
+    difference is a wrong product or a wrong rounding of an input)."""
+    generator = torch.Generator().manual_seed(0)
+    in_features = 4 * GROUP + 40  # a short last group too
+    weight = torch.randint(-127, 128, (70, in_features), generator=generator).float()
+    weight[:, 5] = 127
+    layer = Int8Linear(weight, torch.nn.Parameter(torch.randint(-50, 50, (70,), generator=generator).float()))
+    assert torch.equal(layer.scale, torch.ones(70)) and torch.equal(layer.weight.float(), weight)
+    x = torch.randint(-127, 128, (6, in_features), generator=generator).float()
+    x[:, ::GROUP] = -127  # the top of every group
+    assert torch.equal(rows_in_8_bits(x), x)
+    got = kernels.linear(x, layer.weight, layer.bias, layer.scale)
+    assert got is not None and torch.equal(got, F.linear(x, weight, layer.bias))

@@ -172,6 +172,7 @@ def made_messages() -> list[Message]:
         TASKS["dialogue"].prompt(DialogueInputs(message="Hi", history=[("a " * 200, "b " * 200)] * 3), tokenizer,
                                  512, 16, False).notes[0],
         path_message(kernels.current_path()),
+        path_message(kernels.DecodePath(), int8=True),
         *(path_message(kernels.DecodePath(why, "AVX")) for why in kernels.WHY_NOT),
         tab.notebook_tail("x" * 30, 20)[1],
         *(TASKS["translate"].two_steps(TranslateInputs("Bonjour.", "French", "German"), True)[2].with_fields(

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from engine.quantize import Int8Linear, quantize_weights
+from engine.quantize import GROUP, Int8Linear, quantize_weights, rows_in_8_bits
 from model import GPT2, GPT2Config, load_pretrained
 from model.adapters import active_adapter
 from train.pretrain import TrainSettings, mean_loss, random_windows, train
@@ -70,3 +70,21 @@ def test_adapters_work_on_the_int8_model(adapter_checkpoint):
         assert (change_int8 - change_fp32).norm() < 0.1 * change_fp32.norm()
 
 
+
+
+def test_each_group_of_inputs_is_rounded_to_8_bits_on_its_own_scale():
+    """rows_in_8_bits, the inputs as the int8 kernel multiplies them: every value within half a
+    step of its group's scale (max|x| / 127) of where it was, so an outlier coarsens its own group
+    of GROUP values only; a NaN makes NaN of its group alone."""
+    x = torch.randn(3, 3 * GROUP + 10, generator=torch.Generator().manual_seed(0))
+    x[0, GROUP + 5] = 1000.0
+    x[2, 2 * GROUP] = float("nan")
+    rounded = rows_in_8_bits(x)
+    assert rounded.shape == x.shape
+    for start in range(0, x.shape[1], GROUP):
+        group, got = x[:2, start:start + GROUP], rounded[:2, start:start + GROUP]
+        step = group.abs().amax(dim=1, keepdim=True) / 127
+        assert ((got - group).abs() <= step / 2 * (1 + 1e-6)).all()
+        assert torch.equal(torch.round(got / step), torch.round(group / step))  # whole steps
+    assert (rounded[0, :GROUP] - x[0, :GROUP]).abs().max() < 0.02  # the outlier's neighbours keep their precision
+    assert rounded[2, 2 * GROUP:3 * GROUP].isnan().all() and not rounded[2, :2 * GROUP].isnan().any()
