@@ -44,6 +44,7 @@ class KVCache:
         # Set by advance() for one forward call: the rows and slots it writes (slices where every
         # row writes the same ones), and the slots it attends.
         self._rows, self._slots, self._end = slice(None), slice(0, 0), 0
+        self._one_token_slots: torch.Tensor | None = None
 
     def advance(self, attention_mask: torch.Tensor | None, batch: int,
                 steps: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -75,6 +76,7 @@ class KVCache:
             self._slots = torch.tensor(lengths, device=device)[:, None] + torch.arange(steps, device=device)
         self.valid[self._rows, self._slots] = new_valid
         self.lengths[:batch] = [n + steps for n in lengths]
+        self._one_token_slots = None
         return positions, self.attention_mask()
 
     def attention_mask(self) -> torch.Tensor | None:
@@ -88,6 +90,18 @@ class KVCache:
         else:
             query_slots = self._slots  # (batch, steps): each row's own
         return causal_padding_mask(self.valid[:query_slots.shape[0], :self._end], query_slots)
+
+    def one_token_slots(self) -> tuple[torch.Tensor, int]:
+        """For a call of one token per row that advance() set up: the slot each row's token goes to
+        (batch,), and how many slots the call attends. The decode kernels' whole block
+        (engine/kernels.py) writes the keys and values there itself, as update() would."""
+        if self._one_token_slots is None:  # once per call, for every layer
+            if isinstance(self._slots, slice):
+                slots = torch.full((self._rows.stop,), self._slots.start, dtype=torch.long)
+            else:
+                slots = self._slots[:, 0].to("cpu", torch.long)
+            self._one_token_slots = slots.contiguous()
+        return self._one_token_slots, self._end
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this call's keys/values (batch, head, steps, dim) for one layer; return every filled slot."""

@@ -1,5 +1,6 @@
 // Decode kernels for an x86 CPU with AVX2 or AVX-512 (see engine/kernels.py): matrix products for a
-// few rows, with fp32 or int8 weights, and attention for one new token per sequence.
+// few rows, with fp32 or int8 weights, attention for one new token per sequence, the layer norm
+// and GELU, and a whole block for one new token per sequence in one call.
 //
 // A decode step multiplies a few rows (one token per sequence) by every weight matrix, so its
 // speed is how fast the weights stream from memory. Each output channel is one dot product of a
@@ -36,9 +37,9 @@ using at::Tensor;
 using MaybeTensor = std::optional<Tensor>;
 
 // How the products are blocked, by weight type and vector width.
-// - `rows`: a call with up to this many rows (a small decode batch) takes `weights` weight rows
-//   at a time and runs all its rows over them. Memory sets the speed there, and few streams of
-//   weights read fastest.
+// - `rows`: a call with up to this many rows (a decode batch) takes `weights` weight rows at a
+//   time and runs all its rows over them, so each weight is read once per call. Memory sets the
+//   speed there, and few streams of weights read fastest.
 // - `block_weights` x `block_rows`: a call with more rows (a decode batch of 5-8, a prompt)
 //   takes blocks of that many weight rows and input rows. Arithmetic sets the speed there, so
 //   each weight vector loaded serves several input rows and each input vector several weight
@@ -47,7 +48,7 @@ using MaybeTensor = std::optional<Tensor>;
 template <typename Weight> struct Pass;
 #ifdef __AVX512F__
 template <> struct Pass<float> {
-  static constexpr int rows = 4, weights = 1, block_weights = 4, block_rows = 6;
+  static constexpr int rows = 8, weights = 2, block_weights = 4, block_rows = 6;
 };
 #else
 template <> struct Pass<float> {
@@ -373,6 +374,17 @@ bool takes_weight(const Tensor& weight, const MaybeTensor& bias, const MaybeTens
   return true;
 }
 
+// y (rows, out) = x (rows, in) @ weight.T (* scale) + bias, for a weight takes_weight took.
+void product(const float* x, int64_t rows, const Tensor& weight, const MaybeTensor& bias, const MaybeTensor& scale,
+             float* y) {
+  const int64_t in = weight.size(1);
+  const Output out{y, weight.size(0), scale ? scale->data_ptr<float>() : nullptr, bias ? bias->data_ptr<float>() : nullptr};
+  if (scale)
+    rows_times_weight(in_8_bits(x, rows, in), rows, weight.data_ptr<int8_t>(), out.out_features, out);
+  else
+    rows_times_weight(FloatRows{x, in}, rows, weight.data_ptr<float>(), out.out_features, out);
+}
+
 // x @ weight.T (* scale) + bias over x's last dimension, or None where the kernels cannot take
 // the call: another device, dtype or memory order, or mismatched shapes (left to PyTorch, which
 // names them). kernels.py has already decided the call is theirs to take (few rows, no autograd).
@@ -384,14 +396,7 @@ MaybeTensor linear(const Tensor& input, const Tensor& weight, const MaybeTensor&
   std::vector<int64_t> shape = input.sizes().vec();
   shape.back() = weight.size(0);
   Tensor y = at::empty(shape, input.options());
-  const Output out{y.data_ptr<float>(), weight.size(0), scale ? scale->data_ptr<float>() : nullptr,
-                   bias ? bias->data_ptr<float>() : nullptr};
-  const int64_t rows = x.size(0), in = x.size(1);
-  if (scale)
-    rows_times_weight(in_8_bits(x.data_ptr<float>(), rows, in), rows, weight.data_ptr<int8_t>(), out.out_features,
-                      out);
-  else
-    rows_times_weight(FloatRows{x.data_ptr<float>(), in}, rows, weight.data_ptr<float>(), out.out_features, out);
+  product(x.data_ptr<float>(), x.size(0), weight, bias, scale, y.data_ptr<float>());
   return y;
 }
 
@@ -523,6 +528,30 @@ void attend(const float* q, const float* k, const float* v, int64_t slot_stride,
     weighted_sum_upto<8>(std::min<int64_t>(dim - d, 64) / 8, scores, v + d, slot_stride, slots, norm, out + d);
 }
 
+// Where attend_rows finds each (row, head)'s query, keys, values and mask row: keys and values
+// share their strides (a KV cache's layer, or a projection's output split into heads).
+struct Heads {
+  const float *q, *k, *v;
+  int64_t q_row, q_head, kv_row, kv_head, slot_stride;
+  const bool* seen;  // (rows, slots) with row stride seen_row, or null
+  int64_t seen_row;
+  float* out;  // (rows, heads, dim)
+};
+
+// attend for every (row, head), the pairs split among the threads.
+void attend_rows(const Heads& a, int64_t rows, int64_t heads, int64_t slots, int64_t dim) {
+  const int64_t work = std::max<int64_t>(1, 16384 / (slots * dim));  // (row, head) pairs per thread at least
+  at::parallel_for(0, rows * heads, work, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(padded_slots(slots));
+    for (int64_t i = begin; i < end; i++) {
+      const int64_t r = i / heads, h = i % heads;
+      attend(a.q + r * a.q_row + h * a.q_head, a.k + r * a.kv_row + h * a.kv_head, a.v + r * a.kv_row + h * a.kv_head,
+             a.slot_stride, slots, dim, a.seen ? a.seen + r * a.seen_row : nullptr, scores.data(),
+             a.out + (r * heads + h) * dim);
+    }
+  });
+}
+
 // Whether decode_attention can take this mask for rows x slots (no mask: yes).
 bool takes_mask(const MaybeTensor& seen, int64_t rows, int64_t slots) {
   return !seen || (seen->scalar_type() == at::kBool && seen->dim() == 2 && seen->size(0) == rows
@@ -547,22 +576,157 @@ bool takes_attention(const Tensor& q, const Tensor& keys, const Tensor& values,
 MaybeTensor decode_attention(const Tensor& q, const Tensor& keys,
                                               const Tensor& values, const MaybeTensor& seen) {
   if (!takes_attention(q, keys, values, seen)) return std::nullopt;
-  const int64_t heads = q.size(1), slots = keys.size(2), dim = q.size(3);
-  Tensor y = at::empty({q.size(0), 1, heads, dim}, q.options());
-  const float *qs = q.data_ptr<float>(), *ks = keys.data_ptr<float>(), *vs = values.data_ptr<float>();
-  const bool* seen_data = seen ? seen->data_ptr<bool>() : nullptr;
-  float* outs = y.data_ptr<float>();
-  const int64_t work = std::max<int64_t>(1, 16384 / (slots * dim));  // (row, head) pairs per thread at least
-  at::parallel_for(0, q.size(0) * heads, work, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(padded_slots(slots));
-    for (int64_t i = begin; i < end; i++) {
-      const int64_t r = i / heads, h = i % heads;
-      attend(qs + r * q.stride(0) + h * q.stride(1), ks + r * keys.stride(0) + h * keys.stride(1),
-             vs + r * values.stride(0) + h * values.stride(1), keys.stride(2), slots, dim,
-             seen_data ? seen_data + r * seen->stride(0) : nullptr, scores.data(), outs + (r * heads + h) * dim);
-    }
-  });
+  const int64_t heads = q.size(1);
+  Tensor y = at::empty({q.size(0), 1, heads, q.size(3)}, q.options());
+  attend_rows({q.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(), q.stride(0), q.stride(1),
+               keys.stride(0), keys.stride(1), keys.stride(2), seen ? seen->data_ptr<bool>() : nullptr,
+               seen ? seen->stride(0) : 0, y.data_ptr<float>()},
+              q.size(0), heads, keys.size(2), q.size(3));
   return y.transpose(1, 2);
+}
+
+// ---- the rest of a block, and a whole block in one call ----
+
+// Layer normalization of `rows` rows of `width` values: (x - mean) / sqrt(variance + eps) * w + b,
+// the mean and the variance summed 8 lanes at a time and the lanes in one order, so a row's
+// result is its own whatever the other rows.
+void layer_norm_rows(const float* x, int64_t rows, int64_t width, const float* w, const float* b, float eps, float* y) {
+  for (int64_t r = 0; r < rows; r++, x += width, y += width) {
+    __m256 sums = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= width; i += 8) sums = _mm256_add_ps(sums, _mm256_loadu_ps(x + i));
+    float sum = horizontal_sum(sums);
+    for (int64_t t = i; t < width; t++) sum += x[t];
+    const float mean = sum / static_cast<float>(width);
+    __m256 squares = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= width; i += 8) {
+      const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(mean));
+      squares = _mm256_fmadd_ps(d, d, squares);
+    }
+    float square = horizontal_sum(squares);
+    for (int64_t t = i; t < width; t++) square += (x[t] - mean) * (x[t] - mean);
+    const float inverse = 1.0f / std::sqrt(square / static_cast<float>(width) + eps);
+    for (int64_t t = 0; t < width; t++) y[t] = (x[t] - mean) * inverse * w[t] + b[t];
+  }
+}
+
+// GPT-2's GELU, the tanh form, on n values: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), 8
+// at a time. tanh(u) = sign(u) (1 - e) / (1 + e) with e = exp(-2 |u|), by exp_nonpositive; the
+// cancellation in 1 - e near u = 0 costs relative precision where the 1 + tanh it is added to
+// hides it.
+void gelu_tanh(const float* x, int64_t n, float* y) {
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  auto eight = [&](__m256 v) {
+    const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
+    const __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), cube, v));
+    const __m256 e = exp_nonpositive(_mm256_mul_ps(_mm256_set1_ps(-2.0f), _mm256_andnot_ps(sign_bit, u)));
+    const __m256 magnitude = _mm256_div_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), e), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    const __m256 tanh = _mm256_or_ps(magnitude, _mm256_and_ps(sign_bit, u));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), _mm256_add_ps(_mm256_set1_ps(1.0f), tanh));
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, eight(_mm256_loadu_ps(x + i)));
+  if (i < n) {  // the tail through a vector of its own, so every value takes the same operations
+    float tail[8] = {};
+    std::copy(x + i, x + n, tail);
+    _mm256_storeu_ps(tail, eight(_mm256_loadu_ps(tail)));
+    std::copy(tail, tail + (n - i), y + i);
+  }
+}
+
+bool is_float_vector(const MaybeTensor& t, int64_t size) {
+  return t && is_cpu_float(*t) && t->dim() == 1 && t->size(0) == size && t->is_contiguous();
+}
+
+// model/gpt2.py's LayerNorm over x's last dimension, or None where the kernel cannot take it.
+MaybeTensor layer_norm(const Tensor& input, const MaybeTensor& weight, const MaybeTensor& bias, double eps) {
+  if (input.dim() < 1 || !is_cpu_float(input) || input.numel() == 0) return std::nullopt;
+  const int64_t width = input.size(-1);
+  if (!is_float_vector(weight, width) || !is_float_vector(bias, width)) return std::nullopt;
+  const Tensor x = input.contiguous();
+  Tensor y = at::empty(input.sizes(), input.options());
+  layer_norm_rows(x.data_ptr<float>(), x.numel() / width, width, weight->data_ptr<float>(), bias->data_ptr<float>(),
+                  static_cast<float>(eps), y.data_ptr<float>());
+  return y;
+}
+
+// GPT-2's GELU of every value of x, or None where the kernel cannot take it.
+MaybeTensor gelu(const Tensor& input) {
+  if (!is_cpu_float(input)) return std::nullopt;
+  const Tensor x = input.contiguous();
+  Tensor y = at::empty(input.sizes(), input.options());
+  gelu_tanh(x.data_ptr<float>(), x.numel(), y.data_ptr<float>());
+  return y;
+}
+
+// A block's parameters, in the order kernels.py's block_parameters gives them: each Linear as
+// (weight, bias, scale: None for fp32).
+enum Parameter { kLn1W, kLn1B, kAttnW, kAttnB, kAttnS, kProjW, kProjB, kProjS, kLn2W, kLn2B, kFcW, kFcB, kFcS,
+                 kOutW, kOutB, kOutS, kParameters };
+
+bool takes_product(const std::vector<MaybeTensor>& p, int first, int64_t out, int64_t in) {
+  return p[first] && takes_weight(*p[first], p[first + 1], p[first + 2]) && p[first]->size(0) == out
+         && p[first]->size(1) == in;
+}
+
+// One pre-LN block of model/gpt2.py for one new token per row, in one call, where the module path
+// takes a dozen calls with Python between them: h + attention(ln_1(h)), then that + mlp(ln_2(that)).
+// It writes the token's keys and values into the KV cache's layer (keys and values (rows at least,
+// heads, slots, dim), at each row's slot) and attends over its first `end` slots, `seen` marking
+// those each row may see (None: all). Each step is the kernel the module path takes for the same
+// rows (layer_norm, the products, the attention, gelu; the additions are single float ones, as
+// PyTorch's), so the result is the module path's to the bit. None where a shape or type does not fit.
+MaybeTensor decode_block(const Tensor& h, const std::vector<MaybeTensor>& p, double eps_1, double eps_2, int64_t heads,
+                         const Tensor& keys, const Tensor& values, const Tensor& slots, int64_t end,
+                         const MaybeTensor& seen) {
+  if (h.dim() != 3 || h.size(1) != 1 || !is_cpu_float(h) || !h.is_contiguous() || h.numel() == 0
+      || p.size() != kParameters || heads <= 0)
+    return std::nullopt;
+  const int64_t rows = h.size(0), width = h.size(2), dim = width / heads;
+  const int64_t hidden = p[kFcW] ? p[kFcW]->size(0) : 0;
+  if (dim * heads != width || dim % 8 != 0 || !is_float_vector(p[kLn1W], width) || !is_float_vector(p[kLn1B], width)
+      || !is_float_vector(p[kLn2W], width) || !is_float_vector(p[kLn2B], width)
+      || !takes_product(p, kAttnW, 3 * width, width) || !takes_product(p, kProjW, width, width)
+      || !takes_product(p, kFcW, hidden, width) || !takes_product(p, kOutW, width, hidden))
+    return std::nullopt;
+  for (const Tensor* cache : {&keys, &values})
+    if (cache->dim() != 4 || !is_cpu_float(*cache) || !cache->is_contiguous() || cache->size(0) < rows
+        || cache->size(1) != heads || cache->size(3) != dim || end <= 0 || end > cache->size(2))
+      return std::nullopt;
+  if (keys.sizes() != values.sizes() || slots.dim() != 1 || slots.size(0) != rows || slots.scalar_type() != at::kLong
+      || !slots.is_contiguous() || !slots.device().is_cpu() || !takes_mask(seen, rows, end))
+    return std::nullopt;
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  if (std::any_of(slot, slot + rows, [&](int64_t s) { return s < 0 || s >= end; })) return std::nullopt;
+
+  const float* x = h.data_ptr<float>();
+  std::vector<float> normed(rows * width), qkv(rows * 3 * width), attended(rows * width), mid(rows * width),
+      up(rows * hidden), activated(rows * hidden), down(rows * width);
+  auto f = [&](int i) { return p[i]->data_ptr<float>(); };
+  layer_norm_rows(x, rows, width, f(kLn1W), f(kLn1B), static_cast<float>(eps_1), normed.data());
+  product(normed.data(), rows, *p[kAttnW], p[kAttnB], p[kAttnS], qkv.data());
+  float *key_data = keys.data_ptr<float>(), *value_data = values.data_ptr<float>();
+  const int64_t row_stride = keys.stride(0), head_stride = keys.stride(1);
+  for (int64_t r = 0; r < rows; r++)  // the KV cache's update(): this token's keys and values at its slot
+    for (int64_t head = 0; head < heads; head++) {
+      const float* new_key = qkv.data() + r * 3 * width + width + head * dim;
+      const int64_t at_slot = r * row_stride + head * head_stride + slot[r] * dim;
+      std::copy(new_key, new_key + dim, key_data + at_slot);
+      std::copy(new_key + width, new_key + width + dim, value_data + at_slot);
+    }
+  attend_rows({qkv.data(), key_data, value_data, 3 * width, dim, row_stride, head_stride, dim,
+               seen ? seen->data_ptr<bool>() : nullptr, seen ? seen->stride(0) : 0, attended.data()},
+              rows, heads, end, dim);
+  product(attended.data(), rows, *p[kProjW], p[kProjB], p[kProjS], mid.data());
+  for (int64_t i = 0; i < rows * width; i++) mid[i] = x[i] + mid[i];
+  layer_norm_rows(mid.data(), rows, width, f(kLn2W), f(kLn2B), static_cast<float>(eps_2), normed.data());
+  product(normed.data(), rows, *p[kFcW], p[kFcB], p[kFcS], up.data());
+  gelu_tanh(up.data(), rows * hidden, activated.data());
+  product(activated.data(), rows, *p[kOutW], p[kOutB], p[kOutS], down.data());
+  Tensor y = at::empty(h.sizes(), h.options());
+  float* out = y.data_ptr<float>();
+  for (int64_t i = 0; i < rows * width; i++) out[i] = mid[i] + down[i];
+  return y;
 }
 
 }  // namespace
@@ -572,4 +736,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Without the GIL: the scheduler decodes on its own thread while the app's threads serve.
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
   m.def("decode_attention", &decode_attention, py::call_guard<py::gil_scoped_release>());
+  m.def("layer_norm", &layer_norm, py::call_guard<py::gil_scoped_release>());
+  m.def("gelu", &gelu, py::call_guard<py::gil_scoped_release>());
+  m.def("decode_block", &decode_block, py::call_guard<py::gil_scoped_release>());
 }

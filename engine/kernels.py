@@ -39,7 +39,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.gpt2 import Attention
+from model.adapters import ACTIVE as ACTIVE_ADAPTER
+from model.gpt2 import MLP, Attention, Block
 
 
 def cpu_info(field: str) -> str:
@@ -279,6 +280,71 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return kernels.decode_attention(q, keys, values, None if mask is None else mask[:, 0, 0])
 
 
+def layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor | None:
+    """norm(x) for a few rows, or None when the caller should use PyTorch's."""
+    kernels = decode_kernels()
+    if kernels is None or not x.is_cpu or x.numel() > KERNEL_ROWS * x.shape[-1] or recorded(x, norm.weight, norm.bias):
+        return None
+    return kernels.layer_norm(x, norm.weight, norm.bias, norm.eps)
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor | None:
+    """GPT-2's GELU (the tanh form) of a few rows, or None when the caller should use PyTorch's."""
+    kernels = decode_kernels()
+    if kernels is None or not x.is_cpu or x.numel() > KERNEL_ROWS * x.shape[-1] or recorded(x):
+        return None
+    return kernels.gelu(x)
+
+
+def decode_block(block: Block, h: torch.Tensor, mask: torch.Tensor | None, cache, layer: int) -> torch.Tensor | None:
+    """block(h, mask, cache, layer) for one new token per row in one call of the kernels, or None
+    when the caller should run the block's modules one by one. The result is the same bits either
+    way (kernels.cpp, decode_block), so which way a call goes never changes a token.
+
+    Taken where the modules would all take the kernels (a pre-LN block on the CPU, a few rows of
+    one token each, a KV cache, nothing for autograd to record) and nothing needs to see inside
+    the block: no adapter on (the scheduler's batch may mix them), no hook on its modules (the
+    activation patching reads and replaces attention and MLP outputs). Hooks on the block itself,
+    steering's and the residual stream's, see its input and output as ever."""
+    kernels = decode_kernels()
+    if (kernels is None or cache is None or h.dim() != 3 or h.shape[1] != 1 or h.shape[0] > KERNEL_ROWS
+            or not h.is_cpu or not block.pre_norm or torch.is_grad_enabled() or ACTIVE_ADAPTER.get() is not None
+            or not hasattr(cache, "one_token_slots") or watched(block)):
+        return None
+    if mask is not None and (mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1):
+        return None
+    slots, end = cache.one_token_slots()
+    ln_1, attention, ln_2, mlp = (block._modules[name] for name in ("ln_1", "attn", "ln_2", "mlp"))
+    # Read from the modules' own dictionaries at each call (nn.Module's attribute lookup costs a
+    # tenth of this function), never kept: a parameter or buffer can be replaced (.to(), say).
+    parameters = [*norm_parameters(ln_1), *linear_parameters(attention._modules["c_attn"]),
+                  *linear_parameters(attention._modules["c_proj"]), *norm_parameters(ln_2),
+                  *linear_parameters(mlp._modules["c_fc"]), *linear_parameters(mlp._modules["c_proj"])]
+    return kernels.decode_block(h, parameters, ln_1.eps, ln_2.eps, attention.n_head, cache.keys[layer],
+                                cache.values[layer], slots, end, None if mask is None else mask[:, 0, 0])
+
+
+def norm_parameters(norm: nn.Module) -> tuple:
+    return norm._parameters["weight"], norm._parameters["bias"]
+
+
+def linear_parameters(layer: nn.Module) -> tuple:
+    """(weight, bias, scale) of a kernel Linear or an Int8Linear (scale None for fp32)."""
+    return layer._parameters["weight"], layer._parameters["bias"], layer._buffers.get("scale")
+
+
+def watched(block: Block) -> bool:
+    """Whether a hook would see inside the block: one on any of its modules other than LoRA's
+    (which adds nothing with no adapter on), or one for every module."""
+    inside = block.__dict__.get("_inside")
+    if inside is None:  # its modules, once: installed kernels do not change them
+        inside = block.__dict__["_inside"] = [(m, getattr(m, "has_lora_hook", False)) for m in block.modules()][1:]
+    for module, lora in inside:
+        if module._forward_pre_hooks or len(module._forward_hooks) > lora:
+            return True
+    return bool(torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
+
+
 class KernelLinear(nn.Linear):
     """nn.Linear whose calls of a few rows without autograd run on the kernels."""
 
@@ -295,20 +361,48 @@ class KernelAttention(Attention):
         return super().attend(q, k, v, mask) if y is None else y
 
 
+class KernelLayerNorm(nn.LayerNorm):
+    """nn.LayerNorm whose calls of a few rows run on the kernel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = layer_norm(x, self)
+        return super().forward(x) if y is None else y
+
+
+class KernelMLP(MLP):
+    """The model's MLP, whose GELU of a few rows runs on the kernel."""
+
+    def activation(self, x):
+        y = gelu(x)
+        return super().activation(x) if y is None else y
+
+
+class KernelBlock(Block):
+    """The model's Block, which runs one new token per row as one call of the kernels where
+    nothing needs to see inside it (decode_block), and its modules one by one otherwise."""
+
+    def forward(self, h, mask=None, cache=None, layer: int = 0):
+        y = decode_block(self, h, mask, cache, layer)
+        return super().forward(h, mask, cache, layer) if y is None else y
+
+
+KERNEL_CLASSES = {nn.Linear: KernelLinear, Attention: KernelAttention, nn.LayerNorm: KernelLayerNorm,
+                  MLP: KernelMLP, Block: KernelBlock}
+
+
 def install(model: nn.Module) -> nn.Module:
     """Put the kernels onto a loaded CPU model, in place, and return it; start their build.
 
-    Each nn.Linear and Attention becomes its kernel subclass (the same module: its parameters,
-    hooks and adapters stay as they are, and so does the state dict), and the weights move onto
-    huge pages. Until the build is ready each call falls back to PyTorch's, so this returns at once.
+    Each nn.Linear, LayerNorm, Attention, MLP and Block becomes its kernel subclass (the same
+    module: its parameters, hooks and adapters stay as they are, and so does the state dict), and
+    the weights move onto huge pages. Until the build is ready each call falls back to PyTorch's,
+    so this returns at once.
     """
     if next(model.parameters()).device.type != "cpu":
         return model
     for module in model.modules():
-        if type(module) is nn.Linear:
-            module.__class__ = KernelLinear
-        elif type(module) is Attention:
-            module.__class__ = KernelAttention
+        if type(module) in KERNEL_CLASSES:
+            module.__class__ = KERNEL_CLASSES[type(module)]
     weights_on_huge_pages(model)
     start_build()
     return model

@@ -56,7 +56,10 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's GELU is the tanh form
+        return self.c_proj(self.activation(self.c_fc(x)))
+
+    def activation(self, x):
+        return F.gelu(x, approximate="tanh")  # GPT-2's GELU is the tanh form
 
 
 class Block(nn.Module):

@@ -3,6 +3,7 @@ attention up to rounding, the same for a row alone or in a batch, and out of the
 gradients and large calls."""
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -325,3 +326,78 @@ def test_the_integer_product_equals_pytorchs_exactly_where_no_float_rounds():
     assert torch.equal(rows_in_8_bits(x), x)
     got = kernels.linear(x, layer.weight, layer.bias, layer.scale)
     assert got is not None and torch.equal(got, F.linear(x, weight, layer.bias))
+
+
+@pytest.mark.parametrize("width", [8, 100, 768])
+@torch.no_grad()
+def test_the_layer_norm_and_gelu_kernels_equal_pytorchs(width):
+    norm = torch.nn.LayerNorm(width)
+    torch.nn.init.normal_(norm.weight)
+    torch.nn.init.normal_(norm.bias)
+    x = torch.randn(5, 1, width) * 3 + 1
+    got = kernels.layer_norm(x, norm)
+    assert got is not None and (got - norm(x)).abs().max() <= 1e-5 * norm(x).abs().max()
+    assert torch.equal(torch.cat([kernels.layer_norm(x[r:r + 1], norm) for r in range(5)]), got)  # a row's own
+    x = torch.cat([torch.linspace(-12, 12, 4 * width - 3), torch.tensor([math.inf, -0.0, math.nan])])
+    got, expected = kernels.gelu(x), F.gelu(x, approximate="tanh")
+    assert got is not None and got.shape == x.shape and torch.isnan(got[-1]) and got[-3] == math.inf
+    assert (got[:-3] - expected[:-3]).abs().max() <= 1e-6 * 12
+
+
+def decode_steps(model, hooked: torch.nn.Module | None = None, steps: int = 4) -> tuple[torch.Tensor, int]:
+    """The logits of `steps` one-token calls after prompts of different lengths in one cache
+    (rows written at different slots, one row left-padded), and how many blocks ran as one call;
+    with a hook on `hooked`, its block runs its modules one by one."""
+    generator = torch.Generator().manual_seed(1)
+    vocab = model.config.vocab_size
+    cache, short = new_cache(model, 3, 16), new_cache(model, 1, 16)
+    padding = torch.ones(3, 6, dtype=torch.long)
+    padding[0, :2] = 0
+    model(torch.randint(0, vocab, (3, 6), generator=generator), attention_mask=padding, cache=cache)
+    model(torch.randint(0, vocab, (1, 3), generator=generator), cache=short)
+    cache.copy_row(2, short)  # a request that joined with a shorter prompt: its own slots from here
+    taken = []
+    block_call = kernels.decode_block
+
+    def counted(*args):
+        y = block_call(*args)
+        taken.append(y is not None)
+        return y
+    handle = None if hooked is None else hooked.register_forward_hook(lambda module, inputs, output: None)
+    try:
+        kernels.decode_block = counted
+        logits = [model(torch.randint(0, vocab, (3, 1), generator=generator), cache=cache) for _ in range(steps)]
+    finally:
+        kernels.decode_block = block_call
+        if handle is not None:
+            handle.remove()
+    return torch.cat(logits, dim=1), sum(taken)
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+@torch.no_grad()
+def test_a_block_in_one_call_gives_its_modules_bits(quantize):
+    """A decode step's blocks run as one call of the kernels each (decode_block), and give the
+    bits their modules give one by one (as when a hook looks inside one): which way a call goes
+    never changes a token, whatever hooks another request has put on meanwhile."""
+    from engine import prepare_for_serving
+
+    from model.adapters import active_adapter
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=300, n_positions=32, n_embd=64, n_layer=3, n_head=4)
+    plain, model = GPT2(config).eval(), GPT2(config).eval()
+    model.load_state_dict(plain.state_dict())
+    prepare_for_serving(model, quantize)
+    fused, taken = decode_steps(model)
+    assert taken == 4 * 3  # every block of every step
+    one_by_one, taken = decode_steps(model, hooked=model.transformer.h[1].mlp)
+    assert taken == 4 * 2  # the hooked block ran its modules
+    assert torch.equal(fused, one_by_one)
+    with active_adapter("summarize"):  # the scheduler's batch may mix adapters: each layer adds its rows' own
+        assert decode_steps(model)[1] == 0
+    with torch.enable_grad():  # autograd records the modules' calls
+        assert decode_steps(model)[1] == 0
+    expected, _ = decode_steps(plain)
+    tolerance = 1e-5 if quantize is None else 0.05  # int8: the weights and inputs rounded
+    assert (fused - expected).abs().max() <= tolerance * expected.abs().max()

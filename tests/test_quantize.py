@@ -61,7 +61,7 @@ def test_adapters_work_on_the_int8_model(adapter_checkpoint):
     fp32, _ = load_pretrained(adapter_checkpoint)
     int8, _ = serving(load_pretrained(adapter_checkpoint), quantize="int8")
     ids = torch.randint(0, fp32.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
-    base = quantize_weights(copy_of(fp32))  # the same int8 weights, no adapters at all
+    base, _ = serving((copy_of(fp32), None), quantize="int8")  # the same int8 weights, served, no adapter on
     off_int8, off_fp32 = int8(ids), fp32(ids)
     assert torch.equal(off_int8, base(ids))
     for name in ("summarize", "translate"):
