@@ -171,16 +171,19 @@ constexpr const char* kInt8Dot = "AVX512-VNNI";
 using Ints = __m512i;
 using GroupFloats = __m512;
 // vpdpbusd multiplies unsigned bytes by signed ones. The weights are made unsigned by adding 128
-// (flipping their top bit), which adds 128 * the sum of each lane's four input bytes: the lane
-// starts from minus that (Activations' offsets), so its total is exact.
+// (flipping their top bit), which adds 128 * the sum of each lane's four input bytes: the same
+// for every weight row, so it is summed once per input row (Activations' offsets) and taken off
+// each sum at the end.
 struct WeightGroup { Ints u; };
 inline WeightGroup load_weights(const int8_t* w) {
   return {_mm512_xor_si512(_mm512_loadu_si512(w), _mm512_set1_epi8(static_cast<char>(0x80)))};
 }
-inline Ints dot_group(const WeightGroup& w, const int8_t* x, const int32_t* offset) {
-  return _mm512_dpbusd_epi32(_mm512_loadu_si512(offset), w.u, _mm512_loadu_si512(x));
+inline Ints dot_group(const WeightGroup& w, const int8_t* x) {
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.u, _mm512_loadu_si512(x));
 }
 inline GroupFloats group_zeros() { return _mm512_setzero_ps(); }
+inline GroupFloats load_group_floats(const float* f) { return _mm512_loadu_ps(f); }
+inline GroupFloats subtract(GroupFloats a, GroupFloats b) { return _mm512_sub_ps(a, b); }
 inline GroupFloats scaled_add(Ints sums, float scale, GroupFloats acc) {
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(scale), acc);
 }
@@ -196,8 +199,8 @@ inline WeightGroup load_weights(const int8_t* w) {
   return {{_mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const Ints*>(w)), flip),
            _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const Ints*>(w + 32)), flip)}};
 }
-inline Ints dot_group(const WeightGroup& w, const int8_t* x, const int32_t* offset) {
-  const Ints low = _mm256_dpbusd_avx_epi32(_mm256_loadu_si256(reinterpret_cast<const Ints*>(offset)), w.u[0],
+inline Ints dot_group(const WeightGroup& w, const int8_t* x) {
+  const Ints low = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w.u[0],
                                            _mm256_loadu_si256(reinterpret_cast<const Ints*>(x)));
   return _mm256_dpbusd_avx_epi32(low, w.u[1], _mm256_loadu_si256(reinterpret_cast<const Ints*>(x + 32)));
 }
@@ -222,7 +225,7 @@ inline Ints dot_half(Ints w, const int8_t* x) {
   const Ints pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(w, xv));
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
-inline Ints dot_group(const WeightGroup& w, const int8_t* x, const int32_t*) {
+inline Ints dot_group(const WeightGroup& w, const int8_t* x) {
   return _mm256_add_epi32(dot_half(w.w[0], x), dot_half(w.w[1], x + 32));
 }
 inline GroupFloats group_zeros() { return _mm256_setzero_ps(); }
@@ -231,8 +234,12 @@ inline GroupFloats scaled_add(Ints sums, float scale, GroupFloats acc) {
 }
 constexpr bool kUnsignedWeights = false;  // no offsets: the weights stay signed
 #endif
+#if !defined(__AVX512VNNI__)
+inline GroupFloats load_group_floats(const float* f) { return _mm256_loadu_ps(f); }
+inline GroupFloats subtract(GroupFloats a, GroupFloats b) { return _mm256_sub_ps(a, b); }
+#endif
 
-constexpr int kOffsetLanes = sizeof(Ints) / sizeof(int32_t);
+constexpr int kSumLanes = sizeof(Ints) / sizeof(int32_t);
 
 // The input rows of an int8 product, rounded to 8 bits. In each group of kGroup values of a row,
 // scale = max|x| / 127 and q = round(x / scale), half to even (quantize.py's rows_in_8_bits, in
@@ -241,16 +248,16 @@ constexpr int kOffsetLanes = sizeof(Ints) / sizeof(int32_t);
 // NaN as in PyTorch. Made once per call, before the threads split the output channels.
 struct Activations {
   int64_t in, groups;
-  std::vector<int8_t> values;    // rows x groups x kGroup
-  std::vector<float> scales;     // rows x groups
-  std::vector<float> poison;     // per row: 0, or NaN
-  std::vector<int32_t> offsets;  // rows x groups x kOffsetLanes: dot_group's starting lanes (VNNI)
+  std::vector<int8_t> values;  // rows x groups x kGroup
+  std::vector<float> scales;   // rows x groups
+  std::vector<float> poison;   // per row: 0, or NaN
+  // (VNNI) per row, kSumLanes floats: what the weights' +128 adds to each lane of dot_block's
+  // sums over the whole groups, in the same operations: 128 * the lane's input bytes, per group
+  // times its scale.
+  std::vector<float> offsets;
 
   const int8_t* group(int64_t r, int64_t g) const { return values.data() + (r * groups + g) * kGroup; }
   float scale(int64_t r, int64_t g) const { return scales[r * groups + g]; }
-  const int32_t* offset(int64_t r, int64_t g) const {
-    return kUnsignedWeights ? offsets.data() + (r * groups + g) * kOffsetLanes : nullptr;
-  }
 };
 
 Activations in_8_bits(const float* x, int64_t rows, int64_t in) {
@@ -278,24 +285,22 @@ Activations in_8_bits(const float* x, int64_t rows, int64_t in) {
       if (scale > 0.0f)
         for (int64_t i = 0; i < n; i++) q[i] = static_cast<int8_t>(std::nearbyint(values[i] / scale));
     }
-  if constexpr (kUnsignedWeights) {  // minus 128 * each lane's input bytes: dot_group with every weight 0, made 128
-    a.offsets.resize(rows * a.groups * kOffsetLanes);
+  if constexpr (kUnsignedWeights) {  // dot_block's sums with every weight 0, made 128
+    a.offsets.resize(rows * kSumLanes);
     const int8_t zero_bytes[kGroup] = {};
-    const int32_t zero_lanes[kOffsetLanes] = {};
     const WeightGroup all_128 = load_weights(zero_bytes);
-    for (int64_t i = 0; i < rows * a.groups; i++) {
-      int32_t* lanes = a.offsets.data() + i * kOffsetLanes;
-      const Ints sums = dot_group(all_128, a.values.data() + i * kGroup, zero_lanes);
-      std::memcpy(lanes, &sums, sizeof sums);
-      for (int l = 0; l < kOffsetLanes; l++) lanes[l] = -lanes[l];
+    for (int64_t r = 0; r < rows; r++) {
+      GroupFloats offset = group_zeros();
+      for (int64_t g = 0; g < in / kGroup; g++) offset = scaled_add(dot_group(all_128, a.group(r, g)), a.scale(r, g), offset);
+      std::memcpy(a.offsets.data() + r * kSumLanes, &offset, sizeof offset);
     }
   }
   return a;
 }
 
 // dot_block for int8 weights: each (weight row, input row) pair's float sum gathers its groups'
-// exact integer sums, each times the input's group scale; a last group shorter than kGroup (only
-// where `in` is not a multiple of 64, never in GPT-2) is summed one value at a time.
+// exact integer sums, each times the input's group scale, less the offsets; a last group shorter
+// than kGroup (only where `in` is not a multiple of 64, never in GPT-2) is summed one value at a time.
 template <int WR, int N>
 inline void dot_block(const int8_t* w, const Activations& x, int64_t o, int64_t r, const Output& out) {
   const int64_t in = x.in, full = in / kGroup;
@@ -308,13 +313,13 @@ inline void dot_block(const int8_t* w, const Activations& x, int64_t o, int64_t 
     for (int j = 0; j < WR; j++) wv[j] = load_weights(w + j * in + g * kGroup);
     for (int k = 0; k < N; k++) {
       const int8_t* xq = x.group(r + k, g);
-      const int32_t* offset = x.offset(r + k, g);
       const float scale = x.scale(r + k, g);
-      for (int j = 0; j < WR; j++) acc[j][k] = scaled_add(dot_group(wv[j], xq, offset), scale, acc[j][k]);
+      for (int j = 0; j < WR; j++) acc[j][k] = scaled_add(dot_group(wv[j], xq), scale, acc[j][k]);
     }
   }
   for (int j = 0; j < WR; j++)
     for (int k = 0; k < N; k++) {
+      if constexpr (kUnsignedWeights) acc[j][k] = subtract(acc[j][k], load_group_floats(x.offsets.data() + (r + k) * kSumLanes));
       float s = horizontal_sum(acc[j][k]);
       if (full < x.groups) {
         const int8_t* xq = x.group(r + k, full);
