@@ -89,24 +89,30 @@ def read_bandwidth(model: GPT2, nbytes: int) -> Callable[[], float]:
     second of summing that many bytes as floats, the best of 5 sums in a row (GB/s), as a decode
     step reads its weights again and again. On a CPU the bytes are the fp32 model's own weight
     matrices, which engine.kernels put in one block of memory, so that the measurement adds nothing
-    to the peak resident memory the table reports; on a GPU, 256 MiB of its own."""
+    to the peak resident memory the table reports (where they are not in one block, as many bytes
+    of its own); on a GPU, 256 MiB of its own."""
     device = model.device
-    if device.type == "cpu":
-        x = weight_block(model)[:nbytes].view(torch.float32)
-    else:
-        x = torch.ones(64 * 2**20, device=device)
+    x = floats_to_read(model, nbytes) if device.type == "cpu" else torch.ones(64 * 2**20, device=device)
     x.sum()
     return lambda: x.numel() * x.element_size() / min(seconds(x.sum, device) for _ in range(5)) / 1e9
 
 
-def weight_block(model: GPT2) -> torch.Tensor:
+def floats_to_read(model: GPT2, nbytes: int) -> torch.Tensor:
+    """nbytes (rounded down to whole floats) of the model's weight block, or of a tensor of their own."""
+    block = weight_block(model)
+    if block is not None and block.numel() >= nbytes:
+        return block[:nbytes - nbytes % 4].view(torch.float32)
+    return torch.ones(nbytes // 4)
+
+
+def weight_block(model: GPT2) -> torch.Tensor | None:
     """The bytes of the model's weight matrices, as one uint8 tensor: from the first to the end of
-    the last, in the block engine.kernels.weights_on_huge_pages moved them into; the token
-    embedding alone where they are not in one block."""
+    the last, in the block engine.kernels.weights_on_huge_pages moved them into; None where they
+    are not in one block."""
     matrices = [p for p in model.parameters() if p.dim() == 2]
     storage = matrices[0].untyped_storage()
     if any(p.untyped_storage().data_ptr() != storage.data_ptr() for p in matrices):
-        return model.transformer.wte.weight.detach().view(-1).view(torch.uint8)
+        return None
     block = torch.empty(0, dtype=torch.uint8).set_(storage)
     first = min(p.data_ptr() for p in matrices) - storage.data_ptr()
     end = max(p.data_ptr() + p.numel() * p.element_size() for p in matrices) - storage.data_ptr()

@@ -40,7 +40,7 @@ using MaybeTensor = std::optional<Tensor>;
 // - `rows`: a call with up to this many rows (a decode batch) takes `weights` weight rows at a
 //   time and runs all its rows over them, so each weight is read once per call. Memory sets the
 //   speed there, and few streams of weights read fastest.
-// - `block_weights` x `block_rows`: a call with more rows (a decode batch of 5-8, a prompt)
+// - `block_weights` x `block_rows`: a call with more rows (a prompt, a batch past `rows`)
 //   takes blocks of that many weight rows and input rows. Arithmetic sets the speed there, so
 //   each weight vector loaded serves several input rows and each input vector several weight
 //   rows; the block's sums fill most of the vector registers (16 with AVX2, 32 with AVX-512).
@@ -173,7 +173,7 @@ using GroupFloats = __m512;
 // vpdpbusd multiplies unsigned bytes by signed ones. The weights are made unsigned by adding 128
 // (flipping their top bit), which adds 128 * the sum of each lane's four input bytes: the same
 // for every weight row, so it is summed once per input row (Activations' offsets) and taken off
-// each sum at the end.
+// each sum at the end. (Inputs past about 1e36 then overflow both to inf, and give NaN.)
 struct WeightGroup { Ints u; };
 inline WeightGroup load_weights(const int8_t* w) {
   return {_mm512_xor_si512(_mm512_loadu_si512(w), _mm512_set1_epi8(static_cast<char>(0x80)))};
@@ -243,7 +243,8 @@ constexpr int kSumLanes = sizeof(Ints) / sizeof(int32_t);
 
 // The input rows of an int8 product, rounded to 8 bits. In each group of kGroup values of a row,
 // scale = max|x| / 127 and q = round(x / scale), half to even (quantize.py's rows_in_8_bits, in
-// the same float operations, so q is the same), and x is about q * scale. Rows are padded with
+// the same float operations, so q is the same), and x is about q * scale; a group whose scale
+// would be below the smallest normal float is all 0. Rows are padded with
 // zeros to whole groups. A row holding a NaN or an infinity has `poison` NaN, so its results are
 // NaN as in PyTorch. Made once per call, before the threads split the output channels.
 struct Activations {
@@ -280,10 +281,10 @@ Activations in_8_bits(const float* x, int64_t rows, int64_t in) {
         continue;
       }
       const float scale = top / 127.0f;
+      if (scale < std::numeric_limits<float>::min()) continue;  // subnormal: x / scale could pass 127; all 0
       a.scales[r * a.groups + g] = scale;
       int8_t* q = a.values.data() + (r * a.groups + g) * kGroup;
-      if (scale > 0.0f)
-        for (int64_t i = 0; i < n; i++) q[i] = static_cast<int8_t>(std::nearbyint(values[i] / scale));
+      for (int64_t i = 0; i < n; i++) q[i] = static_cast<int8_t>(std::nearbyint(values[i] / scale));
     }
   if constexpr (kUnsignedWeights) {  // dot_block's sums with every weight 0, made 128
     a.offsets.resize(rows * kSumLanes);

@@ -153,52 +153,65 @@ def start_build() -> None:
         _build.start()
 
 
-def build_plan() -> tuple[bytes, list[str], Path]:
-    """The source, the compiler flags, and the build folder, which is named by both: the build
-    does not depend on where the checkout lives, and one already made is loaded, not compiled."""
+def build_plan(int8_dot: str | None = None) -> tuple[bytes, list[str], Path]:
+    """The source, the compiler flags (for INT8_DOT, or the int8 path named), and the build
+    folder, which is named by both: the build does not depend on where the checkout lives, and
+    one already made is loaded, not compiled."""
     source = SOURCE.read_bytes()
     # -ffp-contract=off: the same rounding in every template copy (the FMAs meant are intrinsics).
     flags = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
     if WIDE:
         flags += ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
-    flags += INT8_DOTS[INT8_DOT][1]  # only the instructions this CPU has: nothing else is compiled
+    flags += INT8_DOTS[int8_dot or INT8_DOT][1]  # only the instructions this CPU has: nothing else is compiled
     key = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
     return source, flags, root / f"studio_decode_kernels_{key}"
 
 
 def _compile() -> None:
-    global _module, _why_not
-    from torch.utils.cpp_extension import load  # slow to import: only here
-    source, flags, directory = build_plan()
-    root, name = directory.parent, directory.name
+    """Build with INT8_DOT's instructions; where that fails (a compiler too old for AVX-VNNI,
+    say), once more with AVX2's, so that the rest of the kernels are not lost with them."""
+    global INT8_DOT, _module, _why_not
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with open(root / f"{name}.building", "w") as building:
-            # One process builds at a time. torch's own lock file inside the folder outlives a
-            # process killed mid-build, and torch would wait for it forever: holding this lock, no
-            # one else is building, so such a file is stale.
-            fcntl.flock(building, fcntl.LOCK_EX)
-            (directory / "lock").unlink(missing_ok=True)
-            copy = directory / "kernels.cpp"
-            if not copy.is_file() or copy.read_bytes() != source:
-                staged = directory / "kernels.cpp.new"
-                staged.write_bytes(source)
-                staged.replace(copy)
-            log.info("building the decode kernels in the background (10 to 20 seconds the first time)")
-            module = load(name, [str(copy)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                          build_directory=str(directory))
-            if module.int8_dot != INT8_DOT:  # the flags did not give the path asked for: say so, not a slow surprise
-                raise RuntimeError(f"the build took the {module.int8_dot} int8 path, not {INT8_DOT}")
-            _module = module
-        log.info("decode kernels ready (int8 on %s): decoding runs on them from now on", INT8_DOT)
-    except Exception as error:  # a missing compiler or ninja: slower, not broken
-        _why_not = ("build_failed", type(error).__name__)
-        log.warning("decode kernels unavailable, decoding stays on PyTorch: the build failed: %s", error)
+        for int8_dot in dict.fromkeys([INT8_DOT, "AVX2"]):
+            try:
+                _module = build_with(int8_dot)
+                INT8_DOT = int8_dot
+                log.info("decode kernels ready (int8 on %s): decoding runs on them from now on", INT8_DOT)
+                return
+            except Exception as error:  # a missing compiler or ninja: slower, not broken
+                _why_not = ("build_failed", type(error).__name__)
+                log.warning("decode kernels with int8 on %s: the build failed: %s", int8_dot, error)
+        log.warning("decode kernels unavailable, decoding stays on PyTorch")
         warnings.warn(f"the decode kernels could not be built, so decoding runs on PyTorch's products and attention "
-                      f"(slower; results the same up to rounding): {error}")
+                      f"(slower; results the same up to rounding): {_why_not[1]}")
     finally:
         _built.set()
+
+
+def build_with(int8_dot: str):
+    """The kernels built (or found in the cache) with int8_dot's instructions; raises where they cannot be."""
+    from torch.utils.cpp_extension import load  # slow to import: only here
+    source, flags, directory = build_plan(int8_dot)
+    root, name = directory.parent, directory.name
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{name}.building", "w") as building:
+        # One process builds at a time. torch's own lock file inside the folder outlives a
+        # process killed mid-build, and torch would wait for it forever: holding this lock, no
+        # one else is building, so such a file is stale.
+        fcntl.flock(building, fcntl.LOCK_EX)
+        (directory / "lock").unlink(missing_ok=True)
+        copy = directory / "kernels.cpp"
+        if not copy.is_file() or copy.read_bytes() != source:
+            staged = directory / "kernels.cpp.new"
+            staged.write_bytes(source)
+            staged.replace(copy)
+        log.info("building the decode kernels in the background (10 to 20 seconds the first time)")
+        module = load(name, [str(copy)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                      build_directory=str(directory))
+    if module.int8_dot != int8_dot:  # the flags did not give the path asked for: say so, not a slow surprise
+        raise RuntimeError(f"the build took the {module.int8_dot} int8 path, not {int8_dot}")
+    return module
 
 
 def wait_until_built(timeout_s: float | None = 600) -> bool:
@@ -330,19 +343,25 @@ def norm_parameters(norm: nn.Module) -> tuple:
 
 def linear_parameters(layer: nn.Module) -> tuple:
     """(weight, bias, scale) of a kernel Linear or an Int8Linear (scale None for fp32)."""
-    return layer._parameters["weight"], layer._parameters["bias"], layer._buffers.get("scale")
+    return layer._parameters["weight"], layer._parameters.get("bias"), layer._buffers.get("scale")
 
 
 def watched(block: Block) -> bool:
     """Whether a hook would see inside the block: one on any of its modules other than LoRA's
     (which adds nothing with no adapter on), or one for every module."""
     inside = block.__dict__.get("_inside")
-    if inside is None:  # its modules, once: installed kernels do not change them
-        inside = block.__dict__["_inside"] = [(m, getattr(m, "has_lora_hook", False)) for m in block.modules()][1:]
-    for module, lora in inside:
-        if module._forward_pre_hooks or len(module._forward_hooks) > lora:
+    if inside is None:  # its modules, listed once (modules_changed forgets the list)
+        inside = block.__dict__["_inside"] = list(block.modules())[1:]
+    for module in inside:
+        if module._forward_pre_hooks or len(module._forward_hooks) > getattr(module, "has_lora_hook", False):
             return True
     return bool(torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
+
+
+def modules_changed(model: nn.Module) -> None:
+    """Say that modules of `model` were replaced (quantize_weights): watched() lists them again."""
+    for module in model.modules():
+        module.__dict__.pop("_inside", None)
 
 
 class KernelLinear(nn.Linear):

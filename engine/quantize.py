@@ -33,11 +33,12 @@ def rows_in_8_bits(x: torch.Tensor) -> torch.Tensor:
     """x rounded to 8 bits as the int8 kernel rounds it, in x's dtype: along the last dimension,
     in groups of GROUP values, scale = max|x| / 127 and x becomes round(x / scale) * scale (half
     to even). kernels.cpp takes the same float operations, so the 8-bit values are the same.
-    A NaN or an infinity makes NaN of its group."""
+    A group whose scale would be below the smallest normal float becomes 0 (x / scale could pass
+    127 there); a NaN or an infinity makes NaN of its group."""
     width = x.shape[-1]
     groups = F.pad(x, (0, -width % GROUP)).unflatten(-1, (-1, GROUP))
     scale = groups.abs().amax(dim=-1, keepdim=True) / 127
-    steps = torch.where(scale > 0, torch.round(groups / scale), 0.0)
+    steps = torch.where(scale >= torch.finfo(x.dtype).tiny, torch.round(groups / scale), 0.0)
     return (steps * scale).flatten(-2)[..., :width]
 
 
@@ -80,4 +81,5 @@ def quantize_weights(model: nn.Module, method: str = "int8") -> nn.Module:
                 quantized._forward_hooks.update(child._forward_hooks)
                 quantized.has_lora_hook = getattr(child, "has_lora_hook", False)
                 setattr(parent, name, quantized)
+    kernels.modules_changed(model)
     return model

@@ -75,3 +75,26 @@ def test_a_fresh_clone_answers_before_its_kernels_are_built(fresh_clone_startup)
     assert "16 generated tokens" in n["status"]
     if kernels.unavailable_reason() is None:
         assert n["kernels_ready_s"] is not None and n["kernels_ready_s"] > n["first_generate_s"]
+
+
+def test_the_bandwidth_reads_as_many_bytes_as_asked_in_one_block_or_not():
+    """The roofline's read covers the weights' bytes: from the model's own block where
+    engine.kernels put the weights in one, from a tensor of its own where not (a model not
+    prepared for serving), never fewer bytes than asked."""
+    from bench.decode import floats_to_read, read_bandwidth, weight_block
+    from engine import prepare_for_serving
+    from model import GPT2, GPT2Config
+
+    config = GPT2Config(vocab_size=500, n_positions=32, n_embd=64, n_layer=2, n_head=4)
+    plain, served = GPT2(config), prepare_for_serving(GPT2(config))
+    weights = sum(p.numel() * 4 for p in served.parameters() if p.dim() == 2)
+    assert weight_block(plain) is None
+    block = weight_block(served)
+    assert block is None or block.numel() >= weights  # (no huge pages from Linux: the weights stay apart)
+    for model in (plain, served):
+        for nbytes in (1000, weights, 3 * weights):
+            x = floats_to_read(model, nbytes)
+            assert x.dtype == torch.float32 and x.numel() == nbytes // 4
+        assert read_bandwidth(model, weights)() > 0
+    if block is not None:  # the served model's own weights, no copy
+        assert floats_to_read(served, weights).data_ptr() == block.data_ptr()

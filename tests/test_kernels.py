@@ -401,3 +401,33 @@ def test_a_block_in_one_call_gives_its_modules_bits(quantize):
     expected, _ = decode_steps(plain)
     tolerance = 1e-5 if quantize is None else 0.05  # int8: the weights and inputs rounded
     assert (fused - expected).abs().max() <= tolerance * expected.abs().max()
+
+
+@torch.no_grad()
+def test_inputs_too_small_for_a_normal_scale_count_as_zero_on_both_paths():
+    """A group whose scale (max|x| / 127) would be subnormal is all 0, on the kernel and in
+    rows_in_8_bits alike: x / scale could pass 127 there and wrap round in 8 bits."""
+    int8 = layer("int8", 128, 20, bias=False)
+    x = torch.randn(2, 128)
+    x[0, :GROUP] = torch.randn(GROUP) * 1e-40  # the first group subnormal, the second normal
+    assert torch.equal(rows_in_8_bits(x)[0, :GROUP], torch.zeros(GROUP))
+    got = kernels.linear(x, int8.weight, int8.bias, int8.scale)
+    assert got is not None and (got - pytorch_product(int8, x)).abs().max() <= 1e-5 * got.abs().max()
+
+
+def test_a_failed_build_of_the_int8_path_falls_back_to_avx2s_and_keeps_the_kernels():
+    """A compiler that cannot take the best int8 path's flags (one too old for AVX-VNNI, say)
+    costs only that path: the build is made again with AVX2's int8 products."""
+    better = [dot for dot in kernels.int8_dots_here() if dot != "AVX2"]
+    if not better:
+        pytest.skip("the CPU has no int8 path but AVX2's")
+    code = f"""
+from engine import kernels
+kernels.INT8_DOTS[{better[0]!r}] = ("", ["-mno-such-instructions"])
+assert kernels.wait_until_built(), kernels.decode_path()
+print(kernels.INT8_DOT, kernels.decode_kernels().int8_dot, kernels.decode_path())
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "STUDIO_INT8_DOT": better[0]},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.split()[:2] == ["AVX2", "AVX2"] and "int8 on AVX2" in done.stdout
