@@ -368,15 +368,17 @@ void rows_times_weight(const Rows& x, int64_t rows, const Weight* w, int64_t out
 
 bool is_cpu_float(const Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
 
+bool is_float_vector(const MaybeTensor& t, int64_t size) {
+  return t && is_cpu_float(*t) && t->dim() == 1 && t->size(0) == size && t->is_contiguous();
+}
+
 // Whether the products can take this weight (int8 with a scale, or fp32), bias and scale.
 bool takes_weight(const Tensor& weight, const MaybeTensor& bias, const MaybeTensor& scale) {
   if (weight.dim() != 2 || !weight.device().is_cpu() || !weight.is_contiguous() || weight.size(1) == 0
       || weight.scalar_type() != (scale ? at::kChar : at::kFloat))
     return false;
   for (const auto* extra : {&bias, &scale})
-    if (extra->has_value() && (!is_cpu_float(**extra) || (*extra)->dim() != 1 || (*extra)->size(0) != weight.size(0)
-                               || !(*extra)->is_contiguous()))
-      return false;
+    if (extra->has_value() && !is_float_vector(*extra, weight.size(0))) return false;
   return true;
 }
 
@@ -638,10 +640,6 @@ void gelu_tanh(const float* x, int64_t n, float* y) {
     _mm256_storeu_ps(tail, eight(_mm256_loadu_ps(tail)));
     std::copy(tail, tail + (n - i), y + i);
   }
-}
-
-bool is_float_vector(const MaybeTensor& t, int64_t size) {
-  return t && is_cpu_float(*t) && t->dim() == 1 && t->size(0) == size && t->is_contiguous();
 }
 
 // model/gpt2.py's LayerNorm over x's last dimension, or None where the kernel cannot take it.

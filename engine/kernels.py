@@ -15,8 +15,8 @@ batch of other users' requests (engine/scheduler.py).
 
 The C++ is compiled by torch.utils.cpp_extension in a background thread, started by `install`,
 so it never stands between launch and the first answer: until it is ready (10 to 20 seconds the
-first time: only the headers it needs, and only the instructions this CPU has), and wherever it cannot be (no AVX2, as on ARM; no C++ compiler;
-STUDIO_DECODE_KERNELS=0), every call runs on PyTorch's products and attention, with the same
+first time: only the headers it needs, and only the instructions this CPU has), and wherever it
+cannot be (no AVX2, as on ARM; no C++ compiler; STUDIO_DECODE_KERNELS=0), every call runs on PyTorch's products and attention, with the same
 results up to rounding. The build is keyed on the source's content and its compiler flags, so a
 moved checkout finds it in the cache (~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR).
 """
@@ -264,6 +264,25 @@ def recorded(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def for_few_rows(x: torch.Tensor, width: int, *parameters: torch.Tensor | None):
+    """The compiled module where a call over x is the kernels' to take (CPU inputs, at most
+    KERNEL_ROWS rows of `width`, nothing for autograd to record), else None."""
+    kernels = decode_kernels()
+    if kernels is None or not x.is_cpu or x.numel() > KERNEL_ROWS * width or recorded(x, *parameters):
+        return None
+    return kernels
+
+
+def seen_slots(mask: torch.Tensor | None) -> torch.Tensor | bool | None:
+    """The (rows, slots) mask the kernels take, from the model's (rows, 1, 1, slots): None for
+    none, False for a mask they do not take (one per head, or one broadcast over the rows)."""
+    if mask is None:
+        return None
+    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
+        return False
+    return mask[:, 0, 0]
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            scale: torch.Tensor | None = None) -> torch.Tensor | None:
     """x @ weight.T, times `scale` per output channel (int8 weights), plus bias; or None when the
@@ -272,10 +291,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     Here: what the kernels are for (CPU inputs, at most KERNEL_ROWS rows, nothing for autograd to
     record). kernels.cpp: what they can take (dtypes, memory order, shapes; a mismatch is
     PyTorch's to name)."""
-    kernels = decode_kernels()
-    if kernels is None or not x.is_cpu or x.numel() > KERNEL_ROWS * weight.shape[-1] or recorded(x, weight, bias):
-        return None
-    return kernels.linear(x, weight, bias, scale)
+    kernels = for_few_rows(x, weight.shape[-1], weight, bias)
+    return None if kernels is None else kernels.linear(x, weight, bias, scale)
 
 
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -285,28 +302,22 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
     q (rows, heads, 1, dim); keys and values (rows, heads, slots, dim), views of the KV cache;
     mask None or (rows, 1, 1, slots), True where the query may look."""
-    kernels = decode_kernels()
-    if kernels is None or q.shape[2] != 1 or not q.is_cpu or recorded(q, keys, values):
+    kernels, seen = decode_kernels(), seen_slots(mask)
+    if kernels is None or q.shape[2] != 1 or not q.is_cpu or recorded(q, keys, values) or seen is False:
         return None
-    if mask is not None and (mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1):
-        return None  # a mask per head, or one broadcast over the rows: PyTorch's
-    return kernels.decode_attention(q, keys, values, None if mask is None else mask[:, 0, 0])
+    return kernels.decode_attention(q, keys, values, seen)
 
 
 def layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor | None:
     """norm(x) for a few rows, or None when the caller should use PyTorch's."""
-    kernels = decode_kernels()
-    if kernels is None or not x.is_cpu or x.numel() > KERNEL_ROWS * x.shape[-1] or recorded(x, norm.weight, norm.bias):
-        return None
-    return kernels.layer_norm(x, norm.weight, norm.bias, norm.eps)
+    kernels = for_few_rows(x, x.shape[-1], norm.weight, norm.bias)
+    return None if kernels is None else kernels.layer_norm(x, norm.weight, norm.bias, norm.eps)
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor | None:
     """GPT-2's GELU (the tanh form) of a few rows, or None when the caller should use PyTorch's."""
-    kernels = decode_kernels()
-    if kernels is None or not x.is_cpu or x.numel() > KERNEL_ROWS * x.shape[-1] or recorded(x):
-        return None
-    return kernels.gelu(x)
+    kernels = for_few_rows(x, x.shape[-1])
+    return None if kernels is None else kernels.gelu(x)
 
 
 def decode_block(block: Block, h: torch.Tensor, mask: torch.Tensor | None, cache, layer: int) -> torch.Tensor | None:
@@ -319,12 +330,10 @@ def decode_block(block: Block, h: torch.Tensor, mask: torch.Tensor | None, cache
     the block: no adapter on (the scheduler's batch may mix them), no hook on its modules (the
     activation patching reads and replaces attention and MLP outputs). Hooks on the block itself,
     steering's and the residual stream's, see its input and output as ever."""
-    kernels = decode_kernels()
+    kernels, seen = decode_kernels(), seen_slots(mask)
     if (kernels is None or cache is None or h.dim() != 3 or h.shape[1] != 1 or h.shape[0] > KERNEL_ROWS
             or not h.is_cpu or not block.pre_norm or torch.is_grad_enabled() or ACTIVE_ADAPTER.get() is not None
-            or not hasattr(cache, "one_token_slots") or watched(block)):
-        return None
-    if mask is not None and (mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1):
+            or seen is False or not hasattr(cache, "one_token_slots") or watched(block)):
         return None
     slots, end = cache.one_token_slots()
     ln_1, attention, ln_2, mlp = (block._modules[name] for name in ("ln_1", "attn", "ln_2", "mlp"))
@@ -334,7 +343,7 @@ def decode_block(block: Block, h: torch.Tensor, mask: torch.Tensor | None, cache
                   *linear_parameters(attention._modules["c_proj"]), *norm_parameters(ln_2),
                   *linear_parameters(mlp._modules["c_fc"]), *linear_parameters(mlp._modules["c_proj"])]
     return kernels.decode_block(h, parameters, ln_1.eps, ln_2.eps, attention.n_head, cache.keys[layer],
-                                cache.values[layer], slots, end, None if mask is None else mask[:, 0, 0])
+                                cache.values[layer], slots, end, seen)
 
 
 def norm_parameters(norm: nn.Module) -> tuple:
