@@ -358,10 +358,10 @@ def table(n: dict, device: torch.device, dtype: torch.dtype, new_tokens: int, re
     def per_round(key, fmt="{:.2f}x"):
         return "" if n.get(key) is None else f" (per round {fmt.format(n[key])})"
 
+    labels = {"fp32": f"batch 1 {width}", "int8": "batch 1 int8", "batch8": f"batch {BATCH} {width}",
+              "int8_batch8": f"batch {BATCH} int8"}  # FRACTIONS' decode figures
     fractions = " · ".join(f"{label} {n[f'{name}_roofline_fraction']:.0%}"
-                           + per_round(f"{name}_roofline_per_round", "{:.0%}") for name, label in (
-        ("fp32", f"batch 1 {width}"), ("int8", "batch 1 int8"), ("batch8", f"batch {BATCH} {width}"),
-        ("int8_batch8", f"batch {BATCH} int8")))
+                           + per_round(f"{name}_roofline_per_round", "{:.0%}") for name, label in labels.items())
     rows = [
         (f"decode, batch 1, {width} (tokens/s)", f"{n['ours_fp32_tok_s']:.1f}",
          f"sdpa {n['hf_sdpa_tok_s']:.1f} · eager {n['hf_eager_tok_s']:.1f}",
@@ -383,7 +383,7 @@ def table(n: dict, device: torch.device, dtype: torch.dtype, new_tokens: int, re
         (f"roofline at batch 1, {width} / int8 (tokens/s)",
          f"{n['roofline_fp32_tok_s']:.1f} / {n['roofline_int8_tok_s']:.1f}", "", ""),
         ("decode as a fraction of its roofline", "", "", fractions),
-        (f"int8 products: the integer dot products taken", n["int8_dot"], "", ""),
+        ("int8 products: the integer dot products taken", n["int8_dot"], "", ""),
         ("int8 logits against fp32, 32-token prompt (largest difference / largest logit)",
          f"{n['int8_logits_error']:.4f}", "", ""),
         ("the weights, summed matrix by matrix (GB/s)", f"{n['weights_sum_gb_s']:.1f}", "",
@@ -401,8 +401,7 @@ def table(n: dict, device: torch.device, dtype: torch.dtype, new_tokens: int, re
         *[(f"the decode kernels' gain: {label} (tokens/s, on / off)",
             f"{n[f'ours_{key}_tok_s']:.1f} / {n[f'ours_{key}_nokernels_tok_s']:.1f}", "",
             f"{n[f'ours_{key}_tok_s'] / n[f'ours_{key}_nokernels_tok_s']:.2f}x" + per_round(f"{key}_kernels_gain_per_round"))
-          for key, label in (("fp32", f"batch 1 {width}"), ("int8", "batch 1 int8"), ("batch8", f"batch {BATCH} {width}"),
-                             ("int8_batch8", f"batch {BATCH} int8"))],
+          for key, label in labels.items()],
         ("peak resident memory of this process (MB)", f"{n['peak_rss_mb']:.0f}", "", "both models loaded"),
         ("load a checkpoint of the 124M shape (s)", f"{n['load_ours_s']:.2f}", f"{n['load_hf_s']:.2f}",
          f"{n['load_hf_s'] / n['load_ours_s']:.2f}x as fast (ours makes every weight its own memory and loads the "
@@ -519,7 +518,7 @@ def against_transformers(args: argparse.Namespace, device: torch.device, dtype: 
                                                       rounds["prefill512_hf_eager_ms"])), rounds["prefill512_ours_ms"]),
         **{f"{name}_kernels_gain_per_round": ratio_per_round(rounds[f"ours_{name}_tok_s"],
                                                              rounds[f"ours_{name}_nokernels_tok_s"])
-           for name in ("fp32", "int8", "batch8", "int8_batch8")},
+           for name in FRACTIONS},
     })
     n.update(breakdown)
     return n
