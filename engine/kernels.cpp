@@ -9,10 +9,11 @@
 // sequence gets bit-identical results alone or in a batch.
 //
 // int8 weights are multiplied in integers. A call first rounds its input rows to 8 bits, one
-// scale per group of 64 values (struct Activations); then one instruction multiplies 64 or 32
-// weight bytes by as many input bytes and adds them four by four into 32-bit sums, exactly, and
-// each group's sums are scaled into a float sum once. Converting each weight to float instead
-// costs more arithmetic than the memory takes to deliver the weights. The instruction is the best
+// scale per group of 64 values (struct Activations); then one instruction multiplies 4 input
+// bytes by 4 weight bytes of each of 16 (or 8) output channels and adds them into the channels'
+// 32-bit sums, exactly (the weights are packed for it, see kBlock), and each group's sums are
+// scaled into float sums once. Converting each weight to float instead costs more arithmetic
+// than the memory takes to deliver the weights. The instruction is the best
 // the CPU has (kernels.py picks it at run time and builds only that one, see INT8_DOT there):
 // AVX512-VNNI's vpdpbusd on 64 bytes, AVX-VNNI's on 32, or AVX2's vpmaddubsw and vpmaddwd.
 //
@@ -55,13 +56,15 @@ template <> struct Pass<float> {
   static constexpr int rows = 4, weights = 1, block_weights = 3, block_rows = 4;
 };
 #endif
+// int8 weights go in blocks of 16 channels (kBlock), so `weights` and `block_weights` count blocks
+// there; their sums take twice the registers with AVX2's vectors.
 #ifdef __AVX512VNNI__
 template <> struct Pass<int8_t> {
-  static constexpr int rows = 4, weights = 2, block_weights = 4, block_rows = 4;
+  static constexpr int rows = 4, weights = 2, block_weights = 2, block_rows = 6;
 };
 #else
 template <> struct Pass<int8_t> {
-  static constexpr int rows = 4, weights = 2, block_weights = 2, block_rows = 3;
+  static constexpr int rows = 2, weights = 1, block_weights = 1, block_rows = 2;
 };
 #endif
 
@@ -162,99 +165,83 @@ inline void dot_block(const float* w, const FloatRows& x, int64_t o, int64_t r, 
 // ---- int8 weights: integer dot products ----
 
 constexpr int kGroup = 64;  // input values sharing one 8-bit scale (quantize.py's GROUP)
+constexpr int kBlock = 16;  // output channels per block of a packed weight (quantize.py's BLOCK)
 
-// One path of the three (the file's head): a group of 64 bytes as the dot-product instruction
-// takes it. `load_weights` loads a weight row's group once for all the input rows it meets, and
-// `dot_group` returns integer lanes whose total is exactly sum(w[i] * x[i]) over the group.
+// int8 weights come packed (quantize.py's `pack`): in blocks of 16 output channels, and within a
+// block, for every 4 inputs, the 16 channels' 4 bytes one after the other. Those 64 bytes are what
+// one vpdpbusd takes: it multiplies each channel's 4 bytes by the same 4 input bytes (broadcast)
+// and adds the 4 products into that channel's 32-bit lane. A block's 16 sums so stay in one
+// register, and a group of 64 inputs costs 16 of these and one conversion to float for 16
+// channels; along a weight row's own bytes it cost one each per channel, which kept the decode
+// step bound by arithmetic rather than by memory. The bytes are stored plus 128 (top bit flipped),
+// unsigned as vpdpbusd takes its first operand; the channels past the last whole block follow
+// row by row. Packed only where `in` is a multiple of kGroup (every GPT-2), so a group is whole.
+//
+// One path of the three (the file's head): `Ints` holds integer sums for kBlock / kParts
+// channels, `load_part` loads a part of the 64 bytes and `dot4` adds the 4-byte products of each
+// lane's weights with the broadcast input bytes x4 into its sums, exactly.
 #if defined(__AVX512VNNI__)
 constexpr const char* kInt8Dot = "AVX512-VNNI";
 using Ints = __m512i;
 using GroupFloats = __m512;
-// vpdpbusd multiplies unsigned bytes by signed ones. The weights are made unsigned by adding 128
-// (flipping their top bit), which adds 128 * the sum of each lane's four input bytes: the same
-// for every weight row, so it is summed once per input row (Activations' offsets) and taken off
-// each sum at the end. (Inputs past about 1e36 then overflow both to inf, and give NaN.)
-struct WeightGroup { Ints u; };
-inline WeightGroup load_weights(const int8_t* w) {
-  return {_mm512_xor_si512(_mm512_loadu_si512(w), _mm512_set1_epi8(static_cast<char>(0x80)))};
-}
-inline Ints dot_group(const WeightGroup& w, const int8_t* x) {
-  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.u, _mm512_loadu_si512(x));
-}
+constexpr int kParts = 1;
+inline Ints int_zeros() { return _mm512_setzero_si512(); }
+inline Ints load_part(const int8_t* w) { return _mm512_loadu_si512(w); }
+inline Ints broadcast4(const int8_t* x) { int32_t v; std::memcpy(&v, x, 4); return _mm512_set1_epi32(v); }
+inline Ints dot4(Ints sums, Ints w, Ints x4) { return _mm512_dpbusd_epi32(sums, w, x4); }
 inline GroupFloats group_zeros() { return _mm512_setzero_ps(); }
-inline GroupFloats load_group_floats(const float* f) { return _mm512_loadu_ps(f); }
-inline GroupFloats subtract(GroupFloats a, GroupFloats b) { return _mm512_sub_ps(a, b); }
 inline GroupFloats scaled_add(Ints sums, float scale, GroupFloats acc) {
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(scale), acc);
 }
+inline void store_floats(float* f, GroupFloats v) { _mm512_storeu_ps(f, v); }
 constexpr bool kUnsignedWeights = true;
-#elif defined(__AVXVNNI__)
-constexpr const char* kInt8Dot = "AVX-VNNI";
+#else
 using Ints = __m256i;
 using GroupFloats = __m256;
-// As with AVX512-VNNI, in two halves of 32 bytes summed into the same 8 lanes.
-struct WeightGroup { Ints u[2]; };
-inline WeightGroup load_weights(const int8_t* w) {
-  const Ints flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  return {{_mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const Ints*>(w)), flip),
-           _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const Ints*>(w + 32)), flip)}};
-}
-inline Ints dot_group(const WeightGroup& w, const int8_t* x) {
-  const Ints low = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w.u[0],
-                                           _mm256_loadu_si256(reinterpret_cast<const Ints*>(x)));
-  return _mm256_dpbusd_avx_epi32(low, w.u[1], _mm256_loadu_si256(reinterpret_cast<const Ints*>(x + 32)));
-}
-inline GroupFloats group_zeros() { return _mm256_setzero_ps(); }
-inline GroupFloats scaled_add(Ints sums, float scale, GroupFloats acc) {
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(scale), acc);
-}
+constexpr int kParts = 2;
+inline Ints int_zeros() { return _mm256_setzero_si256(); }
+inline Ints load_part(const int8_t* w) { return _mm256_loadu_si256(reinterpret_cast<const Ints*>(w)); }
+inline Ints broadcast4(const int8_t* x) { int32_t v; std::memcpy(&v, x, 4); return _mm256_set1_epi32(v); }
+#if defined(__AVXVNNI__)
+constexpr const char* kInt8Dot = "AVX-VNNI";
+inline Ints dot4(Ints sums, Ints w, Ints x4) { return _mm256_dpbusd_avx_epi32(sums, w, x4); }
 constexpr bool kUnsignedWeights = true;
 #else
 constexpr const char* kInt8Dot = "AVX2";
-using Ints = __m256i;
-using GroupFloats = __m256;
 // vpmaddubsw multiplies unsigned bytes by signed ones and adds pairs into 16 bits, saturating.
 // |x| (at most 127) times w with x's sign (at most 127) keeps each pair within 2 * 127 * 127,
-// short of the saturation; vpmaddwd then adds pairs of those into 32 bits.
-struct WeightGroup { Ints w[2]; };
-inline WeightGroup load_weights(const int8_t* w) {
-  return {{_mm256_loadu_si256(reinterpret_cast<const Ints*>(w)), _mm256_loadu_si256(reinterpret_cast<const Ints*>(w + 32))}};
+// short of the saturation; vpmaddwd then adds pairs of those into 32 bits. The weights are made
+// signed again first, so there is no offset to take off.
+inline Ints dot4(Ints sums, Ints w, Ints x4) {
+  const Ints signed_w = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+  const Ints pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(x4), _mm256_sign_epi8(signed_w, x4));
+  return _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
-inline Ints dot_half(Ints w, const int8_t* x) {
-  const Ints xv = _mm256_loadu_si256(reinterpret_cast<const Ints*>(x));
-  const Ints pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(w, xv));
-  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-}
-inline Ints dot_group(const WeightGroup& w, const int8_t* x) {
-  return _mm256_add_epi32(dot_half(w.w[0], x), dot_half(w.w[1], x + 32));
-}
+constexpr bool kUnsignedWeights = false;
+#endif
 inline GroupFloats group_zeros() { return _mm256_setzero_ps(); }
 inline GroupFloats scaled_add(Ints sums, float scale, GroupFloats acc) {
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(scale), acc);
 }
-constexpr bool kUnsignedWeights = false;  // no offsets: the weights stay signed
-#endif
-#if !defined(__AVX512VNNI__)
-inline GroupFloats load_group_floats(const float* f) { return _mm256_loadu_ps(f); }
-inline GroupFloats subtract(GroupFloats a, GroupFloats b) { return _mm256_sub_ps(a, b); }
+inline void store_floats(float* f, GroupFloats v) { _mm256_storeu_ps(f, v); }
 #endif
 
-constexpr int kSumLanes = sizeof(Ints) / sizeof(int32_t);
+constexpr int kPartBytes = 4 * kBlock / kParts, kPartChannels = kBlock / kParts;
 
-// The input rows of an int8 product, rounded to 8 bits. In each group of kGroup values of a row,
-// scale = max|x| / 127 and q = round(x / scale), half to even (quantize.py's rows_in_8_bits, in
-// the same float operations, so q is the same), and x is about q * scale; a group whose scale
-// would be below the smallest normal float is all 0. Rows are padded with
-// zeros to whole groups. A row holding a NaN or an infinity has `poison` NaN, so its results are
-// NaN as in PyTorch. Made once per call, before the threads split the output channels.
+// The input rows of an int8 product, rounded to 8 bits. In each group of kGroup values of a row
+// (`in` is a multiple of kGroup), scale = max|x| / 127 and q = round(x / scale), half to even
+// (quantize.py's rows_in_8_bits, in the same float operations, so q is the same), and x is about
+// q * scale; a group whose scale would be below the smallest normal float is all 0. A row holding
+// a NaN or an infinity has `poison` NaN, so its results are NaN as in PyTorch. Made once per call,
+// before the threads split the output channels.
 struct Activations {
   int64_t in, groups;
-  std::vector<int8_t> values;  // rows x groups x kGroup
+  std::vector<int8_t> values;  // rows x in
   std::vector<float> scales;   // rows x groups
   std::vector<float> poison;   // per row: 0, or NaN
-  // (VNNI) per row, kSumLanes floats: what the weights' +128 adds to each lane of dot_block's
-  // sums over the whole groups, in the same operations: 128 * the lane's input bytes, per group
-  // times its scale.
+  // (unsigned weights) per row: what the weights' +128 adds to each of dot_block's float sums,
+  // 128 * each group's input bytes times its scale, added up in the same operations. (Inputs past
+  // about 1e36 then overflow both to inf, and give NaN.)
   std::vector<float> offsets;
 
   const int8_t* group(int64_t r, int64_t g) const { return values.data() + (r * groups + g) * kGroup; }
@@ -262,17 +249,17 @@ struct Activations {
 };
 
 Activations in_8_bits(const float* x, int64_t rows, int64_t in) {
-  Activations a{in, (in + kGroup - 1) / kGroup};
-  a.values.assign(rows * a.groups * kGroup, 0);
+  Activations a{in, in / kGroup};
+  a.values.assign(rows * in, 0);
   a.scales.assign(rows * a.groups, 0.0f);
   a.poison.assign(rows, 0.0f);
+  a.offsets.assign(rows, 0.0f);
   for (int64_t r = 0; r < rows; r++)
     for (int64_t g = 0; g < a.groups; g++) {
       const float* values = x + r * in + g * kGroup;
-      const int64_t n = std::min<int64_t>(kGroup, in - g * kGroup);
       float top = 0.0f;
       bool finite = true;
-      for (int64_t i = 0; i < n; i++) {
+      for (int i = 0; i < kGroup; i++) {
         finite &= std::isfinite(values[i]);
         top = std::max(top, std::fabs(values[i]));
       }
@@ -284,55 +271,72 @@ Activations in_8_bits(const float* x, int64_t rows, int64_t in) {
       if (scale < std::numeric_limits<float>::min()) continue;  // subnormal: x / scale could pass 127; all 0
       a.scales[r * a.groups + g] = scale;
       int8_t* q = a.values.data() + (r * a.groups + g) * kGroup;
-      for (int64_t i = 0; i < n; i++) q[i] = static_cast<int8_t>(std::nearbyint(values[i] / scale));
+      int32_t total = 0;
+      for (int i = 0; i < kGroup; i++) total += q[i] = static_cast<int8_t>(std::nearbyint(values[i] / scale));
+      if constexpr (kUnsignedWeights) a.offsets[r] = std::fma(static_cast<float>(128 * total), scale, a.offsets[r]);
     }
-  if constexpr (kUnsignedWeights) {  // dot_block's sums with every weight 0, made 128
-    a.offsets.resize(rows * kSumLanes);
-    const int8_t zero_bytes[kGroup] = {};
-    const WeightGroup all_128 = load_weights(zero_bytes);
-    for (int64_t r = 0; r < rows; r++) {
-      GroupFloats offset = group_zeros();
-      for (int64_t g = 0; g < in / kGroup; g++) offset = scaled_add(dot_group(all_128, a.group(r, g)), a.scale(r, g), offset);
-      std::memcpy(a.offsets.data() + r * kSumLanes, &offset, sizeof offset);
-    }
-  }
   return a;
 }
 
-// dot_block for int8 weights: each (weight row, input row) pair's float sum gathers its groups'
-// exact integer sums, each times the input's group scale, less the offsets; a last group shorter
-// than kGroup (only where `in` is not a multiple of 64, never in GPT-2) is summed one value at a time.
-template <int WR, int N>
+// dot_block for packed int8 weights: WB blocks of kBlock channels from w (channels o...) and N
+// input rows of x (rows r...). Each group's exact integer sums are scaled by the input's group
+// scale into a float sum, which ends less the row's offset.
+template <int WB, int N>
 inline void dot_block(const int8_t* w, const Activations& x, int64_t o, int64_t r, const Output& out) {
-  const int64_t in = x.in, full = in / kGroup;
-  GroupFloats acc[WR][N];
-  for (int j = 0; j < WR; j++)
-    for (int k = 0; k < N; k++) acc[j][k] = group_zeros();
-  for (int64_t g = 0; g < full; g++) {
-    prefetch_ahead<WR>(w + g * kGroup, in);
-    WeightGroup wv[WR];
-    for (int j = 0; j < WR; j++) wv[j] = load_weights(w + j * in + g * kGroup);
+  const int64_t block_bytes = x.in * kBlock;
+  GroupFloats acc[WB][kParts][N];
+  for (auto& block : acc)
+    for (auto& part : block)
+      for (auto& a : part) a = group_zeros();
+  for (int64_t g = 0; g < x.groups; g++) {
+    Ints sums[WB][kParts][N];
+    for (auto& block : sums)
+      for (auto& part : block)
+        for (auto& s : part) s = int_zeros();
+    for (int c = 0; c < kGroup; c += 4) {
+      const int8_t* at = w + (g * kGroup + c) * kBlock;  // the 64 bytes of inputs c..c + 3
+      Ints wv[WB][kParts];
+      for (int j = 0; j < WB; j++) {
+        _mm_prefetch(reinterpret_cast<const char*>(at + j * block_bytes + kPrefetchBytes), _MM_HINT_T0);
+        for (int p = 0; p < kParts; p++) wv[j][p] = load_part(at + j * block_bytes + p * kPartBytes);
+      }
+      for (int k = 0; k < N; k++) {
+        const Ints x4 = broadcast4(x.group(r + k, g) + c);
+        for (int j = 0; j < WB; j++)
+          for (int p = 0; p < kParts; p++) sums[j][p][k] = dot4(sums[j][p][k], wv[j][p], x4);
+      }
+    }
     for (int k = 0; k < N; k++) {
-      const int8_t* xq = x.group(r + k, g);
       const float scale = x.scale(r + k, g);
-      for (int j = 0; j < WR; j++) acc[j][k] = scaled_add(dot_group(wv[j], xq), scale, acc[j][k]);
+      for (int j = 0; j < WB; j++)
+        for (int p = 0; p < kParts; p++) acc[j][p][k] = scaled_add(sums[j][p][k], scale, acc[j][p][k]);
     }
   }
-  for (int j = 0; j < WR; j++)
+  for (int j = 0; j < WB; j++)
     for (int k = 0; k < N; k++) {
-      if constexpr (kUnsignedWeights) acc[j][k] = subtract(acc[j][k], load_group_floats(x.offsets.data() + (r + k) * kSumLanes));
-      float s = horizontal_sum(acc[j][k]);
-      if (full < x.groups) {
-        const int8_t* xq = x.group(r + k, full);
-        int32_t tail = 0;
-        for (int64_t t = full * kGroup; t < in; t++) tail += w[j * in + t] * xq[t - full * kGroup];
-        s += static_cast<float>(tail) * x.scale(r + k, full);
-      }
-      out.put(r + k, o + j, s + x.poison[r + k]);
+      float sums[kBlock];
+      for (int p = 0; p < kParts; p++) store_floats(sums + p * kPartChannels, acc[j][p][k]);
+      for (int l = 0; l < kBlock; l++) out.put(r + k, o + j * kBlock + l, sums[l] - x.offsets[r + k] + x.poison[r + k]);
     }
 }
 
-// dot_block for wr <= WR weight rows and n <= N input rows, with both known at compile time.
+// The channels [first, out) past the last whole block, stored row by row after the blocks: the
+// same sums one value at a time (fewer than 16 channels, in the output head alone).
+void tail_channels(const int8_t* w, const Activations& x, int64_t rows, int64_t first, const Output& out) {
+  for (int64_t o = first; o < out.out_features; o++, w += x.in)
+    for (int64_t r = 0; r < rows; r++) {
+      float sum = 0.0f;
+      for (int64_t g = 0; g < x.groups; g++) {
+        int32_t total = 0;
+        for (int i = 0; i < kGroup; i++)
+          total += static_cast<int8_t>(w[g * kGroup + i] ^ 0x80) * x.group(r, g)[i];
+        sum = std::fma(static_cast<float>(total), x.scale(r, g), sum);
+      }
+      out.put(r, o, sum + x.poison[r]);
+    }
+}
+
+// dot_block for wr <= WR weight units and n <= N input rows, with both known at compile time.
 template <int WR, int N, typename Weight, typename Rows>
 inline void dot_block_upto(int64_t wr, int64_t n, const Weight* w, const Rows& x, int64_t o, int64_t r,
                            const Output& out) {
@@ -345,25 +349,33 @@ inline void dot_block_upto(int64_t wr, int64_t n, const Weight* w, const Rows& x
   dot_block<WR, N>(w, x, o, r, out);
 }
 
-// Blocks of WR weight rows x N input rows over output channels [begin, end) and every row.
+// The output channels of one unit of a pass's weights: an fp32 weight row, or a packed int8 block.
+template <typename Weight> constexpr int64_t kChannels = 1;
+template <> constexpr int64_t kChannels<int8_t> = kBlock;
+
+// Blocks of WR weight units x N input rows over units [begin, end) and every row.
 template <int WR, int N, typename Weight, typename Rows>
 void blocks(const Weight* w, const Rows& x, int64_t rows, int64_t begin, int64_t end, const Output& out) {
-  for (int64_t o = begin; o < end; o += WR)
-    for (int64_t r = 0; r < rows; r += N)
-      dot_block_upto<WR, N>(std::min<int64_t>(WR, end - o), std::min<int64_t>(N, rows - r), w + o * x.in, x, o, r,
+  for (int64_t u = begin; u < end; u += WR)
+    for (int64_t r = 0; r < rows; r += N) {
+      const int64_t o = u * kChannels<Weight>;
+      dot_block_upto<WR, N>(std::min<int64_t>(WR, end - u), std::min<int64_t>(N, rows - r), w + o * x.in, x, o, r,
                             out);
+    }
 }
 
 // y = x @ w.T * scale + bias over `rows` input rows, into out.
 template <typename Weight, typename Rows>
 void rows_times_weight(const Rows& x, int64_t rows, const Weight* w, int64_t out_features, const Output& out) {
   using P = Pass<Weight>;
-  at::parallel_for(0, out_features, 64, [&](int64_t begin, int64_t end) {
+  const int64_t units = out_features / kChannels<Weight>;
+  at::parallel_for(0, units, 64 / kChannels<Weight>, [&](int64_t begin, int64_t end) {
     if (rows <= P::rows)
       blocks<P::weights, P::rows>(w, x, rows, begin, end, out);
     else
       blocks<P::block_weights, P::block_rows>(w, x, rows, begin, end, out);
   });
+  if constexpr (kChannels<Weight> > 1) tail_channels(w + units * kChannels<Weight> * x.in, x, rows, units * kChannels<Weight>, out);
 }
 
 bool is_cpu_float(const Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
@@ -372,10 +384,11 @@ bool is_float_vector(const MaybeTensor& t, int64_t size) {
   return t && is_cpu_float(*t) && t->dim() == 1 && t->size(0) == size && t->is_contiguous();
 }
 
-// Whether the products can take this weight (int8 with a scale, or fp32), bias and scale.
+// Whether the products can take this weight (int8 with a scale, packed: `in` a multiple of kGroup;
+// or fp32), bias and scale.
 bool takes_weight(const Tensor& weight, const MaybeTensor& bias, const MaybeTensor& scale) {
   if (weight.dim() != 2 || !weight.device().is_cpu() || !weight.is_contiguous() || weight.size(1) == 0
-      || weight.scalar_type() != (scale ? at::kChar : at::kFloat))
+      || weight.scalar_type() != (scale ? at::kChar : at::kFloat) || (scale && weight.size(1) % kGroup != 0))
     return false;
   for (const auto* extra : {&bias, &scale})
     if (extra->has_value() && !is_float_vector(*extra, weight.size(0))) return false;

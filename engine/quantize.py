@@ -27,6 +27,7 @@ from . import kernels
 
 QUANTIZATIONS = ("int8",)
 GROUP = 64  # input values sharing one 8-bit scale (kernels.cpp's kGroup)
+BLOCK = 16  # output channels per block of a packed weight (kernels.cpp's kBlock)
 
 
 def rows_in_8_bits(x: torch.Tensor) -> torch.Tensor:
@@ -42,6 +43,27 @@ def rows_in_8_bits(x: torch.Tensor) -> torch.Tensor:
     return (steps * scale).flatten(-2)[..., :width]
 
 
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """An int8 weight (out, in), `in` a multiple of GROUP, in the order the int8 kernel reads it:
+    blocks of BLOCK output channels, and in each block, for every 4 inputs, the channels' 4 bytes
+    one after another (what one vpdpbusd multiplies, kernels.cpp); the channels past the last
+    whole block row by row. Every byte plus 128 (its top bit flipped): the instruction takes
+    unsigned weights. The same shape and bytes, in another order."""
+    out, width = weight.shape
+    whole = out // BLOCK * BLOCK
+    blocks = weight[:whole].reshape(-1, BLOCK, width // 4, 4).transpose(1, 2)
+    return torch.cat([blocks.flatten(), weight[whole:].flatten()]).bitwise_xor(-128).view(out, width)
+
+
+def unpack(weight: torch.Tensor) -> torch.Tensor:
+    """The (out, in) int8 weight that `pack` made `weight` of."""
+    out, width = weight.shape
+    whole = out // BLOCK * BLOCK
+    flat = weight.flatten().bitwise_xor(-128)
+    blocks = flat[:whole * width].view(-1, width // 4, BLOCK, 4).transpose(1, 2).reshape(whole, width)
+    return torch.cat([blocks, flat[whole * width:].view(-1, width)])
+
+
 class Int8Linear(nn.Module):
     """A Linear layer whose weight is int8 with one floating-point scale per output channel."""
 
@@ -52,15 +74,23 @@ class Int8Linear(nn.Module):
         scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
         # The weight stays a parameter so the model's parameter count is unchanged; .to(dtype)
         # leaves integer tensors as they are, and casts the scale with the rest of the model.
-        self.weight = nn.Parameter(torch.round(w / scale[:, None]).to(torch.int8), requires_grad=False)
+        # Packed for the int8 kernel where its groups are whole (every GPT-2), as they are in
+        # `self.rows` elsewhere.
+        self.packed = self.in_features % GROUP == 0
+        rows = torch.round(w / scale[:, None]).to(torch.int8)
+        self.weight = nn.Parameter(pack(rows) if self.packed else rows, requires_grad=False)
         self.register_buffer("scale", scale.to(weight.dtype))
         self.bias = bias
+
+    def rows(self) -> torch.Tensor:
+        """The int8 weight, (out, in) row by row."""
+        return unpack(self.weight) if self.packed else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = kernels.linear(x, self.weight, self.bias, self.scale)
         if y is not None:
             return y
-        y = F.linear(rows_in_8_bits(x), self.weight.to(x.dtype)) * self.scale
+        y = F.linear(rows_in_8_bits(x), self.rows().to(x.dtype)) * self.scale
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:

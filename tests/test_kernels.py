@@ -23,9 +23,12 @@ from .conftest import REPO
 
 pytestmark = pytest.mark.slow  # the decode kernels, built first
 
-# in_features 100 and 120 leave tails after the last full step (fp32: 8 or 16 wide, AVX2 or
-# AVX-512; int8: a group of 64), and 37 outputs a part of a block of weight rows; 768 is GPT-2's width.
-SHAPES = [(100, 37), (120, 37), (768, 300)]
+# (kind, in_features, out_features). fp32: in_features 100 and 120 leave tails after the last
+# full step (8 or 16 wide, AVX2 or AVX-512), and 37 outputs a part of a pass's weight rows. int8
+# (packed, so in_features a multiple of a group of 64): 5, 37 and 300 outputs leave channels past
+# the last block of 16. 768 is GPT-2's width.
+SHAPES = [("fp32", 100, 37), ("fp32", 120, 37), ("fp32", 768, 300), ("int8", 64, 37), ("int8", 128, 5),
+          ("int8", 768, 300)]
 
 
 def test_the_kernels_are_built_on_an_avx2_cpu():
@@ -49,13 +52,12 @@ def layer(kind: str, in_features: int, out_features: int, bias: bool) -> torch.n
 def pytorch_product(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The layer's product in plain PyTorch: int8's with its inputs rounded to 8 bits as the kernel rounds them."""
     if isinstance(module, Int8Linear):
-        y = F.linear(rows_in_8_bits(x), module.weight.float()) * module.scale
+        y = F.linear(rows_in_8_bits(x), module.rows().float()) * module.scale
         return y if module.bias is None else y + module.bias
     return F.linear(x, module.weight, module.bias)
 
 
-@pytest.mark.parametrize("kind", ["fp32", "int8"])
-@pytest.mark.parametrize("in_features,out_features", SHAPES)
+@pytest.mark.parametrize("kind,in_features,out_features", SHAPES)
 @pytest.mark.parametrize("bias", [True, False])
 @torch.no_grad()
 def test_a_decode_step_runs_on_the_kernel_and_equals_pytorch(kind, in_features, out_features, bias):
@@ -69,10 +71,10 @@ def test_a_decode_step_runs_on_the_kernel_and_equals_pytorch(kind, in_features, 
     assert (direct - expected).abs().max() <= 1e-5 * expected.abs().max()
 
 
-@pytest.mark.parametrize("kind", ["fp32", "int8"])
-# 40: shorter than one of int8's groups; 100, 120: tails past the last full step or group of
-# either width; 768: no tail.
-@pytest.mark.parametrize("in_features", [40, 100, 120, 768])
+# fp32: 40, 100, 120 leave tails past the last full step of either width; 768: no tail. int8: one,
+# three and twelve groups.
+@pytest.mark.parametrize("kind,in_features", [("fp32", 40), ("fp32", 100), ("fp32", 120), ("fp32", 768),
+                                              ("int8", 64), ("int8", 192), ("int8", 768)])
 @torch.no_grad()
 def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kind, in_features):
     module = layer(kind, in_features, 301, bias=True)  # 301: blocks of weight rows do not divide it
@@ -90,6 +92,10 @@ def test_prompts_and_odd_inputs_go_to_pytorch():
     assert kernels.linear(torch.randn(2, 768), weight.t().contiguous().t(), bias) is None  # not row-major
     assert kernels.linear(torch.randn(2, 768), weight, bias[:10]) is None
     assert kernels.linear(torch.randn(2, 768), weight.to(torch.int8), bias) is None  # int8 needs its scales
+    unpacked = layer("int8", 100, 37, bias=True)  # groups of 64 do not divide its inputs: not packed
+    x = torch.randn(2, 100)
+    assert not unpacked.packed and kernels.linear(x, unpacked.weight, unpacked.bias, unpacked.scale) is None
+    assert torch.equal(unpacked(x), pytorch_product(unpacked, x))
     with pytest.raises(RuntimeError, match="cannot be multiplied"):  # a shape mismatch is PyTorch's to name
         KernelLinear(768, 300)(torch.randn(2, 700))
 
@@ -267,16 +273,17 @@ from engine.quantize import Int8Linear, rows_in_8_bits
 assert kernels.wait_until_built(), kernels.decode_path()
 print(kernels.WIDE, kernels.decode_kernels().int8_dot)
 torch.manual_seed(0)
-for in_features in (40, 100, 768):
+for in_features in (40, 100, 128, 768):
     fp32 = kernels.KernelLinear(in_features, 301)
-    for layer in (fp32, Int8Linear(fp32.weight, fp32.bias)):
+    for layer in [fp32] + ([Int8Linear(fp32.weight, fp32.bias)] if in_features % 64 == 0 else []):
         x = torch.randn(8, in_features)
         x[3, 0] = math.nan  # a row with a NaN gives NaN; the others stay as they were
         with torch.no_grad():
             got = layer(x)
             scale = getattr(layer, "scale", None)
             rows = x if scale is None else rows_in_8_bits(x)
-            expected = F.linear(rows, layer.weight.float() * (1 if scale is None else scale[:, None]), layer.bias)
+            weight = layer.weight if scale is None else layer.rows().float() * scale[:, None]
+            expected = F.linear(rows, weight, layer.bias)
             assert got[3].isnan().all() and expected[3].isnan().all()
             got[3], expected[3] = 0, 0
             assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
@@ -316,11 +323,11 @@ def test_the_integer_product_equals_pytorchs_exactly_where_no_float_rounds():
     float, so the kernel's integer product and PyTorch's float one give the same bits (any
     difference is a wrong product or a wrong rounding of an input)."""
     generator = torch.Generator().manual_seed(0)
-    in_features = 4 * GROUP + 40  # a short last group too
+    in_features = 4 * GROUP
     weight = torch.randint(-127, 128, (70, in_features), generator=generator).float()
     weight[:, 5] = 127
     layer = Int8Linear(weight, torch.nn.Parameter(torch.randint(-50, 50, (70,), generator=generator).float()))
-    assert torch.equal(layer.scale, torch.ones(70)) and torch.equal(layer.weight.float(), weight)
+    assert torch.equal(layer.scale, torch.ones(70)) and torch.equal(layer.rows().float(), weight)
     x = torch.randint(-127, 128, (6, in_features), generator=generator).float()
     x[:, ::GROUP] = -127  # the top of every group
     assert torch.equal(rows_in_8_bits(x), x)

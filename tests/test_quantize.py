@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from engine.quantize import GROUP, Int8Linear, quantize_weights, rows_in_8_bits
+from engine.quantize import BLOCK, GROUP, Int8Linear, pack, quantize_weights, rows_in_8_bits, unpack
 from model import GPT2, GPT2Config, load_pretrained
 from model.adapters import active_adapter
 from train.pretrain import TrainSettings, mean_loss, random_windows, train
@@ -88,3 +88,27 @@ def test_each_group_of_inputs_is_rounded_to_8_bits_on_its_own_scale():
         assert torch.equal(torch.round(got / step), torch.round(group / step))  # whole steps
     assert (rounded[0, :GROUP] - x[0, :GROUP]).abs().max() < 0.02  # the outlier's neighbours keep their precision
     assert rounded[2, 2 * GROUP:3 * GROUP].isnan().all() and not rounded[2, :2 * GROUP].isnan().any()
+
+
+def test_a_packed_weight_holds_each_channels_four_bytes_where_the_kernel_reads_them():
+    """pack's order, written out: block b's 16 channels, for inputs 4i..4i + 3, are the 64 bytes
+    at (b * in / 4 + i) * 64, channel c's at + 4c; the channels past the last block follow row by
+    row; every byte is stored plus 128. unpack gives the weight back."""
+    out, width = 2 * BLOCK + 3, 2 * GROUP
+    weight = torch.randint(-128, 128, (out, width), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    stored = pack(weight).flatten().view(torch.uint8).long()
+    for o, i in [(0, 0), (5, 7), (BLOCK + 15, width - 1), (BLOCK, 64)]:
+        b, c = divmod(o, BLOCK)
+        assert stored[(b * width // 4 + i // 4) * 64 + 4 * c + i % 4] == int(weight[o, i]) + 128
+    for o in range(2 * BLOCK, out):
+        assert torch.equal(stored[o * width:(o + 1) * width], weight[o].long() + 128)
+    assert torch.equal(unpack(pack(weight)), weight)
+
+
+def test_a_layer_packs_its_weight_only_where_groups_of_64_divide_its_inputs():
+    generator = torch.Generator().manual_seed(0)
+    for width, packed in [(GROUP * 3, True), (GROUP + 8, False)]:
+        fp32 = torch.randn(20, width, generator=generator)
+        layer = Int8Linear(fp32, None)
+        assert layer.packed == packed and layer.weight.shape == (20, width)
+        assert (layer.rows().float() * layer.scale[:, None] - fp32).abs().max() <= layer.scale.max() / 2
