@@ -25,6 +25,7 @@ from model.config import GPT2Config
 from model.gpt2 import GPT2
 from model.tokenizer import Tokenizer
 
+from . import kernels
 from .cache import KVCache, new_cache
 from .steering import Steering, check_steering, steered
 
@@ -346,7 +347,9 @@ def pick_group(samplers: list[Sampler], logits: torch.Tensor, history: torch.Ten
     for processor in processors[cut:]:
         scores = processor(history, scores)
     if sampler.greedy:
-        tokens = scores.argmax(dim=-1, keepdim=True)
+        tokens = kernels.argmax(scores)
+        if tokens is None:
+            tokens = scores.argmax(dim=-1, keepdim=True)
         record_logprobs(samplers, scores, tokens, vocabulary_ids)
         return list(tokens if vocabulary_ids is None else vocabulary_ids.gather(1, tokens))
     cumulative = torch.softmax(scores, dim=-1).cumsum(dim=-1)

@@ -30,7 +30,12 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
+#ifdef __AMX_INT8__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace {
 
@@ -181,7 +186,11 @@ constexpr int kBlock = 16;  // output channels per block of a packed weight (qua
 // channels, `load_part` loads a part of the 64 bytes and `dot4` adds the 4-byte products of each
 // lane's weights with the broadcast input bytes x4 into its sums, exactly.
 #if defined(__AVX512VNNI__)
+#ifdef __AMX_INT8__
+constexpr const char* kInt8Dot = "AMX";  // calls of many rows; a decode step's few take AVX512-VNNI (amx_blocks)
+#else
 constexpr const char* kInt8Dot = "AVX512-VNNI";
+#endif
 using Ints = __m512i;
 using GroupFloats = __m512;
 constexpr int kParts = 1;
@@ -256,9 +265,10 @@ inline float horizontal_max(__m256 v) {
 
 // In AVX2's vectors of 8, the same operations as one value at a time: 8 to 16 times faster, and a
 // decode step rounds some 40,000 values.
-Activations in_8_bits(const float* x, int64_t rows, int64_t in) {
+// `padded_rows` (at least rows) of 8-bit values, the rows past `rows` 0: whole tiles for AMX.
+Activations in_8_bits(const float* x, int64_t rows, int64_t in, int64_t padded_rows) {
   Activations a{in, in / kGroup};
-  a.values.assign(rows * in, 0);
+  a.values.assign(padded_rows * in, 0);
   a.scales.assign(rows * a.groups, 0.0f);
   a.poison.assign(rows, 0.0f);
   a.offsets.assign(rows, 0.0f);
@@ -333,6 +343,59 @@ inline void dot_block(const int8_t* w, const Activations& x, int64_t o, int64_t 
     }
 }
 
+#ifdef __AMX_INT8__
+// AMX: one instruction (tdpbsud) multiplies a tile of 16 rows x 64 signed input bytes by a tile
+// of 16 x 64 unsigned weight bytes laid out as a packed block's group is (for every 4 inputs, the
+// 16 channels' 4 bytes: the order AMX takes its second tile in), into 16 x 16 exact 32-bit sums,
+// 16 times the products of a vpdpbusd. Those sums are the ones dot_block gets, and they are scaled
+// and added in the same operations, so a row gets the same bits either way. For calls of many
+// rows (a prompt), where arithmetic sets the speed; a decode step's few rows would waste most of a
+// tile, and stay on vpdpbusd.
+constexpr int kTileRows = 16;
+
+// Linux gives a process the tiles' state only once it asks for it (arch_prctl).
+bool amx_allowed() {
+  static const bool allowed = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return allowed;
+}
+
+struct TileConfig {  // ldtilecfg's 64 bytes: tiles 0 (sums), 1 (inputs), 2 (weights), 16 rows x 64 bytes
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t bytes_per_row[16] = {64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16};
+};
+
+// Blocks [begin, end) over every row, 16 rows at a time (x padded to whole tiles).
+void amx_blocks(const int8_t* w, const Activations& x, int64_t rows, int64_t begin, int64_t end, const Output& out) {
+  const TileConfig config;
+  _tile_loadconfig(&config);  // per thread
+  alignas(64) int32_t tile_sums[kTileRows][kBlock];
+  for (int64_t b = begin; b < end; b++) {
+    const int8_t* block = w + b * kBlock * x.in;
+    for (int64_t r = 0; r < rows; r += kTileRows) {
+      const int n = static_cast<int>(std::min<int64_t>(kTileRows, rows - r));
+      GroupFloats acc[kTileRows];
+      for (auto& a : acc) a = group_zeros();
+      for (int64_t g = 0; g < x.groups; g++) {
+        _tile_zero(0);
+        _tile_loadd(1, x.group(r, g), x.in);
+        _tile_loadd(2, block + g * kGroup * kBlock, 4 * kBlock);
+        _tile_dpbsud(0, 1, 2);
+        _tile_stored(0, tile_sums, 4 * kBlock);
+        for (int k = 0; k < n; k++)
+          acc[k] = scaled_add(_mm512_load_si512(tile_sums[k]), x.scale(r + k, g), acc[k]);
+      }
+      for (int k = 0; k < n; k++) {
+        float sums[kBlock];
+        store_floats(sums, acc[k]);
+        for (int l = 0; l < kBlock; l++) out.put(r + k, b * kBlock + l, sums[l] - x.offsets[r + k] + x.poison[r + k]);
+      }
+    }
+  }
+  _tile_release();
+}
+#endif
+
 // The channels [first, out) past the last whole block, stored row by row after the blocks: the
 // same sums one value at a time (fewer than 16 channels, in the output head alone).
 void tail_channels(const int8_t* w, const Activations& x, int64_t rows, int64_t first, const Output& out) {
@@ -383,6 +446,10 @@ void rows_times_weight(const Rows& x, int64_t rows, const Weight* w, int64_t out
   using P = Pass<Weight>;
   const int64_t units = out_features / kChannels<Weight>;
   at::parallel_for(0, units, 64 / kChannels<Weight>, [&](int64_t begin, int64_t end) {
+#ifdef __AMX_INT8__
+    if constexpr (std::is_same_v<Weight, int8_t>)
+      if (rows > P::rows && amx_allowed()) return amx_blocks(w, x, rows, begin, end, out);
+#endif
     if (rows <= P::rows)
       blocks<P::weights, P::rows>(w, x, rows, begin, end, out);
     else
@@ -414,7 +481,8 @@ void product(const float* x, int64_t rows, const Tensor& weight, const MaybeTens
   const int64_t in = weight.size(1);
   const Output out{y, weight.size(0), scale ? scale->data_ptr<float>() : nullptr, bias ? bias->data_ptr<float>() : nullptr};
   if (scale)
-    rows_times_weight(in_8_bits(x, rows, in), rows, weight.data_ptr<int8_t>(), out.out_features, out);
+    rows_times_weight(in_8_bits(x, rows, in, rows > Pass<int8_t>::rows ? (rows + 15) / 16 * 16 : rows), rows,
+                      weight.data_ptr<int8_t>(), out.out_features, out);
   else
     rows_times_weight(FloatRows{x, in}, rows, weight.data_ptr<float>(), out.out_features, out);
 }
@@ -689,6 +757,45 @@ MaybeTensor gelu(const Tensor& input) {
   return y;
 }
 
+// The index of each row's largest score, the first where several tie, as torch.argmax gives it
+// (a NaN counts as the largest): one pass for the largest value, a second to where it first is.
+// A tenth of PyTorch's time for a greedy step's 50,257 scores (its argmax reduction is not
+// vectorised). None where the kernel cannot take the scores.
+MaybeTensor argmax(const Tensor& scores) {
+  if (scores.dim() != 2 || !is_cpu_float(scores) || !scores.is_contiguous() || scores.size(1) == 0) return std::nullopt;
+  const int64_t rows = scores.size(0), n = scores.size(1);
+  Tensor picked = at::empty({rows, 1}, scores.options().dtype(at::kLong));
+  for (int64_t r = 0; r < rows; r++) {
+    const float* s = scores.data_ptr<float>() + r * n;
+    __m256 top = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), unordered = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 v = _mm256_loadu_ps(s + i);
+      top = _mm256_max_ps(top, v);
+      unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    float best = horizontal_max(top);
+    bool nan = _mm256_movemask_ps(unordered) != 0;
+    for (int64_t t = i; t < n; t++) {
+      nan |= std::isnan(s[t]);
+      best = std::max(best, s[t]);
+    }
+    int64_t at = 0;
+    if (nan) {
+      while (!std::isnan(s[at])) at++;
+    } else {
+      const __m256 wanted = _mm256_set1_ps(best);
+      for (; at + 8 <= n; at += 8) {
+        const int hits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + at), wanted, _CMP_EQ_OQ));
+        if (hits) break;
+      }
+      while (s[at] != best) at++;
+    }
+    picked.data_ptr<int64_t>()[r] = at;
+  }
+  return picked;
+}
+
 // A block's parameters, in the order kernels.py's block_parameters gives them: each Linear as
 // (weight, bias, scale: None for fp32).
 enum Parameter { kLn1W, kLn1B, kAttnW, kAttnB, kAttnS, kProjW, kProjB, kProjS, kLn2W, kLn2B, kFcW, kFcB, kFcS,
@@ -769,4 +876,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layer_norm", &layer_norm, py::call_guard<py::gil_scoped_release>());
   m.def("gelu", &gelu, py::call_guard<py::gil_scoped_release>());
   m.def("decode_block", &decode_block, py::call_guard<py::gil_scoped_release>());
+  m.def("argmax", &argmax, py::call_guard<py::gil_scoped_release>());
 }

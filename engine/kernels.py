@@ -66,16 +66,19 @@ WIDE = CAPABILITY == "AVX512"
 # a generic code path there. On Intel MKL takes its tuned path, so prompts stay with it.
 KERNEL_ROWS = 512 if WIDE and cpu_vendor() == "AuthenticAMD" else 48
 # The integer dot products int8 weights can take (kernels.cpp), best first: the CPU flag each
-# needs, as Linux lists it, and the compiler flag that lets the build use it. AVX512-VNNI only in
-# the AVX-512 build.
-INT8_DOTS = {"AVX512-VNNI": ("avx512_vnni", ["-mavx512vnni"]), "AVX-VNNI": ("avx_vnni", ["-mavxvnni"]),
+# needs, as Linux lists it, and the compiler flag that lets the build use it. AMX multiplies the
+# calls of many rows (prompts) on its tiles, and the few rows of a decode step with AVX512-VNNI,
+# which every CPU with AMX has. Those two only in the AVX-512 build.
+INT8_DOTS = {"AMX": ("amx_int8", ["-mavx512vnni", "-mamx-tile", "-mamx-int8"]),
+             "AVX512-VNNI": ("avx512_vnni", ["-mavx512vnni"]), "AVX-VNNI": ("avx_vnni", ["-mavxvnni"]),
              "AVX2": ("avx2", [])}
+WIDE_ONLY = ("AMX", "AVX512-VNNI")
 
 
 def int8_dots_here() -> list[str]:
     """The int8 paths this CPU and build can run, best first."""
     flags = set(cpu_info("flags").split())
-    return [name for name, (flag, _) in INT8_DOTS.items() if flag in flags and (WIDE or name != "AVX512-VNNI")]
+    return [name for name, (flag, _) in INT8_DOTS.items() if flag in flags and (WIDE or name not in WIDE_ONLY)]
 
 
 def pick_int8_dot() -> str:
@@ -318,6 +321,13 @@ def gelu(x: torch.Tensor) -> torch.Tensor | None:
     """GPT-2's GELU (the tanh form) of a few rows, or None when the caller should use PyTorch's."""
     kernels = for_few_rows(x, x.shape[-1])
     return None if kernels is None else kernels.gelu(x)
+
+
+def argmax(scores: torch.Tensor) -> torch.Tensor | None:
+    """scores.argmax(dim=-1, keepdim=True) of (rows, vocabulary) scores on the CPU (the same index:
+    the first of ties, a NaN the largest), or None when the caller should use PyTorch's."""
+    kernels = decode_kernels()
+    return None if kernels is None or not scores.is_cpu else kernels.argmax(scores)
 
 
 def decode_block(block: Block, h: torch.Tensor, mask: torch.Tensor | None, cache, layer: int) -> torch.Tensor | None:

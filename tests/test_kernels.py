@@ -438,3 +438,20 @@ print(kernels.INT8_DOT, kernels.decode_kernels().int8_dot, kernels.decode_path()
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.split()[:2] == ["AVX2", "AVX2"] and "int8 on AVX2" in done.stdout
+
+
+@pytest.mark.parametrize("width", [1, 7, 8, 9, 50257])
+def test_the_argmax_kernel_picks_torchs_index_first_of_ties_and_nan_the_largest(width):
+    """A greedy step's token (engine/generate.py): the same index as torch.argmax, for widths
+    around and past the kernel's vectors of 8."""
+    generator = torch.Generator().manual_seed(width)
+    scores = torch.randn(3, width, generator=generator)
+    cases = [scores.clone()]
+    scores[:, width // 2] = scores.max() + 1
+    scores[:, -1] = scores[:, width // 2]  # tied with an earlier one: the first wins
+    cases.append(scores.clone())
+    scores[1, -1] = math.nan  # the largest, wherever it is
+    cases += [scores, torch.full((2, width), -math.inf)]
+    for case in cases:
+        assert torch.equal(kernels.argmax(case), case.argmax(dim=-1, keepdim=True))
+    assert kernels.argmax(torch.randn(2, width, dtype=torch.float64)) is None  # PyTorch's to take
