@@ -73,6 +73,9 @@ INT8_DOTS = {"AMX": ("amx_int8", ["-mavx512vnni", "-mamx-tile", "-mamx-int8"]),
              "AVX512-VNNI": ("avx512_vnni", ["-mavx512vnni"]), "AVX-VNNI": ("avx_vnni", ["-mavxvnni"]),
              "AVX2": ("avx2", [])}
 WIDE_ONLY = ("AMX", "AVX512-VNNI")
+# The int8 paths that multiply prompts of any length faster than PyTorch, which widens each weight
+# to float first (bench.decode's prefill rows); the others take KERNEL_ROWS at most, as fp32.
+INT8_ANY_ROWS = ("AMX", "AVX512-VNNI")
 
 
 def int8_dots_here() -> list[str]:
@@ -267,11 +270,11 @@ def recorded(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def for_few_rows(x: torch.Tensor, width: int, *parameters: torch.Tensor | None):
+def for_few_rows(x: torch.Tensor, width: int, *parameters: torch.Tensor | None, most_rows: int = KERNEL_ROWS):
     """The compiled module where a call over x is the kernels' to take (CPU inputs, at most
-    KERNEL_ROWS rows of `width`, nothing for autograd to record), else None."""
+    `most_rows` rows of `width`, nothing for autograd to record), else None."""
     kernels = decode_kernels()
-    if kernels is None or not x.is_cpu or x.numel() > KERNEL_ROWS * width or recorded(x, *parameters):
+    if kernels is None or not x.is_cpu or x.numel() > most_rows * width or recorded(x, *parameters):
         return None
     return kernels
 
@@ -291,10 +294,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """x @ weight.T, times `scale` per output channel (int8 weights), plus bias; or None when the
     caller should use PyTorch's product.
 
-    Here: what the kernels are for (CPU inputs, at most KERNEL_ROWS rows, nothing for autograd to
-    record). kernels.cpp: what they can take (dtypes, memory order, shapes; a mismatch is
-    PyTorch's to name)."""
-    kernels = for_few_rows(x, weight.shape[-1], weight, bias)
+    Here: what the kernels are for (CPU inputs, at most KERNEL_ROWS rows, or any number for int8
+    weights on INT8_ANY_ROWS' paths; nothing for autograd to record). kernels.cpp: what they can
+    take (dtypes, memory order, shapes; a mismatch is PyTorch's to name)."""
+    most_rows = x.numel() if scale is not None and INT8_DOT in INT8_ANY_ROWS else KERNEL_ROWS
+    kernels = for_few_rows(x, weight.shape[-1], weight, bias, most_rows=most_rows)
     return None if kernels is None else kernels.linear(x, weight, bias, scale)
 
 
