@@ -273,31 +273,34 @@ Activations in_8_bits(const float* x, int64_t rows, int64_t in, int64_t padded_r
   a.poison.assign(rows, 0.0f);
   a.offsets.assign(rows, 0.0f);
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t g = 0; g < a.groups; g++) {
-      const float* values = x + r * in + g * kGroup;
-      __m256 top = _mm256_setzero_ps(), times_zero = _mm256_setzero_ps();  // NaN where a value is not finite
-      for (int i = 0; i < kGroup; i += 8) {
-        const __m256 v = _mm256_loadu_ps(values + i);
-        top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v));
-        times_zero = _mm256_fmadd_ps(v, _mm256_setzero_ps(), times_zero);
+  // A prompt's rows split between the threads; a decode step's few stay on this one.
+  at::parallel_for(0, rows, 16, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; r++)
+      for (int64_t g = 0; g < a.groups; g++) {
+        const float* values = x + r * in + g * kGroup;
+        __m256 top = _mm256_setzero_ps(), times_zero = _mm256_setzero_ps();  // NaN where a value is not finite
+        for (int i = 0; i < kGroup; i += 8) {
+          const __m256 v = _mm256_loadu_ps(values + i);
+          top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v));
+          times_zero = _mm256_fmadd_ps(v, _mm256_setzero_ps(), times_zero);
+        }
+        if (std::isnan(horizontal_sum(times_zero))) {
+          a.poison[r] = std::numeric_limits<float>::quiet_NaN();
+          continue;
+        }
+        const float scale = horizontal_max(top) / 127.0f;
+        if (scale < std::numeric_limits<float>::min()) continue;  // subnormal: x / scale could pass 127; all 0
+        a.scales[r * a.groups + g] = scale;
+        int8_t* q = a.values.data() + (r * a.groups + g) * kGroup;
+        alignas(32) int32_t steps[kGroup];
+        for (int i = 0; i < kGroup; i += 8)  // round half to even, as the CPU rounds by default
+          _mm256_store_si256(reinterpret_cast<__m256i*>(steps + i),
+                             _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(values + i), _mm256_set1_ps(scale))));
+        int32_t total = 0;
+        for (int i = 0; i < kGroup; i++) total += q[i] = static_cast<int8_t>(steps[i]);
+        if constexpr (kUnsignedWeights) a.offsets[r] = std::fma(static_cast<float>(128 * total), scale, a.offsets[r]);
       }
-      if (std::isnan(horizontal_sum(times_zero))) {
-        a.poison[r] = std::numeric_limits<float>::quiet_NaN();
-        continue;
-      }
-      const float scale = horizontal_max(top) / 127.0f;
-      if (scale < std::numeric_limits<float>::min()) continue;  // subnormal: x / scale could pass 127; all 0
-      a.scales[r * a.groups + g] = scale;
-      int8_t* q = a.values.data() + (r * a.groups + g) * kGroup;
-      alignas(32) int32_t steps[kGroup];
-      for (int i = 0; i < kGroup; i += 8)  // round half to even, as the CPU rounds by default
-        _mm256_store_si256(reinterpret_cast<__m256i*>(steps + i),
-                           _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(values + i), _mm256_set1_ps(scale))));
-      int32_t total = 0;
-      for (int i = 0; i < kGroup; i++) total += q[i] = static_cast<int8_t>(steps[i]);
-      if constexpr (kUnsignedWeights) a.offsets[r] = std::fma(static_cast<float>(128 * total), scale, a.offsets[r]);
-    }
+  });
   return a;
 }
 
@@ -806,42 +809,38 @@ bool takes_product(const std::vector<MaybeTensor>& p, int first, int64_t out, in
          && p[first]->size(1) == in;
 }
 
-// One pre-LN block of model/gpt2.py for one new token per row, in one call, where the module path
-// takes a dozen calls with Python between them: h + attention(ln_1(h)), then that + mlp(ln_2(that)).
-// It writes the token's keys and values into the KV cache's layer (keys and values (rows at least,
-// heads, slots, dim), at each row's slot) and attends over its first `end` slots, `seen` marking
-// those each row may see (None: all). Each step is the kernel the module path takes for the same
-// rows (layer_norm, the products, the attention, gelu; the additions are single float ones, as
-// PyTorch's), so the result is the module path's to the bit. None where a shape or type does not fit.
-MaybeTensor decode_block(const Tensor& h, const std::vector<MaybeTensor>& p, double eps_1, double eps_2, int64_t heads,
-                         const Tensor& keys, const Tensor& values, const Tensor& slots, int64_t end,
-                         const MaybeTensor& seen) {
-  if (h.dim() != 3 || h.size(1) != 1 || !is_cpu_float(h) || !h.is_contiguous() || h.numel() == 0
-      || p.size() != kParameters || heads <= 0)
-    return std::nullopt;
-  const int64_t rows = h.size(0), width = h.size(2), dim = width / heads;
+// Whether block b's parameters (p[b * kParameters...]) and KV cache layer fit decode_blocks: rows
+// of `width`, `heads` heads.
+bool block_fits(const std::vector<MaybeTensor>& all, int64_t b, int64_t rows, int64_t width, int64_t heads,
+                const Tensor& keys, const Tensor& values, int64_t end) {
+  const std::vector<MaybeTensor> p(all.begin() + b * kParameters, all.begin() + (b + 1) * kParameters);
   const int64_t hidden = p[kFcW] ? p[kFcW]->size(0) : 0;
-  if (dim * heads != width || dim % 8 != 0 || !is_float_vector(p[kLn1W], width) || !is_float_vector(p[kLn1B], width)
-      || !is_float_vector(p[kLn2W], width) || !is_float_vector(p[kLn2B], width)
-      || !takes_product(p, kAttnW, 3 * width, width) || !takes_product(p, kProjW, width, width)
-      || !takes_product(p, kFcW, hidden, width) || !takes_product(p, kOutW, width, hidden))
-    return std::nullopt;
+  if (!is_float_vector(p[kLn1W], width) || !is_float_vector(p[kLn1B], width) || !is_float_vector(p[kLn2W], width)
+      || !is_float_vector(p[kLn2B], width) || !takes_product(p, kAttnW, 3 * width, width)
+      || !takes_product(p, kProjW, width, width) || !takes_product(p, kFcW, hidden, width)
+      || !takes_product(p, kOutW, width, hidden))
+    return false;
   for (const Tensor* cache : {&keys, &values})
     if (cache->dim() != 4 || !is_cpu_float(*cache) || !cache->is_contiguous() || cache->size(0) < rows
-        || cache->size(1) != heads || cache->size(3) != dim || end <= 0 || end > cache->size(2))
-      return std::nullopt;
-  if (keys.sizes() != values.sizes() || slots.dim() != 1 || slots.size(0) != rows || slots.scalar_type() != at::kLong
-      || !slots.is_contiguous() || !slots.device().is_cpu() || !takes_mask(seen, rows, end))
-    return std::nullopt;
-  const int64_t* slot = slots.data_ptr<int64_t>();
-  if (std::any_of(slot, slot + rows, [&](int64_t s) { return s < 0 || s >= end; })) return std::nullopt;
+        || cache->size(1) != heads || cache->size(3) != width / heads || end <= 0 || end > cache->size(2))
+      return false;
+  return keys.sizes() == values.sizes();
+}
 
-  const float* x = h.data_ptr<float>();
+// One pre-LN block of model/gpt2.py (parameters from p[first]) for one new token per row: y = x +
+// attention(ln_1(x)), then y += mlp(ln_2(y)). Each step is the kernel the module path takes for
+// the same rows (layer_norm, the products, the attention, gelu; the additions are single float
+// ones, as PyTorch's), so the result is the module path's to the bit.
+void run_block(const float* x, float* y, const std::vector<MaybeTensor>& all, int64_t first, float eps_1, float eps_2,
+               int64_t rows, int64_t width, int64_t heads, const Tensor& keys, const Tensor& values,
+               const int64_t* slot, int64_t end, const MaybeTensor& seen) {
+  auto p = [&](int i) -> const MaybeTensor& { return all[first + i]; };
+  auto f = [&](int i) { return p(i)->data_ptr<float>(); };
+  const int64_t dim = width / heads, hidden = p(kFcW)->size(0);
   std::vector<float> normed(rows * width), qkv(rows * 3 * width), attended(rows * width), mid(rows * width),
       up(rows * hidden), activated(rows * hidden), down(rows * width);
-  auto f = [&](int i) { return p[i]->data_ptr<float>(); };
-  layer_norm_rows(x, rows, width, f(kLn1W), f(kLn1B), static_cast<float>(eps_1), normed.data());
-  product(normed.data(), rows, *p[kAttnW], p[kAttnB], p[kAttnS], qkv.data());
+  layer_norm_rows(x, rows, width, f(kLn1W), f(kLn1B), eps_1, normed.data());
+  product(normed.data(), rows, *p(kAttnW), p(kAttnB), p(kAttnS), qkv.data());
   float *key_data = keys.data_ptr<float>(), *value_data = values.data_ptr<float>();
   const int64_t row_stride = keys.stride(0), head_stride = keys.stride(1);
   for (int64_t r = 0; r < rows; r++)  // the KV cache's update(): this token's keys and values at its slot
@@ -854,15 +853,50 @@ MaybeTensor decode_block(const Tensor& h, const std::vector<MaybeTensor>& p, dou
   attend_rows({qkv.data(), key_data, value_data, 3 * width, dim, row_stride, head_stride, dim,
                seen ? seen->data_ptr<bool>() : nullptr, seen ? seen->stride(0) : 0, attended.data()},
               rows, heads, end, dim);
-  product(attended.data(), rows, *p[kProjW], p[kProjB], p[kProjS], mid.data());
+  product(attended.data(), rows, *p(kProjW), p(kProjB), p(kProjS), mid.data());
   for (int64_t i = 0; i < rows * width; i++) mid[i] = x[i] + mid[i];
-  layer_norm_rows(mid.data(), rows, width, f(kLn2W), f(kLn2B), static_cast<float>(eps_2), normed.data());
-  product(normed.data(), rows, *p[kFcW], p[kFcB], p[kFcS], up.data());
+  layer_norm_rows(mid.data(), rows, width, f(kLn2W), f(kLn2B), eps_2, normed.data());
+  product(normed.data(), rows, *p(kFcW), p(kFcB), p(kFcS), up.data());
   gelu_tanh(up.data(), rows * hidden, activated.data());
-  product(activated.data(), rows, *p[kOutW], p[kOutB], p[kOutS], down.data());
+  product(activated.data(), rows, *p(kOutW), p(kOutB), p(kOutS), down.data());
+  for (int64_t i = 0; i < rows * width; i++) y[i] = mid[i] + down[i];
+}
+
+// Consecutive pre-LN blocks for one new token per row, in one call, where the module path takes a
+// dozen calls a block with Python between them. Block b takes p[b * kParameters...], the layer
+// norms' eps[2b], eps[2b + 1], and its KV cache layer keys[b], values[b] (rows at least, heads,
+// slots, dim): it writes the token's keys and values at each row's slot and attends over the first
+// `end` slots, `seen` marking those each row may see (None: all). Everything is checked before
+// anything is written; None where a shape or type does not fit.
+MaybeTensor decode_blocks(const Tensor& h, const std::vector<MaybeTensor>& p, const std::vector<double>& eps,
+                          int64_t heads, const std::vector<Tensor>& keys, const std::vector<Tensor>& values,
+                          const Tensor& slots, int64_t end, const MaybeTensor& seen) {
+  const int64_t blocks = static_cast<int64_t>(keys.size());
+  if (h.dim() != 3 || h.size(1) != 1 || !is_cpu_float(h) || !h.is_contiguous() || h.numel() == 0 || blocks == 0
+      || p.size() != static_cast<size_t>(blocks * kParameters) || eps.size() != static_cast<size_t>(2 * blocks)
+      || values.size() != keys.size() || heads <= 0)
+    return std::nullopt;
+  const int64_t rows = h.size(0), width = h.size(2);
+  if ((width / heads) * heads != width || (width / heads) % 8 != 0) return std::nullopt;
+  for (int64_t b = 0; b < blocks; b++)
+    if (!block_fits(p, b, rows, width, heads, keys[b], values[b], end)) return std::nullopt;
+  if (slots.dim() != 1 || slots.size(0) != rows || slots.scalar_type() != at::kLong || !slots.is_contiguous()
+      || !slots.device().is_cpu() || !takes_mask(seen, rows, end))
+    return std::nullopt;
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  if (std::any_of(slot, slot + rows, [&](int64_t s) { return s < 0 || s >= end; })) return std::nullopt;
+
   Tensor y = at::empty(h.sizes(), h.options());
-  float* out = y.data_ptr<float>();
-  for (int64_t i = 0; i < rows * width; i++) out[i] = mid[i] + down[i];
+  std::vector<float> between(blocks > 1 ? rows * width : 0);  // block b's output, where it is not the last
+  const float* x = h.data_ptr<float>();
+  for (int64_t b = 0; b < blocks; b++) {
+    // The last block writes y; the others alternate between `between` and y, so that no block
+    // reads the buffer it writes.
+    float* out = (blocks - 1 - b) % 2 == 0 ? y.data_ptr<float>() : between.data();
+    run_block(x, out, p, b * kParameters, static_cast<float>(eps[2 * b]), static_cast<float>(eps[2 * b + 1]), rows,
+              width, heads, keys[b], values[b], slot, end, seen);
+    x = out;
+  }
   return y;
 }
 
@@ -875,6 +909,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, py::call_guard<py::gil_scoped_release>());
   m.def("layer_norm", &layer_norm, py::call_guard<py::gil_scoped_release>());
   m.def("gelu", &gelu, py::call_guard<py::gil_scoped_release>());
-  m.def("decode_block", &decode_block, py::call_guard<py::gil_scoped_release>());
+  m.def("decode_blocks", &decode_blocks, py::call_guard<py::gil_scoped_release>());
   m.def("argmax", &argmax, py::call_guard<py::gil_scoped_release>());
 }

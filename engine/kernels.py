@@ -40,7 +40,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.adapters import ACTIVE as ACTIVE_ADAPTER
-from model.gpt2 import MLP, Attention, Block
+from model.gpt2 import GPT2, MLP, Attention, Block
+
+from .steering import ACTIVE as STEERING
 
 
 def cpu_info(field: str) -> str:
@@ -334,30 +336,44 @@ def argmax(scores: torch.Tensor) -> torch.Tensor | None:
     return None if kernels is None or not scores.is_cpu else kernels.argmax(scores)
 
 
-def decode_block(block: Block, h: torch.Tensor, mask: torch.Tensor | None, cache, layer: int) -> torch.Tensor | None:
-    """block(h, mask, cache, layer) for one new token per row in one call of the kernels, or None
-    when the caller should run the block's modules one by one. The result is the same bits either
-    way (kernels.cpp, decode_block), so which way a call goes never changes a token.
+def decode_blocks(blocks: list[Block], h: torch.Tensor, mask: torch.Tensor | None, cache,
+                  first_layer: int) -> torch.Tensor | None:
+    """The blocks in turn (layers first_layer...) on h, for one new token per row, in one call of
+    the kernels; or None when the caller should run each block's modules. The result is the same
+    bits either way (kernels.cpp, decode_blocks), so which way a call goes never changes a token.
 
-    Taken where the modules would all take the kernels (a pre-LN block on the CPU, a few rows of
+    Taken where the modules would all take the kernels (pre-LN blocks on the CPU, a few rows of
     one token each, a KV cache, nothing for autograd to record) and nothing needs to see inside
-    the block: no adapter on (the scheduler's batch may mix them), no hook on its modules (the
-    activation patching reads and replaces attention and MLP outputs). Hooks on the block itself,
-    steering's and the residual stream's, see its input and output as ever."""
+    a block: no adapter on (the scheduler's batch may mix them), no hook on its modules (the
+    activation patching reads and replaces attention and MLP outputs). Hooks on a block itself,
+    steering's and the residual stream's, are its caller's to keep (KernelBlock, KernelGPT2)."""
     kernels, seen = decode_kernels(), seen_slots(mask)
     if (kernels is None or cache is None or h.dim() != 3 or h.shape[1] != 1 or h.shape[0] > KERNEL_ROWS
-            or not h.is_cpu or not block.pre_norm or torch.is_grad_enabled() or ACTIVE_ADAPTER.get() is not None
-            or seen is False or not hasattr(cache, "one_token_slots") or watched(block)):
+            or not h.is_cpu or torch.is_grad_enabled() or ACTIVE_ADAPTER.get() is not None
+            or seen is False or not hasattr(cache, "one_token_slots")
+            or any(not block.pre_norm or watched(block) for block in blocks)):
         return None
     slots, end = cache.one_token_slots()
-    ln_1, attention, ln_2, mlp = (block._modules[name] for name in ("ln_1", "attn", "ln_2", "mlp"))
-    # Read from the modules' own dictionaries at each call (nn.Module's attribute lookup costs a
-    # tenth of this function), never kept: a parameter or buffer can be replaced (.to(), say).
-    parameters = [*norm_parameters(ln_1), *linear_parameters(attention._modules["c_attn"]),
-                  *linear_parameters(attention._modules["c_proj"]), *norm_parameters(ln_2),
-                  *linear_parameters(mlp._modules["c_fc"]), *linear_parameters(mlp._modules["c_proj"])]
-    return kernels.decode_block(h, parameters, ln_1.eps, ln_2.eps, attention.n_head, cache.keys[layer],
-                                cache.values[layer], slots, end, seen)
+    parameters, eps = [], []
+    for block in blocks:
+        ln_1, attention, ln_2, mlp = (block._modules[name] for name in ("ln_1", "attn", "ln_2", "mlp"))
+        # Read from the modules' own dictionaries at each call (nn.Module's attribute lookup costs
+        # a tenth of this function), never kept: a parameter or buffer can be replaced (.to(), say).
+        parameters += [*norm_parameters(ln_1), *linear_parameters(attention._modules["c_attn"]),
+                       *linear_parameters(attention._modules["c_proj"]), *norm_parameters(ln_2),
+                       *linear_parameters(mlp._modules["c_fc"]), *linear_parameters(mlp._modules["c_proj"])]
+        eps += [ln_1.eps, ln_2.eps]
+    layers = range(first_layer, first_layer + len(blocks))
+    return kernels.decode_blocks(h, parameters, eps, blocks[0]._modules["attn"].n_head,
+                                 [cache.keys[i] for i in layers], [cache.values[i] for i in layers], slots, end, seen)
+
+
+def hooked(block: Block) -> bool:
+    """Whether a hook sees the block's input or output: the residual stream's trace, or steering's
+    where the call is steered (unsteered, its hooks add nothing: engine/steering.py)."""
+    steering = block.__dict__.get("steering_hooks", ())
+    others = any(key not in steering for key in (*block._forward_hooks, *block._forward_pre_hooks))
+    return others or (bool(steering) and STEERING.get() is not None)
 
 
 def norm_parameters(norm: nn.Module) -> tuple:
@@ -422,15 +438,26 @@ class KernelMLP(MLP):
 
 class KernelBlock(Block):
     """The model's Block, which runs one new token per row as one call of the kernels where
-    nothing needs to see inside it (decode_block), and its modules one by one otherwise."""
+    nothing needs to see inside it (decode_blocks), and its modules one by one otherwise."""
 
     def forward(self, h, mask=None, cache=None, layer: int = 0):
-        y = decode_block(self, h, mask, cache, layer)
+        y = decode_blocks([self], h, mask, cache, layer)
         return super().forward(h, mask, cache, layer) if y is None else y
 
 
+class KernelGPT2(GPT2):
+    """The model, whose blocks run one new token per row in one call of the kernels where no hook
+    sees between them (the Python around a dozen block calls is a tenth of an int8 GPT-2 small
+    step), and block by block otherwise."""
+
+    def run_blocks(self, h, mask, cache):
+        blocks = list(self.transformer.h)
+        y = None if any(map(hooked, blocks)) else decode_blocks(blocks, h, mask, cache, 0)
+        return super().run_blocks(h, mask, cache) if y is None else y
+
+
 KERNEL_CLASSES = {nn.Linear: KernelLinear, Attention: KernelAttention, nn.LayerNorm: KernelLayerNorm,
-                  MLP: KernelMLP, Block: KernelBlock}
+                  MLP: KernelMLP, Block: KernelBlock, GPT2: KernelGPT2}
 
 
 def install(model: nn.Module) -> nn.Module:

@@ -132,9 +132,14 @@ class GPT2(nn.Module):
         else:
             positions, mask = prompt_positions(attention_mask, B, T, self.config.n_positions, input_ids.device)
         h = self.transformer.wte(input_ids) + self.transformer.wpe(positions)
+        h = self.run_blocks(h, mask, cache)
+        return self.lm_head(self.transformer.ln_f(h[:, -1:] if last_only else h))
+
+    def run_blocks(self, h: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
+        """The blocks in turn (engine/kernels.py runs a decode step's in one call)."""
         for i, block in enumerate(self.transformer.h):
             h = block(h, mask, cache, i)
-        return self.lm_head(self.transformer.ln_f(h[:, -1:] if last_only else h))
+        return h
 
 
 def prompt_positions(attention_mask: torch.Tensor | None, B: int, T: int, n_positions: int,

@@ -377,31 +377,34 @@ def decode_steps(model, hooked: torch.nn.Module | None = None, steps: int = 4) -
     model(torch.randint(0, vocab, (3, 6), generator=generator), attention_mask=padding, cache=cache)
     model(torch.randint(0, vocab, (1, 3), generator=generator), cache=short)
     cache.copy_row(2, short)  # a request that joined with a shorter prompt: its own slots from here
-    taken = []
-    block_call = kernels.decode_block
+    taken = []  # per call of the kernels that ran: how many blocks it ran
+    blocks_call = kernels.decode_blocks
 
-    def counted(*args):
-        y = block_call(*args)
-        taken.append(y is not None)
+    def counted(blocks, *args):
+        y = blocks_call(blocks, *args)
+        if y is not None:
+            taken.append(len(blocks))
         return y
     handle = None if hooked is None else hooked.register_forward_hook(lambda module, inputs, output: None)
     try:
-        kernels.decode_block = counted
+        kernels.decode_blocks = counted
         logits = [model(torch.randint(0, vocab, (3, 1), generator=generator), cache=cache) for _ in range(steps)]
     finally:
-        kernels.decode_block = block_call
+        kernels.decode_blocks = blocks_call
         if handle is not None:
             handle.remove()
-    return torch.cat(logits, dim=1), sum(taken)
+    return torch.cat(logits, dim=1), taken
 
 
 @pytest.mark.parametrize("quantize", [None, "int8"])
 @torch.no_grad()
 def test_a_block_in_one_call_gives_its_modules_bits(quantize):
-    """A decode step's blocks run as one call of the kernels each (decode_block), and give the
-    bits their modules give one by one (as when a hook looks inside one): which way a call goes
-    never changes a token, whatever hooks another request has put on meanwhile."""
+    """A decode step's blocks run in one call of the kernels (decode_blocks); with a hook on a
+    block (steering), as one call each; with a hook inside one (patching), that block runs its
+    modules one by one. Every way gives the same bits: which way a call goes never changes a
+    token, whatever hooks another request has put on meanwhile."""
     from engine import prepare_for_serving
+    from engine.steering import Steering, steered
 
     from model.adapters import active_adapter
 
@@ -411,14 +414,21 @@ def test_a_block_in_one_call_gives_its_modules_bits(quantize):
     model.load_state_dict(plain.state_dict())
     prepare_for_serving(model, quantize)
     fused, taken = decode_steps(model)
-    assert taken == 4 * 3  # every block of every step
+    assert taken == [3] * 4  # every step's blocks in one call
+    block_by_block, taken = decode_steps(model, hooked=model.transformer.h[1])
+    assert taken == [1] * 3 * 4  # the hook sees block 1's output: one call a block
     one_by_one, taken = decode_steps(model, hooked=model.transformer.h[1].mlp)
-    assert taken == 4 * 2  # the hooked block ran its modules
-    assert torch.equal(fused, one_by_one)
+    assert taken == [1, 1] * 4  # the hooked block ran its modules
+    assert torch.equal(fused, block_by_block) and torch.equal(fused, one_by_one)
+    steering = Steering(layer=2, vector=torch.randn(config.n_embd), strength=4.0)
+    with steered(model, steering):  # its hooks on every block: one call a block, the addition made
+        steered_logits, taken = decode_steps(model)
+    assert taken == [1] * 3 * 4 and not torch.equal(steered_logits, fused)
+    assert decode_steps(model)[1] == [3] * 4  # unsteered, past the steering's idle hooks
     with active_adapter("summarize"):  # the scheduler's batch may mix adapters: each layer adds its rows' own
-        assert decode_steps(model)[1] == 0
+        assert decode_steps(model)[1] == []
     with torch.enable_grad():  # autograd records the modules' calls
-        assert decode_steps(model)[1] == 0
+        assert decode_steps(model)[1] == []
     expected, _ = decode_steps(plain)
     tolerance = 1e-5 if quantize is None else 0.05  # int8: the weights and inputs rounded
     assert (fused - expected).abs().max() <= tolerance * expected.abs().max()
