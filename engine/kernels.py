@@ -1,13 +1,15 @@
-"""The decode kernels: matrix products for a few rows (fp32 or int8 weights) and attention for one
-new token per row, on an x86 CPU, put onto a loaded model from outside (`install`).
+"""The decode kernels: matrix products for a few rows (fp32 or int8 weights), attention for one
+new token per row, and a decode step's blocks in one call, on an x86 CPU, put onto a loaded
+model from outside (`install`).
 
 Decoding one token multiplies one row per sequence by every weight matrix, so its speed is how
 fast the weights stream from memory. `kernels.cpp` reads them about twice as fast as PyTorch's
 own product for a few rows (dot products of contiguous weight rows, several input rows sharing
 each read). int8 weights are multiplied by the input rows rounded to 8 bits, in the CPU's integer
-dot-product instructions (INT8_DOT: the best of AVX512-VNNI, AVX-VNNI and AVX2 this CPU has), so
-they stream at the speed of their quarter of the bytes (docs/performance.md has the measured
-tables). The attention kernel does what scaled_dot_product_attention does for a query of one token.
+dot-product instructions (INT8_DOT: the best of AMX, AVX512-VNNI, AVX-VNNI and AVX2 this CPU
+has), so they stream at the speed of their quarter of the bytes, and int8 prompts run on them too
+(docs/performance.md has the measured tables). The attention kernel does what
+scaled_dot_product_attention does for a query of one token.
 
 Each input row is summed in the same order whatever the number of rows, and a row's attention
 whatever the other rows' lengths, so a request decodes to bit-identical results alone or in a
@@ -177,11 +179,13 @@ def build_plan(int8_dot: str | None = None) -> tuple[bytes, list[str], Path]:
 
 
 def _compile() -> None:
-    """Build with INT8_DOT's instructions; where that fails (a compiler too old for AVX-VNNI,
-    say), once more with AVX2's, so that the rest of the kernels are not lost with them."""
+    """Build with INT8_DOT's instructions; where that fails (a compiler too old for AMX, say),
+    with each lesser path's in turn down to AVX2's, so that the rest is not lost with them."""
     global INT8_DOT, _module, _why_not
+    here = int8_dots_here()
+    lesser = here[here.index(INT8_DOT) + 1:] if INT8_DOT in here else []
     try:
-        for int8_dot in dict.fromkeys([INT8_DOT, "AVX2"]):
+        for int8_dot in dict.fromkeys([INT8_DOT, *lesser, "AVX2"]):
             try:
                 _module = build_with(int8_dot)
                 INT8_DOT = int8_dot
