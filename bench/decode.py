@@ -141,7 +141,7 @@ def roofline_breakdown(model: GPT2, prompt: torch.Tensor) -> dict[str, float]:
     dtype = model.transformer.wte.weight.dtype
     inputs = [torch.randn(1, 1, m.in_features, device=device, dtype=dtype) for m in layers]
     # int8 read as floats too: summed as integers, PyTorch widens every byte to 64 bits
-    weights = [m.weight.view(torch.float32) if m.weight.dtype == torch.int8 else m.weight for m in layers]
+    weights = [m.weight if m.weight.is_floating_point() else m.weight.view(torch.float32) for m in layers]
     sum_s = min(seconds(lambda: [w.sum() for w in weights], device) for _ in range(5))
     products_s = min(seconds(lambda: [m(x) for m, x in zip(layers, inputs)], device) for _ in range(5))
     cache = new_cache(model, 1, prompt.shape[1] + 6)

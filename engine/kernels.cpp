@@ -1,6 +1,7 @@
 // Decode kernels for an x86 CPU with AVX2 or AVX-512 (see engine/kernels.py): matrix products for a
-// few rows, with fp32 or int8 weights, attention for one new token per sequence, the layer norm
-// and GELU, and a whole block for one new token per sequence in one call.
+// few rows with fp32 weights and for any number with int8 ones, attention for one new token per
+// sequence, the layer norm, GELU and a greedy pick's argmax, and a decode step's blocks for one new
+// token per sequence in one call.
 //
 // A decode step multiplies a few rows (one token per sequence) by every weight matrix, so its
 // speed is how fast the weights stream from memory. Each output channel is one dot product of a
@@ -15,7 +16,8 @@
 // scaled into float sums once. Converting each weight to float instead costs more arithmetic
 // than the memory takes to deliver the weights. The instruction is the best
 // the CPU has (kernels.py picks it at run time and builds only that one, see INT8_DOT there):
-// AVX512-VNNI's vpdpbusd on 64 bytes, AVX-VNNI's on 32, or AVX2's vpmaddubsw and vpmaddwd.
+// AVX512-VNNI's vpdpbusd on 64 bytes, AVX-VNNI's on 32, or AVX2's vpmaddubsw and vpmaddwd; with
+// AMX, calls of more rows multiply 16 rows by 16 channels in one tile instruction (amx_blocks).
 //
 // Only the headers the code uses: torch/extension.h takes 16 of a build's 21 seconds to read.
 #include <ATen/Parallel.h>
@@ -187,7 +189,7 @@ constexpr int kBlock = 16;  // output channels per block of a packed weight (qua
 // lane's weights with the broadcast input bytes x4 into its sums, exactly.
 #if defined(__AVX512VNNI__)
 #ifdef __AMX_INT8__
-constexpr const char* kInt8Dot = "AMX";  // calls of many rows; a decode step's few take AVX512-VNNI (amx_blocks)
+constexpr const char* kInt8Dot = "AMX";  // calls of more than 4 rows; fewer take AVX512-VNNI (amx_blocks)
 #else
 constexpr const char* kInt8Dot = "AVX512-VNNI";
 #endif
@@ -351,9 +353,9 @@ inline void dot_block(const int8_t* w, const Activations& x, int64_t o, int64_t 
 // of 16 x 64 unsigned weight bytes laid out as a packed block's group is (for every 4 inputs, the
 // 16 channels' 4 bytes: the order AMX takes its second tile in), into 16 x 16 exact 32-bit sums,
 // 16 times the products of a vpdpbusd. Those sums are the ones dot_block gets, and they are scaled
-// and added in the same operations, so a row gets the same bits either way. For calls of many
-// rows (a prompt), where arithmetic sets the speed; a decode step's few rows would waste most of a
-// tile, and stay on vpdpbusd.
+// and added in the same operations, so a row gets the same bits either way. For calls of more
+// than Pass<int8_t>::rows rows (prompts, large batches), where arithmetic sets the speed; a decode
+// step's few rows would waste most of a tile, and stay on vpdpbusd.
 constexpr int kTileRows = 16;
 
 // Linux gives a process the tiles' state only once it asks for it (arch_prctl).
@@ -367,6 +369,9 @@ struct TileConfig {  // ldtilecfg's 64 bytes: tiles 0 (sums), 1 (inputs), 2 (wei
   uint16_t bytes_per_row[16] = {64, 64, 64};
   uint8_t rows[16] = {16, 16, 16};
 };
+
+// Whether a call of `rows` rows multiplies on the tiles: x must then be padded to whole tiles.
+bool on_tiles(int64_t rows) { return rows > Pass<int8_t>::rows && amx_allowed(); }
 
 // Blocks [begin, end) over every row, 16 rows at a time (x padded to whole tiles).
 void amx_blocks(const int8_t* w, const Activations& x, int64_t rows, int64_t begin, int64_t end, const Output& out) {
@@ -443,15 +448,17 @@ void blocks(const Weight* w, const Rows& x, int64_t rows, int64_t begin, int64_t
     }
 }
 
-// y = x @ w.T * scale + bias over `rows` input rows, into out.
+// y = x @ w.T * scale + bias over `rows` input rows, into out; on AMX's tiles where `tiles` (x
+// padded to whole tiles, on_tiles).
 template <typename Weight, typename Rows>
-void rows_times_weight(const Rows& x, int64_t rows, const Weight* w, int64_t out_features, const Output& out) {
+void rows_times_weight(const Rows& x, int64_t rows, const Weight* w, int64_t out_features, const Output& out,
+                       bool tiles = false) {
   using P = Pass<Weight>;
   const int64_t units = out_features / kChannels<Weight>;
   at::parallel_for(0, units, 64 / kChannels<Weight>, [&](int64_t begin, int64_t end) {
 #ifdef __AMX_INT8__
     if constexpr (std::is_same_v<Weight, int8_t>)
-      if (rows > P::rows && amx_allowed()) return amx_blocks(w, x, rows, begin, end, out);
+      if (tiles) return amx_blocks(w, x, rows, begin, end, out);
 #endif
     if (rows <= P::rows)
       blocks<P::weights, P::rows>(w, x, rows, begin, end, out);
@@ -467,11 +474,11 @@ bool is_float_vector(const MaybeTensor& t, int64_t size) {
   return t && is_cpu_float(*t) && t->dim() == 1 && t->size(0) == size && t->is_contiguous();
 }
 
-// Whether the products can take this weight (int8 with a scale, packed: `in` a multiple of kGroup;
-// or fp32), bias and scale.
+// Whether the products can take this weight (int8 with a scale, packed: uint8, `in` a multiple of
+// kGroup; or fp32), bias and scale.
 bool takes_weight(const Tensor& weight, const MaybeTensor& bias, const MaybeTensor& scale) {
   if (weight.dim() != 2 || !weight.device().is_cpu() || !weight.is_contiguous() || weight.size(1) == 0
-      || weight.scalar_type() != (scale ? at::kChar : at::kFloat) || (scale && weight.size(1) % kGroup != 0))
+      || weight.scalar_type() != (scale ? at::kByte : at::kFloat) || (scale && weight.size(1) % kGroup != 0))
     return false;
   for (const auto* extra : {&bias, &scale})
     if (extra->has_value() && !is_float_vector(*extra, weight.size(0))) return false;
@@ -483,11 +490,15 @@ void product(const float* x, int64_t rows, const Tensor& weight, const MaybeTens
              float* y) {
   const int64_t in = weight.size(1);
   const Output out{y, weight.size(0), scale ? scale->data_ptr<float>() : nullptr, bias ? bias->data_ptr<float>() : nullptr};
-  if (scale)
-    rows_times_weight(in_8_bits(x, rows, in, rows > Pass<int8_t>::rows ? (rows + 15) / 16 * 16 : rows), rows,
-                      weight.data_ptr<int8_t>(), out.out_features, out);
-  else
-    rows_times_weight(FloatRows{x, in}, rows, weight.data_ptr<float>(), out.out_features, out);
+  if (!scale) return rows_times_weight(FloatRows{x, in}, rows, weight.data_ptr<float>(), out.out_features, out);
+#ifdef __AMX_INT8__
+  const bool tiles = on_tiles(rows);
+#else
+  const bool tiles = false;
+#endif
+  const auto* packed = reinterpret_cast<const int8_t*>(weight.data_ptr<uint8_t>());  // its bytes as they are
+  rows_times_weight(in_8_bits(x, rows, in, tiles ? (rows + 15) / 16 * 16 : rows), rows, packed, out.out_features, out,
+                    tiles);
 }
 
 // x @ weight.T (* scale) + bias over x's last dimension, or None where the kernels cannot take
@@ -799,7 +810,7 @@ MaybeTensor argmax(const Tensor& scores) {
   return picked;
 }
 
-// A block's parameters, in the order kernels.py's block_parameters gives them: each Linear as
+// A block's parameters, in the order kernels.py's decode_blocks gives them: each Linear as
 // (weight, bias, scale: None for fp32).
 enum Parameter { kLn1W, kLn1B, kAttnW, kAttnB, kAttnS, kProjW, kProjB, kProjS, kLn2W, kLn2B, kFcW, kFcB, kFcS,
                  kOutW, kOutB, kOutS, kParameters };
@@ -900,10 +911,19 @@ MaybeTensor decode_blocks(const Tensor& h, const std::vector<MaybeTensor>& p, co
   return y;
 }
 
+// kInt8Dot, or AVX512-VNNI where Linux refused AMX's tiles: then every call takes vpdpbusd (and
+// kernels.py builds that path instead, a build that says what it runs).
+const char* int8_dot_taken() {
+#ifdef __AMX_INT8__
+  if (!amx_allowed()) return "AVX512-VNNI";
+#endif
+  return kInt8Dot;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.attr("int8_dot") = kInt8Dot;  // which path int8 products take in this build
+  m.attr("int8_dot") = int8_dot_taken();  // which path int8 products take in this build, here
   // Without the GIL: the scheduler decodes on its own thread while the app's threads serve.
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>());
   m.def("decode_attention", &decode_attention, py::call_guard<py::gil_scoped_release>());

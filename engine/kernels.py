@@ -71,8 +71,8 @@ WIDE = CAPABILITY == "AVX512"
 KERNEL_ROWS = 512 if WIDE and cpu_vendor() == "AuthenticAMD" else 48
 # The integer dot products int8 weights can take (kernels.cpp), best first: the CPU flag each
 # needs, as Linux lists it, and the compiler flag that lets the build use it. AMX multiplies the
-# calls of many rows (prompts) on its tiles, and the few rows of a decode step with AVX512-VNNI,
-# which every CPU with AMX has. Those two only in the AVX-512 build.
+# calls of more than 4 rows (prompts, large batches) on its tiles, and fewer (a decode step's)
+# with AVX512-VNNI, which every CPU with AMX has. Those two only in the AVX-512 build.
 INT8_DOTS = {"AMX": ("amx_int8", ["-mavx512vnni", "-mamx-tile", "-mamx-int8"]),
              "AVX512-VNNI": ("avx512_vnni", ["-mavx512vnni"]), "AVX-VNNI": ("avx_vnni", ["-mavxvnni"]),
              "AVX2": ("avx2", [])}
@@ -187,8 +187,9 @@ def _compile() -> None:
     try:
         for int8_dot in dict.fromkeys([INT8_DOT, *lesser, "AVX2"]):
             try:
-                _module = build_with(int8_dot)
-                INT8_DOT = int8_dot
+                module = build_with(int8_dot)
+                INT8_DOT = int8_dot  # first: linear() reads it once the module is there
+                _module = module
                 log.info("decode kernels ready (int8 on %s): decoding runs on them from now on", INT8_DOT)
                 return
             except Exception as error:  # a missing compiler or ninja: slower, not broken
@@ -297,8 +298,8 @@ def seen_slots(mask: torch.Tensor | None) -> torch.Tensor | bool | None:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            scale: torch.Tensor | None = None) -> torch.Tensor | None:
-    """x @ weight.T, times `scale` per output channel (int8 weights), plus bias; or None when the
-    caller should use PyTorch's product.
+    """x @ weight.T, times `scale` per output channel (int8 weights, packed as uint8 by
+    quantize.pack), plus bias; or None when the caller should use PyTorch's product.
 
     Here: what the kernels are for (CPU inputs, at most KERNEL_ROWS rows, or any number for int8
     weights on INT8_ANY_ROWS' paths; nothing for autograd to record). kernels.cpp: what they can
@@ -352,8 +353,8 @@ def decode_blocks(blocks: list[Block], h: torch.Tensor, mask: torch.Tensor | Non
     activation patching reads and replaces attention and MLP outputs). Hooks on a block itself,
     steering's and the residual stream's, are its caller's to keep (KernelBlock, KernelGPT2)."""
     kernels, seen = decode_kernels(), seen_slots(mask)
-    if (kernels is None or cache is None or h.dim() != 3 or h.shape[1] != 1 or h.shape[0] > KERNEL_ROWS
-            or not h.is_cpu or torch.is_grad_enabled() or ACTIVE_ADAPTER.get() is not None
+    if (kernels is None or not blocks or cache is None or h.dim() != 3 or h.shape[1] != 1
+            or h.shape[0] > KERNEL_ROWS or not h.is_cpu or torch.is_grad_enabled() or ACTIVE_ADAPTER.get() is not None
             or seen is False or not hasattr(cache, "one_token_slots")
             or any(not block.pre_norm or watched(block) for block in blocks)):
         return None
@@ -467,9 +468,9 @@ KERNEL_CLASSES = {nn.Linear: KernelLinear, Attention: KernelAttention, nn.LayerN
 def install(model: nn.Module) -> nn.Module:
     """Put the kernels onto a loaded CPU model, in place, and return it; start their build.
 
-    Each nn.Linear, LayerNorm, Attention, MLP and Block becomes its kernel subclass (the same
-    module: its parameters, hooks and adapters stay as they are, and so does the state dict), and
-    the weights move onto huge pages. Until the build is ready each call falls back to PyTorch's,
+    Each nn.Linear, LayerNorm, Attention, MLP, Block and the GPT2 becomes its kernel subclass (the
+    same module: its parameters, hooks and adapters stay as they are, and so does the state dict),
+    int8 weights are packed in the order the int8 kernel reads, and the weights move onto huge pages. Until the build is ready each call falls back to PyTorch's,
     so this returns at once.
     """
     if next(model.parameters()).device.type != "cpu":
@@ -477,6 +478,10 @@ def install(model: nn.Module) -> nn.Module:
     for module in model.modules():
         if type(module) in KERNEL_CLASSES:
             module.__class__ = KERNEL_CLASSES[type(module)]
+        # int8 layers (quantize.py, which imports this module), where the kernels will be built:
+        # PyTorch's product unpacks a packed weight at every call.
+        if hasattr(module, "pack_for_kernels") and unavailable() is None:
+            module.pack_for_kernels()
     weights_on_huge_pages(model)
     start_build()
     return model

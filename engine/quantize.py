@@ -9,9 +9,11 @@ a row (rows_in_8_bits), so the CPU can multiply them with the weights in its int
 instructions. Per row alone cost the bundled model 1.0% of validation perplexity; per group of 64,
 0.3% (docs/performance.md). Each row is rounded from its own values, so a token's result does not
 depend on the other rows of its call (other users' requests, in a batched decode step). On a CPU
-decode steps and prompts of up to kernels.KERNEL_ROWS rows run on the int8 kernel of
-engine/kernels.py; elsewhere (longer prompts, a GPU, the kernels not built yet) PyTorch computes
-the same product in floating point: the rounded inputs times the int8 weights, scaled.
+the weights are packed for the int8 kernel of engine/kernels.py (`pack`, when the kernels are
+installed), which takes decode steps and prompts (of any length with AMX or AVX512-VNNI, else up
+to kernels.KERNEL_ROWS rows); elsewhere (a GPU, the kernels not built yet, longer prompts on other
+CPUs) PyTorch computes the same product in floating point: the rounded inputs times the int8
+weights, scaled.
 
 GPT-2's output head shares its weight with the token embedding. The head gets its own int8 copy
 (it is a quarter of the model's reads per token) while the embedding lookup, which reads one
@@ -47,19 +49,20 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     """An int8 weight (out, in), `in` a multiple of GROUP, in the order the int8 kernel reads it:
     blocks of BLOCK output channels, and in each block, for every 4 inputs, the channels' 4 bytes
     one after another (what one vpdpbusd multiplies, kernels.cpp); the channels past the last
-    whole block row by row. Every byte plus 128 (its top bit flipped): the instruction takes
-    unsigned weights. The same shape and bytes, in another order."""
+    whole block row by row. Every byte plus 128, as uint8: the instruction takes unsigned weights,
+    and the kernels take no other int8 weight (a row-by-row one is PyTorch's). The same shape."""
     out, width = weight.shape
     whole = out // BLOCK * BLOCK
     blocks = weight[:whole].reshape(-1, BLOCK, width // 4, 4).transpose(1, 2)
-    return torch.cat([blocks.flatten(), weight[whole:].flatten()]).bitwise_xor(-128).view(out, width)
+    flat = torch.cat([blocks.flatten(), weight[whole:].flatten()])
+    return flat.bitwise_xor(-128).view(torch.uint8).view(out, width)
 
 
 def unpack(weight: torch.Tensor) -> torch.Tensor:
     """The (out, in) int8 weight that `pack` made `weight` of."""
     out, width = weight.shape
     whole = out // BLOCK * BLOCK
-    flat = weight.flatten().bitwise_xor(-128)
+    flat = weight.flatten().view(torch.int8).bitwise_xor(-128)
     blocks = flat[:whole * width].view(-1, width // 4, BLOCK, 4).transpose(1, 2).reshape(whole, width)
     return torch.cat([blocks, flat[whole * width:].view(-1, width)])
 
@@ -74,13 +77,24 @@ class Int8Linear(nn.Module):
         scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
         # The weight stays a parameter so the model's parameter count is unchanged; .to(dtype)
         # leaves integer tensors as they are, and casts the scale with the rest of the model.
-        # Packed for the int8 kernel where its groups are whole (every GPT-2), as they are in
-        # `self.rows` elsewhere.
-        self.packed = self.in_features % GROUP == 0
-        rows = torch.round(w / scale[:, None]).to(torch.int8)
-        self.weight = nn.Parameter(pack(rows) if self.packed else rows, requires_grad=False)
+        self.weight = nn.Parameter(torch.round(w / scale[:, None]).to(torch.int8), requires_grad=False)
         self.register_buffer("scale", scale.to(weight.dtype))
         self.bias = bias
+
+    @property
+    def packed(self) -> bool:
+        """Whether the weight is in the CPU kernel's order (pack_for_kernels), not row by row."""
+        return self.weight.dtype == torch.uint8
+
+    def pack_for_kernels(self) -> None:
+        """Put the weight, in its own memory, in the order the CPU's int8 kernel reads (`pack`),
+        where its groups of GROUP inputs are whole (every GPT-2). kernels.install does, on a CPU;
+        elsewhere (a GPU) the weight stays row by row for PyTorch's product, which would otherwise
+        unpack it at every call."""
+        if not self.packed and self.in_features % GROUP == 0:
+            with torch.no_grad():
+                self.weight.copy_(pack(self.weight).view(torch.int8))
+                self.weight.data = self.weight.data.view(torch.uint8)
 
     def rows(self) -> torch.Tensor:
         """The int8 weight, (out, in) row by row."""

@@ -8,9 +8,10 @@ the stream between blocks, so what is added reaches ln_f intact.
 It is added by hooks on the blocks (a forward hook on block L-1; for L = 0 a pre-hook on block 0),
 which read the rows to steer from a ContextVar set around a forward call (`steered`), as the
 adapters do (model/adapters.py): two threads each see their own, and one batched decode step can
-steer each row its own way. The decode kernels (engine/kernels.py) replace products and attention
-inside the blocks, never a block, so both paths go through the same hooks. A row without steering
-keeps the bits of a run without steering (plan_of says why).
+steer each row its own way. The decode kernels (engine/kernels.py) run an unsteered decode step's
+blocks in one call, past these hooks (marked in each block's `steering_hooks`; they add nothing
+then), and a steered one block by block, through them. A row without steering keeps the bits of a
+run without steering (plan_of says why).
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def install(model: GPT2) -> None:
             return
         blocks = model.transformer.h
         first = blocks[0].register_forward_pre_hook(lambda block, args: (add_steering(0, args[0]), *args[1:]))
-        blocks[0].steering_hooks = {first.id}
+        blocks[0].steering_hooks = blocks[0].__dict__.get("steering_hooks", set()) | {first.id}
         for i, block in enumerate(blocks):
             handle = block.register_forward_hook(lambda block, args, output, layer=i + 1: add_steering(layer, output))
             # Marked, so that the decode kernels run unsteered calls past them (engine/kernels.py's hooked)

@@ -46,7 +46,7 @@ def layer(kind: str, in_features: int, out_features: int, bias: bool) -> torch.n
     fp32 = KernelLinear(in_features, out_features, bias=bias)
     if bias:
         torch.nn.init.normal_(fp32.bias)  # not the zeros of a fresh layer: the bias must show
-    return fp32 if kind == "fp32" else Int8Linear(fp32.weight, fp32.bias)
+    return fp32 if kind == "fp32" else kernels.install(Int8Linear(fp32.weight, fp32.bias))  # packed for the kernel
 
 
 def pytorch_product(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -96,6 +96,8 @@ def test_prompts_and_odd_inputs_go_to_pytorch():
     x = torch.randn(2, 100)
     assert not unpacked.packed and kernels.linear(x, unpacked.weight, unpacked.bias, unpacked.scale) is None
     assert torch.equal(unpacked(x), pytorch_product(unpacked, x))
+    row_by_row = Int8Linear(weight, bias)  # never packed (kernels.install packs): the kernels cannot read it
+    assert kernels.linear(torch.randn(2, 768), row_by_row.weight, bias, row_by_row.scale) is None
     with pytest.raises(RuntimeError, match="cannot be multiplied"):  # a shape mismatch is PyTorch's to name
         KernelLinear(768, 300)(torch.randn(2, 700))
 
@@ -289,7 +291,7 @@ print(kernels.WIDE, kernels.decode_kernels().int8_dot)
 torch.manual_seed(0)
 for in_features in (40, 100, 128, 768):
     fp32 = kernels.KernelLinear(in_features, 301)
-    for layer in [fp32] + ([Int8Linear(fp32.weight, fp32.bias)] if in_features % 64 == 0 else []):
+    for layer in [fp32] + ([kernels.install(Int8Linear(fp32.weight, fp32.bias))] if in_features % 64 == 0 else []):
         x = torch.randn(8, in_features)
         x[3, 0] = math.nan  # a row with a NaN gives NaN; the others stay as they were
         with torch.no_grad():
@@ -341,6 +343,7 @@ def test_the_integer_product_equals_pytorchs_exactly_where_no_float_rounds():
     weight = torch.randint(-127, 128, (70, in_features), generator=generator).float()
     weight[:, 5] = 127
     layer = Int8Linear(weight, torch.nn.Parameter(torch.randint(-50, 50, (70,), generator=generator).float()))
+    layer.pack_for_kernels()
     assert torch.equal(layer.scale, torch.ones(70)) and torch.equal(layer.rows().float(), weight)
     x = torch.randint(-127, 128, (6, in_features), generator=generator).float()
     x[:, ::GROUP] = -127  # the top of every group
@@ -481,3 +484,13 @@ def test_the_argmax_kernel_picks_torchs_index_first_of_ties_and_nan_the_largest(
     for case in cases:
         assert torch.equal(kernels.argmax(case), case.argmax(dim=-1, keepdim=True))
     assert kernels.argmax(torch.randn(2, width, dtype=torch.float64)) is None  # PyTorch's to take
+
+
+def test_int8_weights_stay_row_by_row_where_the_kernels_cannot_run(monkeypatch):
+    """Packed weights cost PyTorch's product an unpacking at every call: install packs them only
+    where the kernels will run."""
+    assert kernels.wait_until_built()  # this process's kernels stay as they are
+    monkeypatch.setenv("STUDIO_DECODE_KERNELS", "0")
+    assert not kernels.install(Int8Linear(torch.randn(20, 128), None)).packed
+    monkeypatch.delenv("STUDIO_DECODE_KERNELS")
+    assert kernels.install(Int8Linear(torch.randn(20, 128), None)).packed

@@ -105,10 +105,17 @@ def test_a_packed_weight_holds_each_channels_four_bytes_where_the_kernel_reads_t
     assert torch.equal(unpack(pack(weight)), weight)
 
 
-def test_a_layer_packs_its_weight_only_where_groups_of_64_divide_its_inputs():
+def test_a_layer_packs_its_weight_for_the_kernels_only_where_groups_of_64_divide_its_inputs():
+    """Row by row as made (PyTorch's product, a GPU); packed in place when the CPU kernels are
+    installed, and the same product either way."""
     generator = torch.Generator().manual_seed(0)
     for width, packed in [(GROUP * 3, True), (GROUP + 8, False)]:
         fp32 = torch.randn(20, width, generator=generator)
         layer = Int8Linear(fp32, None)
+        x = torch.randn(3, width, generator=generator)
+        row_by_row = layer(x)
+        assert not layer.packed and torch.equal(layer.rows(), layer.weight)
+        layer.pack_for_kernels()
         assert layer.packed == packed and layer.weight.shape == (20, width)
         assert (layer.rows().float() * layer.scale[:, None] - fp32).abs().max() <= layer.scale.max() / 2
+        assert (layer(x) - row_by_row).abs().max() <= 1e-5 * row_by_row.abs().max()
