@@ -77,9 +77,6 @@ INT8_DOTS = {"AMX": ("amx_int8", ["-mavx512vnni", "-mamx-tile", "-mamx-int8"]),
              "AVX512-VNNI": ("avx512_vnni", ["-mavx512vnni"]), "AVX-VNNI": ("avx_vnni", ["-mavxvnni"]),
              "AVX2": ("avx2", [])}
 WIDE_ONLY = ("AMX", "AVX512-VNNI")
-# The int8 paths that multiply prompts of any length faster than PyTorch, which widens each weight
-# to float first (bench.decode's prefill rows); the others take KERNEL_ROWS at most, as fp32.
-INT8_ANY_ROWS = ("AMX", "AVX512-VNNI")
 
 
 def int8_dots_here() -> list[str]:
@@ -301,10 +298,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """x @ weight.T, times `scale` per output channel (int8 weights, packed as uint8 by
     quantize.pack), plus bias; or None when the caller should use PyTorch's product.
 
-    Here: what the kernels are for (CPU inputs, at most KERNEL_ROWS rows, or any number for int8
-    weights on INT8_ANY_ROWS' paths; nothing for autograd to record). kernels.cpp: what they can
-    take (dtypes, memory order, shapes; a mismatch is PyTorch's to name)."""
-    most_rows = x.numel() if scale is not None and INT8_DOT in INT8_ANY_ROWS else KERNEL_ROWS
+    Here: what the kernels are for (CPU inputs, at most KERNEL_ROWS rows for fp32 weights and any
+    number for int8 ones, whose prompts the kernel multiplies faster than PyTorch, which widens
+    each weight to float first; nothing for autograd to record). kernels.cpp: what they can take
+    (dtypes, memory order, shapes; a mismatch is PyTorch's to name)."""
+    most_rows = x.numel() if scale is not None else KERNEL_ROWS
     kernels = for_few_rows(x, weight.shape[-1], weight, bias, most_rows=most_rows)
     return None if kernels is None else kernels.linear(x, weight, bias, scale)
 

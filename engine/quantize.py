@@ -10,9 +10,8 @@ instructions. Per row alone cost the bundled model 1.0% of validation perplexity
 0.3% (docs/performance.md). Each row is rounded from its own values, so a token's result does not
 depend on the other rows of its call (other users' requests, in a batched decode step). On a CPU
 the weights are packed for the int8 kernel of engine/kernels.py (`pack`, when the kernels are
-installed), which takes decode steps and prompts (of any length with AMX or AVX512-VNNI, else up
-to kernels.KERNEL_ROWS rows); elsewhere (a GPU, the kernels not built yet, longer prompts on other
-CPUs) PyTorch computes the same product in floating point: the rounded inputs times the int8
+installed), which takes decode steps and prompts of any length; elsewhere (a GPU, the kernels not
+built yet) PyTorch computes the same product in floating point: the rounded inputs times the int8
 weights, scaled.
 
 GPT-2's output head shares its weight with the token embedding. The head gets its own int8 copy

@@ -103,15 +103,12 @@ def test_prompts_and_odd_inputs_go_to_pytorch():
 
 
 @torch.no_grad()
-def test_int8_prompts_of_any_length_take_the_kernel_where_its_path_beats_pytorch():
-    """Past KERNEL_ROWS rows an int8 product stays on the kernel with AMX or AVX512-VNNI (several
-    times PyTorch's speed, which widens every weight to float), and a row keeps its bits."""
+def test_int8_prompts_of_any_length_take_the_kernel():
+    """Past KERNEL_ROWS rows an int8 product stays on the kernel (up to several times PyTorch's
+    speed, which widens every weight to float), and a row keeps its bits."""
     module = layer("int8", 128, 37, bias=True)
     x = torch.randn(kernels.KERNEL_ROWS + 30, 128)
     got = kernels.linear(x, module.weight, module.bias, module.scale)
-    if kernels.INT8_DOT not in kernels.INT8_ANY_ROWS:
-        assert got is None
-        return
     assert got is not None and (got - pytorch_product(module, x)).abs().max() <= 1e-5 * got.abs().max()
     assert torch.equal(got, torch.cat([module(x[row:row + 1]) for row in range(len(x))]))
 
