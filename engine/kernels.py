@@ -24,7 +24,9 @@ moved checkout finds it in the cache (~/.cache/torch_extensions, or $TORCH_EXTEN
 """
 from __future__ import annotations
 
+import ctypes
 import fcntl
+import functools
 import hashlib
 import itertools
 import logging
@@ -33,6 +35,7 @@ import os
 import shutil
 import threading
 import warnings
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +85,19 @@ WIDE_ONLY = ("AMX", "AVX512-VNNI")
 def int8_dots_here() -> list[str]:
     """The int8 paths this CPU and build can run, best first."""
     flags = set(cpu_info("flags").split())
-    return [name for name, (flag, _) in INT8_DOTS.items() if flag in flags and (WIDE or name not in WIDE_ONLY)]
+    return [name for name, (flag, _) in INT8_DOTS.items()
+            if flag in flags and (WIDE or name not in WIDE_ONLY) and (name != "AMX" or tiles_allowed())]
+
+
+@functools.cache
+def tiles_allowed() -> bool:
+    """Whether Linux lets this process use AMX's tiles. Asked as kernels.cpp asks (arch_prctl's
+    ARCH_REQ_XCOMP_PERM for XTILEDATA; the answer holds for the whole process), so that a refusal
+    (a kernel before 5.16) costs no AMX build."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18) == 0  # 158: SYS_arch_prctl on x86-64
+    except (OSError, AttributeError):
+        return False
 
 
 def pick_int8_dot() -> str:
@@ -185,7 +200,7 @@ def _compile() -> None:
         for int8_dot in dict.fromkeys([INT8_DOT, *lesser, "AVX2"]):
             try:
                 module = build_with(int8_dot)
-                INT8_DOT = int8_dot  # first: linear() reads it once the module is there
+                INT8_DOT = int8_dot  # first: the decode path names it once the module is there
                 _module = module
                 log.info("decode kernels ready (int8 on %s): decoding runs on them from now on", INT8_DOT)
                 return
@@ -193,6 +208,8 @@ def _compile() -> None:
                 _why_not = ("build_failed", type(error).__name__)
                 log.warning("decode kernels with int8 on %s: the build failed: %s", int8_dot, error)
         log.warning("decode kernels unavailable, decoding stays on PyTorch")
+        for layer in list(_packed_layers):  # PyTorch's product reads them row by row
+            layer.unpack_for_pytorch()
         warnings.warn(f"the decode kernels could not be built, so decoding runs on PyTorch's products and attention "
                       f"(slower; results the same up to rounding): {_why_not[1]}")
     finally:
@@ -402,9 +419,27 @@ def watched(block: Block) -> bool:
 
 
 def modules_changed(model: nn.Module) -> None:
-    """Say that modules of `model` were replaced (quantize_weights): watched() lists them again."""
+    """Say that modules of `model` were replaced (quantize_weights): watched() lists them again,
+    and new int8 layers of a model the kernels are on are packed for them."""
     for module in model.modules():
         module.__dict__.pop("_inside", None)
+    if model.__dict__.get("kernels_installed"):
+        pack_int8_layers(model)
+
+
+_packed_layers: weakref.WeakSet = weakref.WeakSet()  # unpacked again if the build fails
+
+
+def pack_int8_layers(model: nn.Module) -> None:
+    """Pack the int8 layers of `model` (quantize.py, which imports this module) in the order the
+    int8 kernel reads, where the kernels will be built: PyTorch's product unpacks a packed weight at
+    every call."""
+    if unavailable() is not None or next(model.parameters()).device.type != "cpu":
+        return
+    for module in model.modules():
+        if hasattr(module, "pack_for_kernels"):
+            module.pack_for_kernels()
+            _packed_layers.add(module)
 
 
 class KernelLinear(nn.Linear):
@@ -468,7 +503,8 @@ def install(model: nn.Module) -> nn.Module:
 
     Each nn.Linear, LayerNorm, Attention, MLP, Block and the GPT2 becomes its kernel subclass (the
     same module: its parameters, hooks and adapters stay as they are, and so does the state dict),
-    int8 weights are packed in the order the int8 kernel reads, and the weights move onto huge pages. Until the build is ready each call falls back to PyTorch's,
+    int8 weights are packed in the order the int8 kernel reads (their state dict stays row by
+    row), and the weights move onto huge pages. Until the build is ready each call falls back to PyTorch's,
     so this returns at once.
     """
     if next(model.parameters()).device.type != "cpu":
@@ -476,10 +512,8 @@ def install(model: nn.Module) -> nn.Module:
     for module in model.modules():
         if type(module) in KERNEL_CLASSES:
             module.__class__ = KERNEL_CLASSES[type(module)]
-        # int8 layers (quantize.py, which imports this module), where the kernels will be built:
-        # PyTorch's product unpacks a packed weight at every call.
-        if hasattr(module, "pack_for_kernels") and unavailable() is None:
-            module.pack_for_kernels()
+    pack_int8_layers(model)
+    model.kernels_installed = True  # int8 layers made later are packed too (modules_changed)
     weights_on_huge_pages(model)
     start_build()
     return model

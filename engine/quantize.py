@@ -11,8 +11,8 @@ instructions. Per row alone cost the bundled model 1.0% of validation perplexity
 depend on the other rows of its call (other users' requests, in a batched decode step). On a CPU
 the weights are packed for the int8 kernel of engine/kernels.py (`pack`, when the kernels are
 installed), which takes decode steps and prompts of any length; elsewhere (a GPU, the kernels not
-built yet) PyTorch computes the same product in floating point: the rounded inputs times the int8
-weights, scaled.
+built yet or not buildable, a model in another dtype) PyTorch computes the same product in
+floating point: the rounded inputs times the int8 weights, scaled.
 
 GPT-2's output head shares its weight with the token embedding. The head gets its own int8 copy
 (it is a quarter of the model's reads per token) while the embedding lookup, which reads one
@@ -86,25 +86,45 @@ class Int8Linear(nn.Module):
         return self.weight.dtype == torch.uint8
 
     def pack_for_kernels(self) -> None:
-        """Put the weight, in its own memory, in the order the CPU's int8 kernel reads (`pack`),
-        where its groups of GROUP inputs are whole (every GPT-2). kernels.install does, on a CPU;
-        elsewhere (a GPU) the weight stays row by row for PyTorch's product, which would otherwise
-        unpack it at every call."""
-        if not self.packed and self.in_features % GROUP == 0:
-            with torch.no_grad():
-                self.weight.copy_(pack(self.weight).view(torch.int8))
-                self.weight.data = self.weight.data.view(torch.uint8)
+        """Put the weight in the order the CPU's int8 kernel reads (`pack`), where the kernel can
+        take it: groups of GROUP inputs whole (every GPT-2), float32 scales. kernels.install does,
+        on a CPU where the kernels will be built; elsewhere (a GPU) the weight stays row by row for
+        PyTorch's product, which would otherwise unpack it at every call. One assignment, so a
+        call running meanwhile reads one weight or the other, whole."""
+        if not self.packed and self.in_features % GROUP == 0 and self.scale.dtype == torch.float32:
+            self.weight.data = pack(self.weight.data)
+
+    def unpack_for_pytorch(self) -> None:
+        """The weight row by row again (the kernels' build failed), in one assignment."""
+        if self.packed:
+            self.weight.data = unpack(self.weight.data)
 
     def rows(self) -> torch.Tensor:
         """The int8 weight, (out, in) row by row."""
         return unpack(self.weight) if self.packed else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = kernels.linear(x, self.weight, self.bias, self.scale)
+        weight = self.weight  # read once: install or a failed build may repack it meanwhile
+        y = kernels.linear(x, weight, self.bias, self.scale)
         if y is not None:
             return y
-        y = F.linear(rows_in_8_bits(x), self.rows().to(x.dtype)) * self.scale
+        rows = unpack(weight) if weight.dtype == torch.uint8 else weight
+        y = F.linear(rows_in_8_bits(x), rows.to(x.dtype)) * self.scale
         return y if self.bias is None else y + self.bias
+
+    # The state dict holds the weight row by row, packed or not, so that it loads into any
+    # Int8Linear (and a model's checkpoint never depends on the CPU it was saved on).
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.packed:
+            destination[prefix + "weight"] = self.rows()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + "weight"
+        incoming = state_dict.get(key)
+        if self.packed and incoming is not None and incoming.dtype == torch.int8 and incoming.shape == self.weight.shape:
+            state_dict[key] = pack(incoming)  # load_state_dict's own copy of the dict
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -491,3 +491,45 @@ def test_int8_weights_stay_row_by_row_where_the_kernels_cannot_run(monkeypatch):
     assert not kernels.install(Int8Linear(torch.randn(20, 128), None)).packed
     monkeypatch.delenv("STUDIO_DECODE_KERNELS")
     assert kernels.install(Int8Linear(torch.randn(20, 128), None)).packed
+
+
+@torch.no_grad()
+def test_the_state_dict_is_row_by_row_whether_or_not_the_kernels_packed_the_weights():
+    """A model the kernels are on (packed int8 weights) saves and loads the same state dict as one
+    they are not on, so a checkpoint never depends on the CPU; int8 layers made after the kernels
+    are put on are packed too."""
+    from engine.quantize import quantize_weights
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=300, n_positions=32, n_embd=64, n_layer=2, n_head=4)
+    plain = quantize_weights(GPT2(config).eval())
+    installed = kernels.install(quantize_weights(GPT2(config).eval()))  # other weights, replaced below
+    assert installed.lm_head.packed and installed.transformer.h[0].attn.c_attn.packed
+    installed.load_state_dict(plain.state_dict())  # row by row, into packed layers
+    saved = installed.state_dict()
+    for key, value in plain.state_dict().items():
+        assert saved[key].dtype == value.dtype and torch.equal(saved[key], value), key
+    fresh = quantize_weights(GPT2(config).eval())
+    fresh.load_state_dict(saved)
+    ids = torch.randint(0, 300, (1, 8))
+    assert torch.equal(fresh(ids), plain(ids))  # both on PyTorch's path, the same weights
+    later = kernels.install(GPT2(config).eval())
+    quantize_weights(later)  # after the kernels are on
+    assert later.lm_head.packed
+
+
+def test_a_failed_build_leaves_the_int8_weights_row_by_row_for_pytorch():
+    """Where no build succeeds, the weights install packed are unpacked again: PyTorch's product
+    would otherwise unpack them at every call."""
+    code = """
+import torch
+from engine import kernels
+from engine.quantize import Int8Linear
+for name, (flag, _) in list(kernels.INT8_DOTS.items()):
+    kernels.INT8_DOTS[name] = (flag, ["-mno-such-instructions"])
+layer = kernels.install(Int8Linear(torch.randn(20, 128), None))
+print(layer.packed, kernels.wait_until_built(), layer.packed)
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.split()[-3:] == ["True", "False", "False"]

@@ -119,3 +119,4 @@ def test_a_layer_packs_its_weight_for_the_kernels_only_where_groups_of_64_divide
         assert layer.packed == packed and layer.weight.shape == (20, width)
         assert (layer.rows().float() * layer.scale[:, None] - fp32).abs().max() <= layer.scale.max() / 2
         assert (layer(x) - row_by_row).abs().max() <= 1e-5 * row_by_row.abs().max()
+
