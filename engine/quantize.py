@@ -99,17 +99,17 @@ class Int8Linear(nn.Module):
         if self.packed:
             self.weight.data = unpack(self.weight.data)
 
-    def rows(self) -> torch.Tensor:
-        """The int8 weight, (out, in) row by row."""
-        return unpack(self.weight) if self.packed else self.weight
+    def rows(self, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """The int8 weight (or `weight`, one read of it), (out, in) row by row."""
+        weight = self.weight if weight is None else weight
+        return unpack(weight) if weight.dtype == torch.uint8 else weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight  # read once: install or a failed build may repack it meanwhile
         y = kernels.linear(x, weight, self.bias, self.scale)
         if y is not None:
             return y
-        rows = unpack(weight) if weight.dtype == torch.uint8 else weight
-        y = F.linear(rows_in_8_bits(x), rows.to(x.dtype)) * self.scale
+        y = F.linear(rows_in_8_bits(x), self.rows(weight).to(x.dtype)) * self.scale
         return y if self.bias is None else y + self.bias
 
     # The state dict holds the weight row by row, packed or not, so that it loads into any
