@@ -40,6 +40,7 @@ import statistics
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -53,7 +54,7 @@ from model.checkpoint import BUNDLED_DIR, WEIGHT_FILES, to_our_layout
 from engine import kernels, prepare_for_serving
 from engine.cache import new_cache
 from engine.generate import SamplingParams, decode_tokens, generate
-from engine.quantize import Int8Linear
+from engine.quantize import Int8Linear, unpack
 from engine.scheduler import Scheduler, in_thread_of_its_own
 
 PROMPT_TOKENS, PREFILL_TOKENS, BATCH, CLIENTS = 32, 512, 8, 8
@@ -263,7 +264,8 @@ def bundled_checks(directory: Path, device: torch.device, new_tokens: int, reps:
         "clients8_tok_s": lambda: scheduler_clients(model, tokenizer, CLIENTS, new_tokens),
         "clients1_int8_tok_s": lambda: scheduler_clients(int8, tokenizer, 1, new_tokens),
         "clients8_int8_tok_s": lambda: scheduler_clients(int8, tokenizer, CLIENTS, new_tokens),
-        "clients8_nokernels_tok_s": without_kernels(lambda: scheduler_clients(model, tokenizer, CLIENTS, new_tokens)),
+        "clients8_nokernels_tok_s": without_kernels(lambda: scheduler_clients(model, tokenizer, CLIENTS, new_tokens),
+                                                    model),
     }, reps)
     per_round = {f"clients8{suffix}_per_round": ratio_per_round(clients[f"clients8{suffix}_tok_s"],
                                                                 clients[f"clients1{suffix}_tok_s"])
@@ -279,12 +281,28 @@ def serving(directory: Path, device: torch.device, quantize: str | None = None):
     return prepare_for_serving(model, quantize), tokenizer
 
 
-def without_kernels(run: Callable[[], float]) -> Callable[[], float]:
-    """`run` on PyTorch's path: the side-by-side that decides whether the kernels stay."""
+def without_kernels(run: Callable[[], float], model: nn.Module) -> Callable[[], float]:
+    """`run` on PyTorch's path as a machine without the kernels runs it, int8 weights row by row
+    (not packed, which PyTorch's product would unpack at every call): the side-by-side that decides
+    whether the kernels stay."""
     def switched_off() -> float:
-        with kernels.switched_off():
+        with kernels.switched_off(), row_by_row(model):
             return run()
     return switched_off
+
+
+@contextmanager
+def row_by_row(model: nn.Module):
+    """The model's packed int8 weights row by row for a while, then back in their own memory (on
+    huge pages, as install put them)."""
+    packed = {m: m.weight.data for m in model.modules() if isinstance(m, Int8Linear) and m.packed}
+    for layer, weight in packed.items():
+        layer.weight.data = unpack(weight)
+    try:
+        yield
+    finally:
+        for layer, weight in packed.items():
+            layer.weight.data = weight
 
 
 def validation_perplexity(models: dict[str, GPT2], tokenizer, device: torch.device) -> dict[str, float]:
@@ -486,10 +504,11 @@ def against_transformers(args: argparse.Namespace, device: torch.device, dtype: 
         "hf_eager_tok_s": lambda: hf_decode(hf, "eager", prompt, args.new_tokens),
         "ours_batch8_tok_s": lambda: ours_decode(ours, batch, args.new_tokens)[0],
         "ours_int8_batch8_tok_s": lambda: ours_decode(int8, batch, args.new_tokens)[0],
-        "ours_fp32_nokernels_tok_s": without_kernels(lambda: ours_decode(ours, prompt, args.new_tokens)[0]),
-        "ours_int8_nokernels_tok_s": without_kernels(lambda: ours_decode(int8, prompt, args.new_tokens)[0]),
-        "ours_batch8_nokernels_tok_s": without_kernels(lambda: ours_decode(ours, batch, args.new_tokens)[0]),
-        "ours_int8_batch8_nokernels_tok_s": without_kernels(lambda: ours_decode(int8, batch, args.new_tokens)[0]),
+        "ours_fp32_nokernels_tok_s": without_kernels(lambda: ours_decode(ours, prompt, args.new_tokens)[0], ours),
+        "ours_int8_nokernels_tok_s": without_kernels(lambda: ours_decode(int8, prompt, args.new_tokens)[0], int8),
+        "ours_batch8_nokernels_tok_s": without_kernels(lambda: ours_decode(ours, batch, args.new_tokens)[0], ours),
+        "ours_int8_batch8_nokernels_tok_s": without_kernels(lambda: ours_decode(int8, batch, args.new_tokens)[0],
+                                                            int8),
         "prefill512_ours_ms": lambda: 1000 * ours_prefill(ours, long_prompt),
         "prefill512_hf_sdpa_ms": lambda: 1000 * hf_prefill(hf, "sdpa", long_prompt),
         "prefill512_hf_eager_ms": lambda: 1000 * hf_prefill(hf, "eager", long_prompt),

@@ -15,11 +15,19 @@ from .conftest import serving
 pytestmark = pytest.mark.slow  # fresh clones and benchmarks
 
 
-def test_without_kernels_runs_on_pytorch_and_switches_them_back_after():
+def test_without_kernels_runs_on_pytorch_with_int8_weights_row_by_row_and_puts_both_back_after():
+    """As a machine without the kernels runs: PyTorch's path, the int8 weights row by row (the
+    kernels' packing is theirs); after, the kernels and the very packed weights again."""
+    from engine.quantize import Int8Linear
+
+    layer = kernels.install(torch.nn.Sequential(Int8Linear(torch.randn(32, 128), None)))[0]
+    packed_at = layer.weight.data_ptr()
     seen = []
-    run = without_kernels(lambda: seen.append(kernels.decode_kernels()) or 1.0)
-    assert run() == 1.0 and seen == [None]
+    run = without_kernels(lambda: seen.append((kernels.decode_kernels(), layer.packed, layer.rows().clone())) or 1.0,
+                          layer)
+    assert run() == 1.0 and seen[0][:2] == (None, False) and torch.equal(seen[0][2], layer.rows())
     assert (kernels.decode_kernels() is None) == (kernels.unavailable_reason() is not None)
+    assert layer.packed == (kernels.unavailable_reason() is None) and layer.weight.data_ptr() == packed_at
 
 
 def test_scheduler_clients_stream_together_and_count_every_token(tiny_checkpoint):
