@@ -18,9 +18,10 @@ batch of other users' requests (engine/scheduler.py).
 The C++ is compiled by torch.utils.cpp_extension in a background thread, started by `install`,
 so it never stands between launch and the first answer: until it is ready (10 to 20 seconds the
 first time: only the headers it needs, and only the instructions this CPU has), and wherever it
-cannot be (no AVX2, as on ARM; no C++ compiler; STUDIO_DECODE_KERNELS=0), every call runs on PyTorch's products and attention, with the same
-results up to rounding. The build is keyed on the source's content and its compiler flags, so a
-moved checkout finds it in the cache (~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR).
+cannot be (no AVX2, as on ARM; no C++ compiler; STUDIO_DECODE_KERNELS=0), every call runs on
+PyTorch's products and attention, with the same results up to rounding. The build is keyed on
+the source's content and its compiler flags, so a moved checkout finds it in the cache
+(~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR).
 """
 from __future__ import annotations
 
@@ -291,11 +292,13 @@ def recorded(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def for_few_rows(x: torch.Tensor, width: int, *parameters: torch.Tensor | None, most_rows: int = KERNEL_ROWS):
+def for_few_rows(x: torch.Tensor, width: int, *parameters: torch.Tensor | None,
+                 most_rows: int | None = KERNEL_ROWS):
     """The compiled module where a call over x is the kernels' to take (CPU inputs, at most
-    `most_rows` rows of `width`, nothing for autograd to record), else None."""
+    `most_rows` rows of `width` (None: any number), nothing for autograd to record), else None."""
     kernels = decode_kernels()
-    if kernels is None or not x.is_cpu or x.numel() > most_rows * width or recorded(x, *parameters):
+    if (kernels is None or not x.is_cpu or (most_rows is not None and x.numel() > most_rows * width)
+            or recorded(x, *parameters)):
         return None
     return kernels
 
@@ -319,7 +322,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     number for int8 ones, whose prompts the kernel multiplies faster than PyTorch, which widens
     each weight to float first; nothing for autograd to record). kernels.cpp: what they can take
     (dtypes, memory order, shapes; a mismatch is PyTorch's to name)."""
-    most_rows = x.numel() if scale is not None else KERNEL_ROWS
+    most_rows = None if scale is not None else KERNEL_ROWS
     kernels = for_few_rows(x, weight.shape[-1], weight, bias, most_rows=most_rows)
     return None if kernels is None else kernels.linear(x, weight, bias, scale)
 
@@ -504,8 +507,8 @@ def install(model: nn.Module) -> nn.Module:
     Each nn.Linear, LayerNorm, Attention, MLP, Block and the GPT2 becomes its kernel subclass (the
     same module: its parameters, hooks and adapters stay as they are, and so does the state dict),
     int8 weights are packed in the order the int8 kernel reads (their state dict stays row by
-    row), and the weights move onto huge pages. Until the build is ready each call falls back to PyTorch's,
-    so this returns at once.
+    row), and the weights move onto huge pages. Until the build is ready each call falls back to
+    PyTorch's, so this returns at once.
     """
     if next(model.parameters()).device.type != "cpu":
         return model

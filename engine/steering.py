@@ -87,11 +87,13 @@ def install(model: GPT2) -> None:
         if getattr(model, "has_steering_hooks", False):
             return
         blocks = model.transformer.h
-        first = blocks[0].register_forward_pre_hook(lambda block, args: (add_steering(0, args[0]), *args[1:]))
-        blocks[0].steering_hooks = blocks[0].__dict__.get("steering_hooks", set()) | {first.id}
+        handles = [(blocks[0], blocks[0].register_forward_pre_hook(
+            lambda block, args: (add_steering(0, args[0]), *args[1:])))]
         for i, block in enumerate(blocks):
-            handle = block.register_forward_hook(lambda block, args, output, layer=i + 1: add_steering(layer, output))
-            # Marked, so that the decode kernels run unsteered calls past them (engine/kernels.py's hooked)
+            handles.append((block, block.register_forward_hook(
+                lambda block, args, output, layer=i + 1: add_steering(layer, output))))
+        # Marked, so that the decode kernels run unsteered calls past them (engine/kernels.py's hooked)
+        for block, handle in handles:
             block.steering_hooks = block.__dict__.get("steering_hooks", set()) | {handle.id}
         model.has_steering_hooks = True
 
